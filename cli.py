@@ -1,0 +1,27 @@
+"""smelt-scale command line: a thin typer layer over the ``scaling`` package.
+
+Each command lives with its library code's caller here; the maths is in ``scaling/``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="smelt-scale",
+    help="Compute-matched looped MoE (SMELT) vs MoE Baseline: tiers, training, scaling-law fits, savings.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Commands are registered by the modules below; each owns one area of the CLI.
+from scaling.commands import tiers as _tiers  # noqa: E402
+
+_tiers.register(app)
+
+# -- more command modules register here (fit, savings, train, sweep, analyze, plot, plan) --
+
+
+if __name__ == "__main__":
+    app()
