@@ -20,8 +20,20 @@ from scaling.commands import tiers as _tiers  # noqa: E402
 
 _tiers.register(app)
 
-# -- more command modules register here (fit, savings, train, sweep, analyze, plot, plan) --
+from scaling.commands import sweep as _sweep  # noqa: E402
 
+_sweep.register(app)
+
+# -- more command modules register here (fit, savings, train, sweep, analyze, plot, plan) --
+from scaling.commands import fit as _fit  # noqa: E402
+_fit.register(app)
+from scaling.commands import savings as _savings  # noqa: E402
+_savings.register(app)
+from scaling.commands import train as _train  # noqa: E402
+_train.register(app)
+
+from scaling.commands import analyze as _analyze  # noqa: E402
+_analyze.register(app)
 
 if __name__ == "__main__":
     app()
