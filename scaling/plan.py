@@ -21,6 +21,13 @@ Format (see ``plans/cpu-proxy.toml``)::
     budgets = [1e6, 2e6]
     lr = 2e-3
 
+    [model."my-tier"]                      # a custom Baseline tier (ModelConfig keys); list it
+    vocab_size = 4096                      # in [sweep] tiers; its SMELT twin is derived by the
+    d_model = 80                           # matcher (width_multiple: 1 = exact integers)
+    ...
+    width_multiple = 1
+    proxy = true
+
     [executor]                             # how `smelt-scale sweep` dispatches (submitit)
     kind = "local"                         # "local" | "slurm" | "debug"
     concurrency = 2
@@ -45,7 +52,8 @@ from typing import Any
 from scaling.budget import budget
 from scaling.config import ModelConfig
 from scaling.errors import UserError
-from scaling.tiers import ARCHS, TIERS, get_config
+from scaling.matching import smelt_twin
+from scaling.tiers import ARCHS, TIERS, get_config, is_proxy
 
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition", "gpus_per_job",
@@ -63,10 +71,8 @@ class PlannedRun:
     budgets: tuple[int, ...]
     train: dict[str, Any]
     data: dict[str, Any]
-
-    @property
-    def model(self) -> ModelConfig:
-        return get_config(self.tier, self.arch)
+    model: ModelConfig
+    proxy: bool
 
     def tokens_trained(self, decay_fraction: float) -> float:
         """Trunk to the largest budget plus one cooldown of decay_fraction*D_i per smaller budget."""
@@ -116,9 +122,10 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> Plan:
     tiers = sweep.get("tiers")
     if not isinstance(tiers, list) or not tiers:
         raise UserError(f"{where}: [sweep] tiers must be a non-empty list")
+    custom = {name: _custom_tier(name, spec, where) for name, spec in data.get("model", {}).items()}
     for t in tiers:
-        if t not in TIERS:
-            raise UserError(f"{where}: unknown tier {t!r}; known tiers: {', '.join(TIERS)}")
+        if t not in TIERS and t not in custom:
+            raise UserError(f"{where}: unknown tier {t!r}; known tiers: {', '.join([*TIERS, *custom])}")
     archs = sweep.get("archs", list(ARCHS))
     for a in archs:
         if a not in ARCHS:
@@ -142,12 +149,29 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> Plan:
         override = dict(per_tier.get(tier, {}))
         budgets = _as_budgets(override.pop("budgets", sweep.get("budgets")), f"{where} [{tier}]")
         for arch in archs:
+            if tier in custom:
+                model, proxy = custom[tier][arch], custom[tier]["proxy"]
+            else:
+                model, proxy = get_config(tier, arch), is_proxy(tier)
             for seed in seeds:
                 runs.append(PlannedRun(name=run_name(tier, arch, seed), tier=tier, arch=arch, seed=seed,
-                                       budgets=budgets, train={**train, **override}, data=data_spec))
+                                       budgets=budgets, train={**train, **override}, data=data_spec,
+                                       model=model, proxy=proxy))
     return Plan(name=str(sweep.get("name", path.stem if path else "sweep")), path=path,
                 runs_dir=runs_dir, runs=tuple(runs), executor=executor,
                 description=str(sweep.get("description", "")))
+
+
+def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
+    """A [model."name"] table: a Baseline ModelConfig plus matcher options -> both configs."""
+    if not isinstance(spec, dict):
+        raise UserError(f"{where}: [model.{name}] must be a table of ModelConfig keys")
+    spec = dict(spec)
+    proxy = bool(spec.pop("proxy", True))
+    options = {k: spec.pop(k) for k in ("width_multiple", "width_ratio", "tolerance", "n_loops") if k in spec}
+    base = ModelConfig.from_dict({**spec, "name": name})
+    match = smelt_twin(base, **options)
+    return {"baseline": match.baseline, "smelt": match.smelt, "proxy": proxy}
 
 
 def load_plan(path: Path | str) -> Plan:

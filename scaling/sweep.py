@@ -19,7 +19,6 @@ from typing import Any
 from scaling.config import ModelConfig
 from scaling.errors import UserError
 from scaling.plan import Plan, PlannedRun
-from scaling.tiers import is_proxy
 
 DEFAULT_DECAY_FRACTION = 0.2
 # [train] keys that are options of train() rather than TrainConfig fields
@@ -57,7 +56,7 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
     """Train (or resume, or skip) one planned run; returns its final.json document."""
     from scaling.train import train
 
-    return train(run.model, train_config(run, threads), tier=run.tier, proxy=is_proxy(run.tier),
+    return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
                  run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir, resume=True,
                  save_final_weights=bool(run.train.get("save_final_weights", False)))
 
@@ -133,7 +132,7 @@ def estimate(plan: Plan, probe: bool = True) -> list[RunEstimate]:
         decay = float(run.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))
         tokens, flops = run.tokens_trained(decay), run.flops(decay)
         tps = secs = gpu_h = None
-        if is_proxy(run.tier):
+        if run.proxy:
             if probe:
                 key = (run.tier, run.arch, run.train.get("batch_size", 16))
                 if key not in speed:

@@ -1,0 +1,158 @@
+"""Sweep plans and dispatch: parsing, dry run, and a miniature plan end to end
+(local submitit executor -> runs/ -> fit -> savings)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.errors import UserError
+from scaling.plan import load_plan, parse_plan
+from scaling.sweep import lanes, run_status
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+MINI = """
+[sweep]
+name = "mini"
+tiers = ["tiny-a", "tiny-b"]
+archs = ["baseline", "smelt"]
+seeds = [0]
+budgets = [1024, 2048, 4096]
+runs_dir = "{runs}"
+
+[model."tiny-a"]
+vocab_size = 512
+d_model = 16
+n_layers = 2
+n_heads = 2
+n_kv_heads = 1
+head_dim = 24
+n_experts = 4
+top_k = 2
+expert_hidden = 32
+seq_len = 32
+width_multiple = 1
+
+[model."tiny-b"]
+vocab_size = 512
+d_model = 40
+n_layers = 2
+n_heads = 2
+n_kv_heads = 1
+head_dim = 24
+n_experts = 4
+top_k = 2
+expert_hidden = 80
+seq_len = 32
+width_multiple = 1
+
+[train]
+batch_size = 4
+lr = 3e-3
+warmup = 2
+eval_every = 0
+ckpt_every = 8
+val_windows = 8
+data_max_bytes = 120000
+device = "cpu"
+
+[executor]
+kind = "local"
+concurrency = 2
+threads_per_job = 1
+"""
+
+
+def test_shipped_plans_parse():
+    cpu = load_plan(ROOT / "plans" / "cpu-proxy.toml")
+    assert len(cpu.runs) == 8 and {r.arch for r in cpu.runs} == {"baseline", "smelt"}
+    assert len({r.tier for r in cpu.runs}) >= 4 and all(len(r.budgets) >= 4 for r in cpu.runs)
+    assert all(r.proxy for r in cpu.runs)
+    paper = load_plan(ROOT / "plans" / "paper-tiers.toml")
+    assert {r.tier for r in paper.runs} == {"100M", "200M", "600M", "1.6B"}
+    assert not any(r.proxy for r in paper.runs) and paper.executor["kind"] == "slurm"
+
+
+def test_custom_tiers_get_matched_twins(tmp_path):
+    plan = parse_plan(__import__("tomllib").loads(MINI.format(runs=tmp_path)))
+    by = {(r.tier, r.arch): r for r in plan.runs}
+    assert by[("tiny-a", "smelt")].model.is_looped and not by[("tiny-a", "baseline")].model.is_looped
+    assert by[("tiny-b", "smelt")].budgets == (1024, 2048, 4096)
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda s: s.replace('"tiny-a", "tiny-b"', '"tiny-a", "nope"'), "unknown tier 'nope'"),
+    (lambda s: s.replace("budgets = [1024, 2048, 4096]", "budgets = [1024, -5]"), "not a positive number"),
+    (lambda s: s.replace('archs = ["baseline", "smelt"]', 'archs = ["dense"]'), "unknown arch"),
+    (lambda s: s.replace("[sweep]", "[sweeep]"), "missing [sweep]"),
+])
+def test_bad_plans_are_one_line_errors(tmp_path, edit, msg):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(edit(MINI.format(runs=tmp_path / "runs")))
+    with pytest.raises(UserError, match=msg.replace("[", r"\[")):
+        load_plan(bad)
+    res = runner.invoke(app, ["sweep", str(bad), "--dry-run", "--no-probe"])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and msg in res.stderr
+
+
+def test_unknown_train_key_rejected(tmp_path):
+    from scaling.sweep import train_config
+    plan = parse_plan(__import__("tomllib").loads(MINI.format(runs=tmp_path).replace("lr = 3e-3", "lrr = 3e-3")))
+    with pytest.raises(UserError, match="unknown \\[train\\] keys: lrr"):
+        train_config(plan.runs[0])
+
+
+def test_lanes_balance_longest_first(tmp_path):
+    plan = parse_plan(__import__("tomllib").loads(MINI.format(runs=tmp_path)))
+    weights = {r.name: w for r, w in zip(plan.runs, [5, 1, 1, 3])}
+    packed = lanes(list(plan.runs), weights, 2)
+    loads = sorted(sum(weights[r.name] for r in lane) for lane in packed)
+    assert loads == [5, 5] and sum(len(lane) for lane in packed) == 4
+
+
+def test_dry_run_json(tmp_path):
+    plan = tmp_path / "mini.toml"
+    plan.write_text(MINI.format(runs=tmp_path / "runs"))
+    res = runner.invoke(app, ["sweep", str(plan), "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert len(data["runs"]) == 4
+    for r in data["runs"]:
+        assert r["status"] == "new" and r["flops"] > 0 and r["tokens_per_s"] > 0 and r["est_seconds"] > 0
+    paper = runner.invoke(app, ["sweep", str(ROOT / "plans" / "paper-tiers.toml"), "--dry-run", "--json"])
+    rows = json.loads(paper.stdout)["runs"]
+    assert all(r["gpu_hours"] > 0 and r["tokens_per_s"] is None for r in rows)
+
+
+def test_mini_plan_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMELT_CACHE", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    plan = tmp_path / "mini.toml"
+    plan.write_text(MINI.format(runs=runs))
+    res = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
+    assert res.exit_code == 0, res.output
+    status = json.loads(res.stdout)["status"]
+    assert set(status.values()) == {"done"} and len(status) == 4
+    for name in status:
+        final = json.loads((runs / name / "final.json").read_text())
+        assert final["complete"] and [p["D"] for p in final["points"]] == [1024, 2048, 4096]
+    # a second sweep skips every finished run
+    again = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
+    assert again.exit_code == 0 and len(json.loads(again.stdout)["skipped"]) == 4
+    fit = runner.invoke(app, ["fit", str(runs), "--bootstrap", "0", "--json", "--out", str(tmp_path / "fits.json")])
+    assert fit.exit_code == 0, fit.output
+    fits = json.loads(fit.stdout)["fits"]
+    assert set(fits) == {"baseline", "smelt"} and all(f["n_points"] == 6 for f in fits.values())
+    sav = runner.invoke(app, ["savings", "--fits", str(tmp_path / "fits.json"), "--budget", "1e11", "--json"])
+    assert sav.exit_code in (0, 2), sav.output
+    if sav.exit_code == 0:
+        row = json.loads(sav.stdout)["rows"][0]
+        assert row["budget"] == 1e11 and row["extrapolation_decades"] is not None
+    else:  # six noisy points per law: the reference may never reach the candidate's loss
+        assert sav.stderr.count("\n") == 1 and "error:" in sav.stderr
+    assert run_status(runs, "tiny-a-smelt-s0") == "done"
