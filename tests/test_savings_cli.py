@@ -1,0 +1,199 @@
+"""`smelt-scale savings`: JSON shape, the paper figures end to end, runs and fits sources, exit-2 errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import scaling.commands.savings as savings_cmd
+from cli import app
+from scaling.commands.savings import parse_budgets
+from scaling.errors import UserError
+
+runner = CliRunner()
+
+# Synthetic truth: both groups follow the chinchilla law below, the candidate with a smaller A
+# and more FLOPs per parameter-token. Hand derivation: at compute C the candidate has
+# N D = C / k_c and acts like the reference with m = (A_r/A_c)^(1/alpha) times N, i.e. like the
+# reference with N D = m C / k_c, so C_ref = k_r m C / k_c and savings = 1 - k_c / (k_r m).
+LAW = {"E": 1.82, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
+GROUPS = {"baseline": (482.0, 6.0), "smelt": (400.0, 6.6)}
+EXPECTED = 1.0 - (6.6 / 6.0) / (482.0 / 400.0) ** (1.0 / LAW["alpha"])
+ROW_KEYS = {"budget", "sparsity", "candidate_loss", "reference_compute", "savings", "savings_ci",
+            "tokens_per_param", "extrapolation_decades"}
+
+
+def write_runs(root: Path, seed: int = 0) -> Path:
+    """A trainer-style runs folder: <run>/config.json + final.json, one point per run."""
+    rng = np.random.default_rng(seed)
+    for arch, (A, k) in GROUPS.items():
+        for N in np.logspace(6, 8, 5):
+            for D in np.logspace(8, 10.5, 5):
+                loss = (LAW["E"] + A / N ** LAW["alpha"] + LAW["B"] / D ** LAW["beta"]) * np.exp(
+                    1e-3 * rng.standard_normal())
+                run = root / f"{arch}-N{N:.0f}-D{D:.0f}"
+                run.mkdir(parents=True)
+                (run / "config.json").write_text(json.dumps({"arch": arch}))
+                point = {"N": N, "D": D, "loss": loss, "flops": k * N * D, "flops_per_token": k * N,
+                         "sparsity": 0.5}
+                final = {"run": run.name, "arch": arch, "tier": "synthetic", "complete": True,
+                         "points": [point]}
+                (run / "final.json").write_text(json.dumps(final))
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    return write_runs(tmp_path_factory.mktemp("savings") / "runs")
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["savings", *args])
+
+
+def assert_one_line_exit_2(res, fragment: str) -> None:
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    assert fragment in lines[0], lines[0]
+    assert res.stdout == ""
+
+
+# -- the paper reference ----------------------------------------------------------------------
+def test_paper_law_set_json_reproduces_published_savings():
+    res = invoke("--law-set", "paper", "--budgets", "1e20,1e21", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["reference"] == "baseline" and data["candidate"] == "smelt"
+    assert data["convention"] == "candidate-budget"
+    assert ROW_KEYS <= set(data["rows"][0])
+    rows = {(r["budget"], r["sparsity"]): r for r in data["rows"]}
+    assert set(rows) == {(b, s) for b in (1e20, 1e21) for s in (0.85, 0.95, 0.97)}
+    expected = {1e20: (0.099, 0.077, 0.067), 1e21: (0.179, 0.157, 0.146)}
+    for budget, exp in expected.items():
+        got = [rows[(budget, s)]["savings"] for s in (0.85, 0.95, 0.97)]
+        assert got == pytest.approx(exp, abs=0.003)
+        assert min(got) >= {1e20: 0.068, 1e21: 0.147}[budget] - 0.003
+        assert max(got) <= {1e20: 0.100, 1e21: 0.180}[budget] + 0.003
+    tpp = [rows[(1e21, s)]["tokens_per_param"] for s in (0.85, 0.95, 0.97)]
+    assert tpp == pytest.approx((56, 78, 91), abs=1.0)
+    for r in data["rows"]:
+        assert r["savings_ci"] is None  # the paper gives no bootstrap
+        assert r["extrapolation_decades"] < 0
+    s = [r["savings"] for r in data["rows"]]
+    assert data["savings_range"] == pytest.approx([min(s), max(s)])
+
+
+def test_paper_law_set_human_table_names_convention_and_range():
+    res = invoke("--law-set", "paper", "--budgets", "1e20:1e22:3", "--sparsity", "0.9")
+    assert res.exit_code == 0, res.stderr
+    assert "candidate-budget" in res.stdout and "savings range" in res.stdout
+    assert "2609.01343" in res.stdout
+    assert "extrapolate" not in res.stderr  # 1e22 is 0.66 decades past 2.2e21
+    far = invoke("--law-set", "paper", "--budget", "1e23", "--sparsity", "0.9")
+    assert far.exit_code == 0 and "extrapolate" in far.stderr
+
+
+def test_reference_convention_flag():
+    a = json.loads(invoke("--law-set", "paper", "--budget", "1e21", "--sparsity", "0.95", "--json").stdout)
+    b = json.loads(invoke("--law-set", "paper", "--budget", "1e21", "--sparsity", "0.95", "--at", "reference",
+                          "--json").stdout)
+    assert b["convention"] == "reference-budget"
+    assert b["rows"][0]["reference_compute"] == pytest.approx(1e21)
+    assert b["rows"][0]["savings"] < a["rows"][0]["savings"]
+
+
+# -- runs and fits ---------------------------------------------------------------------------
+def test_runs_fitted_on_the_fly_give_the_hand_derived_savings(runs_dir, tmp_path):
+    res = invoke("--runs", str(runs_dir), "--budgets", "1e16,1e18", "--bootstrap", "20", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [r["sparsity"] for r in data["rows"]] == [None, None]
+    for r in data["rows"]:
+        assert r["savings"] == pytest.approx(EXPECTED, abs=0.02)
+        lo, hi = r["savings_ci"]
+        assert lo < r["savings"] < hi
+        # largest fitted compute: 6.6 * 1e8 * 10^10.5
+        assert r["extrapolation_decades"] == pytest.approx(
+            np.log10(max(r["reference_compute"], r["budget"]) / (6.0 * 1e8 * 10 ** 10.5)), abs=0.05)
+
+
+def test_fits_file_from_the_fitter(runs_dir, tmp_path):
+    out = tmp_path / "fits.json"
+    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", "10", "--out", str(out)])
+    assert fit.exit_code == 0, fit.stderr
+    res = invoke("--fits", str(out), "--budget", "1e17", "--json")
+    assert res.exit_code == 0, res.stderr
+    row = json.loads(res.stdout)["rows"][0]
+    assert row["savings"] == pytest.approx(EXPECTED, abs=0.02)
+    assert row["savings_ci"] is not None and ROW_KEYS <= set(row)
+
+
+def _fits_file(path: Path, **ref_over) -> Path:
+    entry = {"law": "chinchilla", **LAW, "A": 482.0, "n_points": 25,
+             "data_summary": {"compute_max": 1e19, "flops_per_param_k": 6.0}}
+    path.write_text(json.dumps({"fits": {"baseline": {**entry, **ref_over}, "smelt": {**entry, "A": 400.0}}}))
+    return path
+
+
+def test_fits_file_without_bootstrap_has_no_interval(tmp_path):
+    res = invoke("--fits", str(_fits_file(tmp_path / "f.json")), "--budget", "1e18", "--json")
+    assert res.exit_code == 0, res.stderr
+    row = json.loads(res.stdout)["rows"][0]
+    assert row["savings"] == pytest.approx(1 - (400 / 482) ** (1 / LAW["alpha"]), abs=1e-9)
+    assert row["savings_ci"] is None
+
+
+# -- errors ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, fragment", [
+    (["--law-set", "paper", "--budget", "-1e20"], "positive"),
+    (["--law-set", "paper", "--budget", "abc"], "number"),
+    (["--law-set", "paper", "--budgets", "1e20,0"], "positive"),
+    (["--law-set", "paper", "--budgets", "1e20:1e22"], "lo:hi:n"),
+    (["--law-set", "paper"], "budget"),
+    (["--law-set", "nope", "--budget", "1e21"], "unknown law set"),
+    (["--law-set", "paper", "--budget", "1e21", "--reference", "dense"], "unknown group"),
+    (["--law-set", "paper", "--budget", "1e21", "--sparsity", "1.2"], "[0, 1)"),
+    (["--law-set", "paper", "--budget", "1e21", "--at", "both"], "--at"),
+])
+def test_bad_input_is_one_line_exit_2(args, fragment):
+    assert_one_line_exit_2(invoke(*args), fragment)
+
+
+def test_fits_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"fits": [1, 2]}))
+    assert_one_line_exit_2(invoke("--fits", str(bad), "--budget", "1e21"), "not a fits file")
+    bad.write_text(json.dumps({"fits": {"baseline": {"law": "chinchilla", "E": 1.0}}}))
+    assert_one_line_exit_2(invoke("--fits", str(bad), "--budget", "1e21"), "not a fit entry")
+    good = _fits_file(tmp_path / "good.json")
+    assert_one_line_exit_2(invoke("--fits", str(good), "--budget", "1e21", "--candidate", "dense"), "dense")
+    never = _fits_file(tmp_path / "never.json", E=2.6)
+    assert_one_line_exit_2(invoke("--fits", str(never), "--budget", "1e21"), "never reaches")
+
+
+def test_default_runs_folder_missing_or_empty(tmp_path, monkeypatch):
+    monkeypatch.setattr(savings_cmd, "DEFAULT_RUNS", tmp_path / "runs")
+    assert_one_line_exit_2(invoke("--budget", "1e21"), "default runs folder")
+    (tmp_path / "runs").mkdir()
+    assert_one_line_exit_2(invoke("--budget", "1e21"), "default runs folder")
+    (tmp_path / "runs" / "r1").mkdir()
+    (tmp_path / "runs" / "r1" / "config.json").write_text("{}")  # unfinished run only
+    assert_one_line_exit_2(invoke("--budget", "1e21"), "no finished runs")
+
+
+def test_unknown_group_in_runs(runs_dir):
+    assert_one_line_exit_2(invoke("--runs", str(runs_dir), "--budget", "1e17", "--reference", "dense",
+                                  "--bootstrap", "0"), "no runs of group 'dense'")
+
+
+def test_parse_budgets():
+    assert parse_budgets(None, "1e18:1e24:7") == pytest.approx(np.logspace(18, 24, 7))
+    assert parse_budgets("1e21", None) == pytest.approx([1e21])
+    assert parse_budgets(None, "1e19, 1e20,") == pytest.approx([1e19, 1e20])
+    with pytest.raises(UserError, match="not both"):
+        parse_budgets("1e21", "1e20")
