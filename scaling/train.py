@@ -40,7 +40,7 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ import torch
 from scaling import runlog
 from scaling.budget import budget as accounting
 from scaling.config import ModelConfig
-from scaling.data import Corpus, DataSpec, cache_root, load_corpus
+from scaling.data import DataSpec, cache_root, load_corpus
 from scaling.errors import UserError
 from scaling.schedule import TokenBudget, lr_at, plan_budgets, total_steps
 
@@ -274,14 +274,14 @@ class _Progress:
         self.bar = None
         if not enabled:
             return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+        from rich.progress import (BarColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
 
         from scaling.cliutil import stderr
 
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("tok  {task.fields[tps]} tok/s  loss {task.fields[loss]}"
-                                       "  val {task.fields[val]}"),
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=16),
+                            TextColumn("{task.percentage:>3.0f}% {task.fields[tps]} tok/s loss {task.fields[loss]}"
+                                                             " val {task.fields[val]}"),
                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                             console=stderr, transient=False)
         self.task = self.bar.add_task(name, total=total_tokens, completed=done_tokens,
@@ -380,6 +380,10 @@ def _train(model_cfg, cfg: TrainConfig, dist: _Dist, device: torch.device, *, ti
     if dist.is_main:
         existed = runlog.prepare_run_dir(run_dir, resume, overwrite)
         runlog.prepare_ckpt_dir(ckpt_dir, overwrite or not existed)
+    if dist.world > 1:  # every rank must take the same resume decision
+        flag = [existed]
+        torch.distributed.broadcast_object_list(flag, src=0)
+        existed = bool(flag[0])
     dist.barrier()
 
     spec = cfg.data_spec(model_cfg.vocab_size)
@@ -533,7 +537,7 @@ def _train(model_cfg, cfg: TrainConfig, dist: _Dist, device: torch.device, *, ti
 
     total_iters = total_steps(budgets)
     bar = _Progress(progress and dist.is_main and not state["done"], total_iters * tokens_per_step,
-                    state["iter"] * tokens_per_step, run_name)
+                    state["iter"] * tokens_per_step, model_cfg.arch)
     kill_at = int(os.environ.get(_KILL_ENV, "-1"))
     t_resume = time.perf_counter()
     wall_base = state["wall_s"]
@@ -569,7 +573,7 @@ def _train(model_cfg, cfg: TrainConfig, dist: _Dist, device: torch.device, *, ti
             if budget_end or periodic:
                 vl, vb = eval_now()
                 record.update(val_loss=vl, val_bpb=vb)
-                bar.update(0, val=f"{vl:.4f}")
+                bar.update(0, val=f"{vl:.3f}")
             if budget_end:
                 state["wall_s"] = wall_base + time.perf_counter() - t_resume
                 record["budget_index"] = target.index
@@ -584,13 +588,15 @@ def _train(model_cfg, cfg: TrainConfig, dist: _Dist, device: torch.device, *, ti
                 force_ckpt = True
 
             record["tokens_per_s"] = train_tokens / train_time if train_time > 0 else None
+            if not budget_end:  # a budget end's wall_s is the one stored in its point
+                state["wall_s"] = wall_base + time.perf_counter() - t_resume
             record["wall_s"] = state["wall_s"]
             if dist.is_main and (state["iter"] % cfg.log_every == 0 or "val_loss" in record
                                  or state["done"]):
                 runlog.append_jsonl(metrics_path, record)
                 if budget_end:
                     write_final()
-            bar.update(tokens_per_step, tps=f"{record['tokens_per_s']:,.0f}", loss=f"{loss:.4f}")
+            bar.update(tokens_per_step, tps=f"{record['tokens_per_s']:,.0f}", loss=f"{loss:.3f}")
             if state["iter"] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             if force_ckpt or state["iter"] % cfg.ckpt_every == 0:

@@ -72,9 +72,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a Baseline or SMELT model; write runs/<name>/{config.json, metrics.jsonl, final.json}.
 
-        With the WSD schedule one run yields one point per budget: the stable trunk runs to the
-        largest budget and a cooldown branch is taken at each smaller one. Runs under torchrun
-        use DDP. A killed run continues with --resume and logs what an uninterrupted run logs.
+        With the WSD schedule one run yields one (N, D, loss) point per budget: the stable trunk runs to the largest budget and a cooldown branch is taken at each smaller one.
+
+        Runs under torchrun use DDP (gloo on CPU, nccl on CUDA). A killed run continues with --resume and logs exactly what an uninterrupted run logs.
         """
         from scaling.tiers import get_config, is_proxy
         from scaling.train import TrainConfig, train

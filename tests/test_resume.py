@@ -1,0 +1,118 @@
+"""Kill a training subprocess with SIGKILL, resume it, and get exactly the uninterrupted run's logs.
+
+The kills land at the worst moments: right after an update's metrics line (and, at a budget
+end, its final.json point) is written but before its checkpoint, in the trunk before any
+checkpoint exists, at the end of a cooldown branch, and after the trunk has returned from the
+branch; plus one kill from outside at an arbitrary moment. CPU, 1 thread: bitwise equal.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from scaling import runlog
+from scaling.tiers import get_config
+from scaling.train import TrainConfig, train
+
+TIER = "proxy-tiny"
+STEP_TOKENS = 8 * 64
+TIMING = {"tokens_per_s", "wall_s"}
+CFG = dict(tokens=[10 * STEP_TOKENS, 20 * STEP_TOKENS], batch_size=8, data_max_bytes=100_000, eval_every=5,
+           ckpt_every=4, threads=1, val_windows=16, warmup=2)
+SCRIPT = """
+import json, sys
+from scaling.tiers import get_config
+from scaling.train import TrainConfig, train
+a = json.loads(sys.argv[1])
+train(get_config(a["tier"], "smelt"), TrainConfig(**a["cfg"]), tier=a["tier"], run_name=a["name"],
+      runs_dir=a["runs"], ckpt_dir=a["ckpt"], resume=True)
+"""
+
+
+@pytest.fixture()
+def env(tmp_path_factory, monkeypatch):
+    cache = str(tmp_path_factory.getbasetemp() / "smelt-cache")
+    monkeypatch.setenv("SMELT_CACHE", cache)
+    threads = torch.get_num_threads()
+    yield {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    torch.set_num_threads(threads)
+
+
+def launch(tmp_path, name, env, kill_at=None, cfg=CFG):
+    args = json.dumps({"tier": TIER, "cfg": cfg, "name": name, "runs": str(tmp_path / "runs"),
+                       "ckpt": str(tmp_path / "ckpt")})
+    env = dict(env)
+    if kill_at is not None:
+        env["SMELT_FAULT_KILL_AT_ITER"] = str(kill_at)
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, args], env=env, stderr=subprocess.PIPE)
+
+
+def in_process(tmp_path, name, resume=False, cfg=CFG):
+    return train(get_config(TIER, "smelt"), TrainConfig(**cfg), tier=TIER, run_name=name,
+                 runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt", resume=resume)
+
+
+def logs(tmp_path, name):
+    rd = tmp_path / "runs" / name
+    metrics = [{k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_jsonl(rd / "metrics.jsonl")]
+    final = runlog.read_json(rd / "final.json")
+    del final["run"]
+    final["points"] = [{k: v for k, v in p.items() if k not in ("wall_s", "run")} for p in final["points"]]
+    return metrics, final
+
+
+def test_killed_runs_resume_to_identical_logs(tmp_path, env):
+    in_process(tmp_path, "ref")
+    ref_metrics, ref_final = logs(tmp_path, "ref")
+    assert len(ref_metrics) == 22 and ref_final["complete"]
+
+    # iter 3: trunk, no checkpoint yet; 10: end of the 10-step budget's branch (point written,
+    # checkpoint not); 15: trunk after the branch (last checkpoint at 12)
+    latest = tmp_path / "ckpt" / "killed" / "latest.pt"
+    for kill_at, ckpt_iter in ((3, None), (10, 8), (15, 12)):
+        proc = launch(tmp_path, "killed", env, kill_at)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        metrics = runlog.read_jsonl(tmp_path / "runs" / "killed" / "metrics.jsonl")
+        assert metrics[-1]["iter"] == kill_at  # the line was durable before the kill
+        if kill_at == 10:
+            final = runlog.read_json(tmp_path / "runs" / "killed" / "final.json")
+            assert [p["budget_index"] for p in final["points"]] == [0] and not final["complete"]
+        if ckpt_iter is None:
+            assert not latest.exists()
+        else:  # the resume starts here and drops the lines after it
+            assert runlog.load_checkpoint(latest)["state"]["iter"] == ckpt_iter
+    in_process(tmp_path, "killed", resume=True)
+    metrics, final = logs(tmp_path, "killed")
+    assert metrics == ref_metrics  # nothing lost, nothing duplicated, same numbers
+    assert final == ref_final
+
+
+def test_kill_from_outside_at_any_moment(tmp_path, env):
+    cfg = {**CFG, "tokens": [30 * STEP_TOKENS], "ckpt_every": 3}
+    in_process(tmp_path, "ref", cfg=cfg)
+    ref_metrics, ref_final = logs(tmp_path, "ref")
+
+    proc = launch(tmp_path, "ext", env, cfg=cfg)
+    path = tmp_path / "runs" / "ext" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if len(runlog.read_jsonl(path)) >= 7:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.communicate(timeout=60)
+    if proc.returncode != -signal.SIGKILL:
+        pytest.fail(f"the run ended (rc={proc.returncode}) before it could be killed")
+    n_lines = len(runlog.read_jsonl(path))
+    assert 7 <= n_lines < 30
+    in_process(tmp_path, "ext", resume=True, cfg=cfg)
+    metrics, final = logs(tmp_path, "ext")
+    assert metrics == ref_metrics
+    assert final == ref_final

@@ -1,0 +1,174 @@
+"""The trainer in-process on proxy-tiny and a ~100 kB corpus (each run ~1-3 s), plus CLI errors."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from scaling import runlog
+from scaling.budget import budget
+from scaling.errors import UserError
+from scaling.tiers import get_config
+from scaling.train import TrainConfig, param_groups, train
+
+TIER = "proxy-tiny"
+STEP_TOKENS = 8 * 64  # batch 8 x seq_len 64
+TIMING = {"tokens_per_s", "wall_s"}
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SMELT_CACHE", str(tmp_path_factory.getbasetemp() / "smelt-cache"))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(**kw) -> TrainConfig:
+    base = dict(tokens=(10 * STEP_TOKENS, 20 * STEP_TOKENS), batch_size=8, data_max_bytes=100_000,
+                eval_every=5, ckpt_every=4, threads=1, val_windows=16, warmup=2)
+    return TrainConfig(**{**base, **kw})
+
+
+def run(tmp_path, arch="smelt", name="r", **kw):
+    return train(get_config(TIER, arch), tiny(**kw), tier=TIER, run_name=name, runs_dir=tmp_path / "runs",
+                 ckpt_dir=tmp_path / "ckpt")
+
+
+def strip(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def test_run_folder_contents(tmp_path):
+    doc = run(tmp_path)
+    rd = tmp_path / "runs" / "r"
+    final = runlog.read_json(rd / "final.json")
+    assert final["complete"] and final["run"] == "r" and final["arch"] == "smelt" and final["tier"] == TIER
+    cfg = get_config(TIER, "smelt")
+    acc = budget(cfg)
+    assert [p["D"] for p in final["points"]] == [10 * STEP_TOKENS, 20 * STEP_TOKENS]
+    for p in final["points"]:
+        assert p["N"] == acc.active_params and p["proxy"] is True
+        assert p["flops"] == acc.flops_per_token * p["D"]
+        assert p["non_embedding_params"] == acc.non_embedding_params and p["total_params"] == acc.total_params
+        assert 0 < p["loss"] < 7 and p["val_bpb"] > 0
+    assert final["points"][1]["loss"] < final["points"][0]["loss"]
+    assert doc["points"] == final["points"]
+
+    meta = runlog.read_json(rd / "config.json")
+    assert meta["model"] == cfg.to_dict() and meta["accounting"] == acc.to_dict()
+    assert meta["seed"] == 0 and meta["env"]["threads"] == 1 and "torch" in meta["env"]
+    assert {s["name"] for s in meta["data"]["sources"]} == {"shakespeare", "stdlib"}
+    assert meta["code"]["version"] and "git_commit" in meta["code"]
+
+    lines = runlog.read_jsonl(rd / "metrics.jsonl")
+    # trunk 20 steps + the 10-step budget's 2-step cooldown branch
+    assert [r["iter"] for r in lines] == list(range(1, 23))
+    branch = [r for r in lines if r["branch"] == 0]
+    assert [r["step"] for r in branch] == [9, 10] and branch[-1]["budget_index"] == 0
+    assert [r["step"] for r in lines if r["branch"] is None] == list(range(1, 21))
+    assert all(r["lr"] < 3e-3 for r in branch)
+    # periodic evals at trunk steps 5, 10, 15 and at both budget ends
+    evals = [(r["branch"], r["step"]) for r in lines if "val_loss" in r]
+    assert evals == [(None, 5), (0, 10), (None, 10), (None, 15), (None, 20)]
+    for key in ("train_loss", "aux_loss", "z_loss", "lr", "tokens", "tokens_per_s"):
+        assert all(key in r for r in lines)
+    # the run is finished: latest.pt exists, the branch point was cleaned up
+    assert (tmp_path / "ckpt" / "r" / "latest.pt").exists()
+    assert not (tmp_path / "ckpt" / "r" / "branch_point_0.pt").exists()
+
+
+def test_branch_equals_standalone_run_and_runs_reproduce(tmp_path):
+    """A cooldown branch is exactly the run a single-budget job would make (CPU, 1 thread)."""
+    both = run(tmp_path, name="both")
+    alone = run(tmp_path, name="alone", tokens=(10 * STEP_TOKENS,))
+    assert alone["points"][0]["loss"] == both["points"][0]["loss"]
+    assert alone["points"][0]["train_loss"] == both["points"][0]["train_loss"]
+    run(tmp_path, name="again")
+    a = strip(runlog.read_jsonl(tmp_path / "runs" / "both" / "metrics.jsonl"))
+    b = strip(runlog.read_jsonl(tmp_path / "runs" / "again" / "metrics.jsonl"))
+    assert a == b
+
+
+def test_cosine_and_accumulation(tmp_path):
+    doc = run(tmp_path, arch="baseline", name="cos", tokens=(12 * STEP_TOKENS,), schedule="cosine",
+              micro_batch_size=4, eval_every=0)
+    lines = runlog.read_jsonl(tmp_path / "runs" / "cos" / "metrics.jsonl")
+    assert len(lines) == 12 and all(r["branch"] is None for r in lines)
+    assert lines[-1]["lr"] == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5 * (1 + __import__("math").cos(
+        __import__("math").pi * 9 / 10))))
+    meta = runlog.read_json(tmp_path / "runs" / "cos" / "config.json")
+    assert meta["resolved"]["grad_accum_steps"] == 2
+    assert doc["complete"] and len(doc["points"]) == 1
+
+
+def test_resume_guards_and_final_weights(tmp_path):
+    run(tmp_path, name="w", tokens=(6 * STEP_TOKENS,))
+    with pytest.raises(UserError, match="already holds a run"):
+        run(tmp_path, name="w", tokens=(6 * STEP_TOKENS,))
+    # resuming a complete run returns its result without training
+    kw = dict(tier=TIER, run_name="w", runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt")
+    cfg = get_config(TIER, "smelt")
+    before = runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl")
+    doc = train(cfg, tiny(tokens=(6 * STEP_TOKENS,)), resume=True, save_final_weights=True, **kw)
+    assert doc["complete"] and runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl") == before
+    from safetensors.torch import load_file
+
+    from scaling.model import MoETransformer
+
+    weights = load_file(tmp_path / "runs" / "w" / "final_weights.safetensors")
+    model = MoETransformer(cfg)
+    model.load_state_dict(weights)
+    assert set(weights) == set(model.state_dict())
+    with pytest.raises(UserError, match="different configuration"):
+        train(cfg, tiny(tokens=(6 * STEP_TOKENS,), lr=1e-3), resume=True, **kw)
+    with pytest.raises(UserError, match="exclude each other"):
+        train(cfg, tiny(tokens=(6 * STEP_TOKENS,)), resume=True, overwrite=True, **kw)
+    doc = train(cfg, tiny(tokens=(6 * STEP_TOKENS,), lr=1e-3), overwrite=True, **kw)
+    assert runlog.read_json(tmp_path / "runs" / "w" / "config.json")["train"]["lr"] == 1e-3
+
+
+def test_param_groups_skip_embedding_and_gains():
+    from scaling.model import MoETransformer
+
+    model = MoETransformer(get_config(TIER, "baseline"))
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    no = {names[id(p)] for p in no_decay["params"]}
+    assert "embed.weight" in no and all(n == "embed.weight" or n.endswith("norm.weight") for n in no)
+    assert "lm_head.weight" in {names[id(p)] for p in decay["params"]}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tier", "proxy-huge", "--arch", "smelt", "--tokens", "1e4"], "unknown tier"),
+    (["--tier", TIER, "--arch", "dense", "--tokens", "1e4"], "unknown arch"),
+    (["--tier", TIER, "--arch", "smelt", "--tokens", "100"], "below one optimizer step"),
+    (["--tier", TIER, "--arch", "smelt", "--tokens", "1e4", "--runs-dir", "/proc/nope"], "not writable"),
+    (["--tier", TIER, "--arch", "smelt", "--tokens", "1e4,x"], "comma-separated"),
+])
+def test_cli_errors_are_one_line_exit_2(args, message, tmp_path):
+    from cli import app
+
+    res = CliRunner().invoke(app, ["train", *args, "--data-max-bytes", "100000"])
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+
+
+def test_cli_json_and_existing_run(tmp_path):
+    from cli import app
+
+    args = ["train", "--tier", TIER, "--arch", "baseline", "--tokens", str(4 * STEP_TOKENS), "--batch-size", "8",
+            "--data-max-bytes", "100000", "--runs-dir", str(tmp_path / "runs"), "--ckpt-dir",
+            str(tmp_path / "ckpt"), "--threads", "1", "--val-windows", "8", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["complete"] and doc["run"] == f"{TIER}-baseline-2.048k-s0" and len(doc["points"]) == 1
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "--resume" in res.stderr and "--overwrite" in res.stderr
+    res = CliRunner().invoke(app, args + ["--resume"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["points"] == doc["points"]
