@@ -1,0 +1,223 @@
+"""`scaling.simulate` and `smelt-scale simulate`: zero noise recovers the paper's published savings,
+trials are seeded, statistics are what they say, interval coverage is near nominal (slow), exit-2 errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.design import isoflop_design, plan_design, propose
+from scaling.errors import UserError
+from scaling.laws import get_law
+from scaling.plan import load_plan
+from scaling.reference_laws import load_law_set
+from scaling.savings import FittedLaw
+from scaling.simulate import SimulationResult, noisy, simulate, true_losses
+
+runner = CliRunner()
+PAPER_S = (0.85, 0.95, 0.97)
+# Published (arXiv 2609.01343 via its reading notes): 6.8-10.0% at 1e20, 14.7-18.0% at 1e21 over S.
+PUBLISHED = {1e20: (0.068, 0.100), 1e21: (0.147, 0.180)}
+
+
+@pytest.fixture(scope="module")
+def paper():
+    ls = load_law_set("paper")
+    laws = {g: ls.fitted(g) for g in ("baseline", "smelt")}
+    # the paper's scale: 4 IsoFLOP budgets over its fitted compute x 6 sizes x 3 sparsities = 72 runs per arch
+    design = isoflop_design(laws, np.logspace(np.log10(1.3e19), np.log10(2.2e21), 4), n_sizes=6,
+                            sparsities=PAPER_S)
+    return laws, design
+
+
+def chinchilla_truth() -> dict[str, FittedLaw]:
+    law = get_law("chinchilla")
+    P = {"E": 1.82, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
+    return {"baseline": FittedLaw("baseline", law, {**P, "A": 482.0}, flops_per_param=6.0, compute_max=1e21),
+            "smelt": FittedLaw("smelt", law, {**P, "A": 400.0}, flops_per_param=6.6, compute_max=1e21)}
+
+
+@pytest.fixture(scope="module")
+def chin_design():
+    return isoflop_design(chinchilla_truth(), np.logspace(18, 21, 4), n_sizes=6)
+
+
+def test_zero_noise_recovers_the_published_savings(paper):
+    laws, design = paper
+    res = simulate(laws, design, [1e20, 1e21], sparsities=PAPER_S, noise=0.0, trials=1, n_bootstrap=0,
+                   check_starts=0)
+    assert len(res.rows) == 6 and res.failures == 0
+    for r in res.rows:
+        # the fit of noise-free losses returns the law: measured |error| ~1e-12; tolerance 1e-6 (1e-4 pp)
+        assert abs(r.mean_savings - r.true_savings) < 1e-6
+        lo, hi = PUBLISHED[r.budget]
+        assert lo - 0.003 <= r.mean_savings <= hi + 0.003      # the savings test's 0.3 pp
+        assert r.sign_recovery == 1.0 and r.coverage is None
+    by = {(r.budget, r.sparsity): r.mean_savings for r in res.rows}
+    assert by[(1e20, 0.85)] == pytest.approx(0.0986, abs=5e-4)   # scaling/reference_laws.py: 9.86%
+    assert by[(1e21, 0.97)] == pytest.approx(0.1457, abs=5e-4)   # 14.57%
+
+
+def test_noise_is_multiplicative_lognormal():
+    rng = np.random.default_rng(0)
+    x = noisy(np.full(200_000, 2.0), 0.01, rng)
+    assert np.log(x / 2.0).std() == pytest.approx(0.01, rel=0.01)
+    assert abs(np.log(x / 2.0).mean()) < 1e-4
+    assert np.array_equal(noisy(np.ones(3), 0.0, rng), np.ones(3))
+
+
+def test_statistics_match_their_definitions_and_are_seeded(chin_design):
+    truth = chinchilla_truth()
+    kw = dict(noise=0.005, trials=6, n_bootstrap=20, check_starts=1)
+    a = simulate(truth, chin_design, [1e21], seed=3, **kw)
+    b = simulate(truth, chin_design, [1e21], seed=3, **kw)
+    c = simulate(truth, chin_design, [1e21], seed=4, **kw)
+    assert a.to_dict() == b.to_dict()
+    assert a.rows[0].estimates != c.rows[0].estimates
+    r = a.rows[0]
+    e = np.array(r.estimates)
+    assert r.n_trials == e.size == 6
+    assert r.bias == pytest.approx(e.mean() - r.true_savings)
+    assert r.spread == pytest.approx(e.std(ddof=1))
+    assert r.rmse == pytest.approx(np.sqrt(np.mean((e - r.true_savings) ** 2)))
+    assert r.sign_recovery == pytest.approx(np.mean(np.sign(e) == np.sign(r.true_savings)))
+    assert 0.0 <= r.coverage <= 1.0 and r.median_ci_width > 0
+    # hand derivation (tests/test_savings_cli.py): savings = 1 - (k_c/k_r) (A_c/A_r)^(1/alpha)
+    assert r.true_savings == pytest.approx(1 - (6.6 / 6.0) * (400.0 / 482.0) ** (1 / 0.3478), rel=1e-6)
+    assert a.start_check["trials_checked"] == 2 and a.start_check["grid_lower_objective"] == 0
+    # trial t does not depend on the number of trials
+    longer = simulate(truth, chin_design, [1e21], seed=3, **{**kw, "trials": 7})
+    assert longer.rows[0].estimates[:6] == r.estimates
+
+
+def test_result_json_round_trip(chin_design):
+    res = simulate(chinchilla_truth(), chin_design, [1e21], noise=0.005, trials=2, n_bootstrap=5, check_starts=0)
+    again = SimulationResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert again.to_dict() == res.to_dict()
+    assert "Simulated study" in res.summary()
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"noise": -0.1}, "--noise"),
+    ({"trials": 0}, "--trials"),
+    ({"n_bootstrap": 1}, "--bootstrap"),
+    ({"starts": "random"}, "--starts"),
+    ({"reference": "dense"}, "no known law"),
+    ({"level": 1.5}, "interval level"),
+])
+def test_bad_settings_are_user_errors(chin_design, kwargs, msg):
+    with pytest.raises(UserError, match=msg):
+        simulate(chinchilla_truth(), chin_design, [1e21], **kwargs)
+
+
+def test_design_too_small_or_missing_inputs(chin_design, paper):
+    with pytest.raises(UserError, match="4 points"):
+        simulate(chinchilla_truth(), chin_design.groupby("group").head(4), [1e21])
+    laws, _ = paper
+    with pytest.raises(UserError, match="sparsity"):   # a chinchilla design has no S for the smelt law
+        simulate(laws, chin_design, [1e20], sparsities=(0.95,))
+
+
+def test_true_losses_on_a_plan_design(tmp_path, paper):
+    laws, _ = paper
+    prop = propose(laws, [1e20], sparsities=(0.95,), n_sizes=5)
+    path = tmp_path / "p.toml"
+    path.write_text(tomli_w.dumps(prop.plan_dict(name="p", runs_dir="runs-p")))
+    pts = plan_design(load_plan(path))
+    for g in ("baseline", "smelt"):
+        sub = pts[pts["group"] == g]
+        want = sorted(p.expected_loss for p in prop.sets[0].arch_points(g))
+        assert sorted(true_losses(laws[g], sub)) == pytest.approx(want, rel=1e-12)
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+def assert_one_line_exit_2(res, fragment: str) -> None:
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+ROW_KEYS = {"budget", "sparsity", "true_savings", "n_trials", "mean_savings", "median_savings", "bias", "spread",
+            "rmse", "sign_recovery", "power", "coverage", "median_ci_width", "extrapolation_decades", "estimates"}
+
+
+def test_simulate_cli_json_shape_on_the_paper_laws():
+    res = runner.invoke(app, ["simulate", "--law-set", "paper", "--sparsity", "0.95", "--trials", "2",
+                              "--bootstrap", "5", "--check-starts", "0", "--json"])
+    assert res.exit_code == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert {"law", "reference", "candidate", "noise", "trials", "bootstrap", "seed", "ci_level", "starts", "design",
+            "rows", "failures", "identified_rate", "start_check", "warnings"} <= set(d)
+    assert d["law"] == "smelt" and d["trials"] == 2 and d["noise"] == 0.01
+    assert d["design"]["n_points"] == {"baseline": 72, "smelt": 72}
+    assert d["design"]["sparsities"] == list(PAPER_S)
+    assert [(r["budget"], r["sparsity"]) for r in d["rows"]] == [(1e20, 0.95), (1e21, 0.95)]
+    for r in d["rows"]:
+        assert set(r) == ROW_KEYS and len(r["estimates"]) == 2
+
+
+def test_simulate_cli_on_a_planned_design_with_fits(tmp_path, chin_design):
+    from test_design import chinchilla_laws, write_fits
+
+    fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
+    out = tmp_path / "next.toml"
+    res = runner.invoke(app, ["plan", "--fits", str(fits), "--budgets", "1e13,1e14,1e15", "--runs-per-budget", "5",
+                              "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.stderr
+    res = runner.invoke(app, ["simulate", "--fits", str(fits), "--design", str(out), "--trials", "2",
+                              "--bootstrap", "0", "--noise", "0.002", "--budget", "1e14", "--check-starts", "0"])
+    assert res.exit_code == 0, res.stderr
+    assert "Simulated study" in res.stdout and f"plan {out}" in res.stdout and "1e+14" in res.stdout
+
+
+def test_simulate_cli_unbuildable_design_exits_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(tomli_w.dumps({
+        "sweep": {"tiers": ["odd"], "budgets": [1000]},
+        # one KV head of 4 cannot be cut to 2/3 per pass within 1% (tests/test_matching.py)
+        "model": {"odd": {"vocab_size": 100, "d_model": 64, "n_layers": 4, "n_heads": 1, "n_kv_heads": 1,
+                          "head_dim": 4, "n_experts": 8, "top_k": 2, "expert_hidden": 64, "width_multiple": 1}}}))
+    assert_one_line_exit_2(runner.invoke(app, ["simulate", "--design", str(bad)]), "KV cache")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--noise", "-1", "--trials", "1"], "--noise"),
+    (["--design", "missing.toml"], "plan file not found"),
+    (["--law-set", "nope"], "unknown law set"),
+    (["--budgets", "1e20,-5"], "positive"),
+    (["--starts", "x"], "--starts"),
+])
+def test_simulate_cli_errors_exit_2(args, fragment):
+    assert_one_line_exit_2(runner.invoke(app, ["simulate", *args]), fragment)
+
+
+def test_simulate_cli_sparsity_with_chinchilla_fits_exits_2(tmp_path):
+    from test_design import chinchilla_laws, write_fits
+
+    fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
+    assert_one_line_exit_2(runner.invoke(app, ["simulate", "--fits", str(fits), "--sparsity", "0.9"]),
+                           "only to smelt-form")
+
+
+# -- coverage (slow) -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_interval_coverage_is_near_nominal(paper):
+    """200 trials at 1% noise on the paper-scale design, 100 resamples each (about 2 minutes here).
+
+    Binomial sd of a 95% coverage over 200 trials is 1.5 points; measured 95.0-98.0% per row.
+    """
+    laws, design = paper
+    res = simulate(laws, design, [1e20, 1e21], sparsities=PAPER_S, noise=0.01, trials=200, n_bootstrap=100,
+                   seed=0, check_starts=2)
+    assert res.failures == 0
+    cov = np.array([r.coverage for r in res.rows])
+    assert (cov >= 0.90).all() and 0.92 <= cov.mean() <= 0.99, cov
+    for r in res.rows:
+        assert abs(r.bias) < 3 * r.spread / np.sqrt(r.n_trials) + 0.005, (r.bias, r.spread)
+    assert res.start_check["grid_lower_objective"] == 0
