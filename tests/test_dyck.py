@@ -1,0 +1,162 @@
+"""The Dyck generator, the completion task, its exact scorer and the ICL prompt."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaling.data import BOS_ID, train_tokenizer
+from scaling.dyck import (BRACKET_PAIRS, EOL, SEP, DyckProblem, DyckTask, PromptEncoder, closing,
+                          extract_completion, fits, icl_trials, is_balanced, n_paths, open_stack,
+                          random_balanced, shot_counts)
+from scaling.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    # A small byte-level BPE that learns bracket merges such as "((" and "))", like the corpus one.
+    text = ["def f(x):\n    return [g(y) for y in {x: (1, 2)}]\n", "(())[[]]{{}}<<>>" * 20,
+            "a = b(c(d[e]))\n" * 10]
+    return train_tokenizer(text, 300)
+
+
+# ----- the language -----------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 40), types=st.integers(1, 4))
+def test_random_balanced_is_balanced(seed, n, types):
+    s = random_balanced(np.random.default_rng(seed), n, types)
+    assert len(s) == 2 * n
+    assert is_balanced(s)
+    assert closing(s) == ""
+    assert set(s) <= set("".join(BRACKET_PAIRS[:types]))
+
+
+def test_random_balanced_is_uniform_over_words():
+    # 3 pairs of one type: the 5 (Catalan C_3) words, each with probability 1/5.
+    rng = np.random.default_rng(1)
+    counts = collections.Counter(random_balanced(rng, 3, 1) for _ in range(10000))
+    assert set(counts) == {"((()))", "(()())", "(())()", "()(())", "()()()"}
+    for c in counts.values():
+        assert abs(c / 10000 - 0.2) < 0.02  # 5 sigma is 0.02
+    # 2 pairs of 2 types: C_2 * 2^2 = 8 words, each 1/8
+    counts = collections.Counter(random_balanced(rng, 2, 2) for _ in range(8000))
+    assert len(counts) == 8 and all(abs(c / 8000 - 0.125) < 0.02 for c in counts.values())
+
+
+def test_path_counts_are_catalan_and_ballot_numbers():
+    for n in range(12):
+        assert n_paths(2 * n, 0) == math.comb(2 * n, n) // (n + 1)
+    assert n_paths(3, 1) == 2  # from height 1 in 3 steps: UDD, DUD
+    assert n_paths(2, 1) == 0 and n_paths(1, 2) == 0 and n_paths(0, 0) == 1
+
+
+@pytest.mark.parametrize("prefix, answer", [
+    ("(", ")"), ("([{", "}])"), ("()[", "]"), ("(<>[", "])"), ("{[]}(<", ">)"), ("", ""),
+    ("(()", ")"), ("<<[", "]>>"),
+])
+def test_closing_hand_cases(prefix, answer):
+    assert closing(prefix) == answer
+    assert is_balanced(prefix + answer)
+
+
+@pytest.mark.parametrize("bad", ["(]", ")", "([)]", "(a)", "<}", "(( )"])
+def test_not_a_dyck_prefix(bad):
+    with pytest.raises(ValueError):
+        open_stack(bad)
+    assert not is_balanced(bad)
+
+
+def test_is_balanced_hand_cases():
+    assert is_balanced("") and is_balanced("()[]{}<>") and is_balanced("([{<>}])")
+    assert not is_balanced("(") and not is_balanced("(()") and not is_balanced("][")
+
+
+@pytest.mark.parametrize("generated, correct", [
+    ("])", True), ("])\n((", True), ("])\n", True), ("]) ", False), (" ])", False), ("]", False),
+    ("])]", False), ("", False), ("\n])", False), ("]}", False),
+])
+def test_scorer_is_exact(generated, correct):
+    assert DyckProblem("([", "])").is_correct(generated) is correct
+
+
+def test_extract_completion_cuts_at_the_first_newline():
+    assert extract_completion("ab\ncd\n") == "ab" and extract_completion("abc") == "abc"
+
+
+# ----- the task ---------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), types=st.integers(1, 4), lo=st.integers(1, 6), extra=st.integers(0, 8))
+def test_task_samples_are_valid_problems(seed, types, lo, extra):
+    task = DyckTask(types, lo, lo + extra)
+    p = task.sample(np.random.default_rng(seed))
+    stack = open_stack(p.prompt)  # a Dyck prefix
+    assert stack, "at least one bracket is open"
+    assert p.answer == closing(p.prompt) and is_balanced(p.prompt + p.answer)
+    assert 1 <= len(p.answer) <= task.max_answer_chars
+    assert len(p.prompt) <= task.max_prompt_chars
+    assert p.is_correct(p.answer + EOL)
+
+
+def test_task_rejects_bad_settings():
+    for kw in ({"n_types": 0}, {"n_types": 5}, {"min_pairs": 0}, {"min_pairs": 5, "max_pairs": 4}):
+        with pytest.raises(UserError):
+            DyckTask(**kw)
+
+
+def test_icl_trials_are_seeded_and_nested():
+    task = DyckTask()
+    a = icl_trials(task, 5, 8, seed=3)
+    assert a == icl_trials(task, 5, 8, seed=3)
+    assert a != icl_trials(task, 5, 8, seed=4)
+    b = icl_trials(task, 5, 2, seed=3)
+    for (da, qa), (db, qb) in zip(a, b):
+        assert qa == qb  # the same queries whatever the number of shots
+        assert da[:2] == db  # k-shot demonstrations are the first k
+
+
+def test_shot_counts():
+    assert shot_counts([4, 0, 4, 2]) == [0, 2, 4]
+    with pytest.raises(UserError):
+        shot_counts([-1, 2])
+
+
+# ----- the prompt -------------------------------------------------------------------------
+
+def test_prompt_layout(tokenizer):
+    enc = PromptEncoder(tokenizer, BOS_ID)
+    demos = [DyckProblem("((", "))"), DyckProblem("[{}(", ")]")]
+    query = DyckProblem("<(", ")>")
+    p = enc.build(demos, query)
+    assert p.ids[0] == BOS_ID and p.n_shots == 2 and p.answer == ")>"
+    assert tokenizer.decode(list(p.ids[1:])) == f"(({SEP})){EOL}[{{}}({SEP})]{EOL}<({SEP}"
+    assert [tokenizer.decode(list(p.ids[a:b])) for a, b in p.answer_spans] == ["))", ")]"]
+    q0, q1 = p.query_span
+    assert q1 == len(p) and tokenizer.decode(list(p.ids[q0:q1])) == "<(" + SEP
+    # pieces are encoded on their own: the answer tokens are those of the answer alone
+    a, b = p.answer_spans[0]
+    assert p.ids[a:b] == tuple(tokenizer.encode("))").ids)
+    zero = enc.build([], query)
+    assert zero.n_shots == 0 and tokenizer.decode(list(zero.ids[1:])) == "<(" + SEP
+
+
+def test_prompts_are_capped_by_the_context(tokenizer):
+    enc = PromptEncoder(tokenizer, BOS_ID)
+    task = DyckTask()
+    trials = icl_trials(task, 20, 32, seed=0)
+    budget = task.max_answer_chars + 1
+    for seq_len in (48, 128, 1024):
+        fitting = [k for k in (0, 1, 2, 4, 8, 16, 32)
+                   if all(fits(enc.build(d[:k], q), seq_len, budget) for d, q in trials)]
+        assert fitting == sorted(fitting) and fitting  # monotone: more shots, longer prompts
+        longest = max(len(enc.build(d[:max(fitting)], q)) for d, q in trials)
+        assert longest + budget <= seq_len
+        if max(fitting) < 32:
+            nxt = [k for k in (1, 2, 4, 8, 16, 32) if k > max(fitting)][0]
+            assert max(len(enc.build(d[:nxt], q)) for d, q in trials) + budget > seq_len
