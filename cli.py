@@ -34,6 +34,10 @@ _train.register(app)
 
 from scaling.commands import analyze as _analyze  # noqa: E402
 _analyze.register(app)
+from scaling.commands import plot as _plot  # noqa: E402
+_plot.register(app)
+from scaling.commands import plan as _plan  # noqa: E402
+_plan.register(app)
 
 if __name__ == "__main__":
     app()

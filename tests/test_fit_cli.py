@@ -1,0 +1,136 @@
+"""`smelt-scale fit`: JSON shape, --out round trip, tables, one-line errors with exit 2."""
+
+import json
+
+import numpy as np
+import pandas as pd
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.fit import FitSet
+from scaling.laws import get_law
+
+runner = CliRunner()
+CHIN = get_law("chinchilla")
+TRUE = {"E": 1.8, "A": 480.0, "alpha": 0.35, "B": 2100.0, "beta": 0.37}
+TRUE_SMELT = {"E": 1.4439, "A": 1366.0, "a": 0.3703, "b": 0.153, "K": 1.975e6, "c": 0.6594}
+
+
+def grid_table(path, groups=("baseline",), noise=0.003):
+    rows = []
+    rng = np.random.default_rng(0)
+    for g in groups:
+        for n in np.geomspace(3e7, 1e10, 5):
+            for d in np.geomspace(1e9, 5e11, 5):
+                loss = float(CHIN.predict(TRUE, N=n, D=d)) * np.exp(noise * rng.standard_normal())
+                rows.append({"arch": g, "N": n, "D": d, "loss": loss})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def one_line_error(res, pattern):
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert pattern in lines[0], lines[0]
+    assert "Traceback" not in res.output
+
+
+def test_json_shape_and_out_round_trip(tmp_path):
+    src = grid_table(tmp_path / "pts.csv", groups=("baseline", "smelt"))
+    out = tmp_path / "fits.json"
+    res = runner.invoke(app, ["fit", str(src), "--json", "--bootstrap", "10", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)                  # exactly one JSON document on stdout
+    assert list(data) == ["fits"] and sorted(data["fits"]) == ["baseline", "smelt"]
+    for entry in data["fits"].values():
+        assert entry["law"] == "chinchilla"
+        for k in ("E", "A", "alpha", "B", "beta"):
+            assert isinstance(entry[k], float)
+            lo, hi = entry["ci"][k]
+            assert isinstance(lo, float) and lo <= hi
+        assert entry["n_points"] == 25 and isinstance(entry["n_points"], int)
+        assert isinstance(entry["diagnostics"], dict) and "rmse_log" in entry["diagnostics"]
+        assert len(entry["bootstrap"]) == 10
+        assert entry["data_summary"]["flops_per_param_k"] == 6.0
+    assert json.loads(out.read_text()) == data
+    fits = FitSet.load(out)
+    assert fits["smelt"].bootstrap.shape == (10, 5)
+    assert abs(fits["baseline"].params["alpha"] - 0.35) < 0.05
+
+
+def test_human_table_and_smelt_law(tmp_path):
+    src = grid_table(tmp_path / "pts.csv")
+    res = runner.invoke(app, ["fit", str(src), "--bootstrap", "5"])
+    assert res.exit_code == 0, res.output
+    for s in ("alpha", "beta", "RMSE", "approach 3", "approach 1", "approach 2"):
+        assert s in res.stdout, s
+    # smelt law from a JSONL table with renamed F and S columns
+    law = get_law("smelt")
+    F, S, D = (a.ravel() for a in np.meshgrid(np.geomspace(6e8, 1e10, 4), [0.85, 0.95, 0.97],
+                                              np.geomspace(1e10, 4e11, 4)))
+    L = law.predict(TRUE_SMELT, F=F, S=S, D=D)
+    p = tmp_path / "smelt.jsonl"
+    p.write_text("\n".join(json.dumps({"N": f / 6, "D": d, "loss": lo, "fpt": f, "sp": s})
+                           for f, s, d, lo in zip(F, S, D, L)))
+    res = runner.invoke(app, ["fit", str(p), "--law", "smelt", "--flops-col", "fpt", "--sparsity-col", "sp",
+                              "--bootstrap", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    entry = json.loads(res.stdout)["fits"]["default"]
+    assert entry["law"] == "smelt"
+    assert set(get_law("smelt").params) <= set(entry)
+    assert abs(entry["c"] - TRUE_SMELT["c"]) < 1e-4 and abs(entry["b"] - TRUE_SMELT["b"]) < 1e-4
+    assert entry["ci"]["E"] == [None, None]          # no bootstrap: NaN intervals as JSON null
+
+
+def test_runs_directory_with_corrupt_run(tmp_path):
+    runs = tmp_path / "runs"
+    i = 0
+    for n in np.geomspace(3e7, 1e10, 4):
+        d = runs / f"r{i}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        pts = [{"run": f"r{i}", "arch": "baseline", "tier": "t", "N": n, "D": dd,
+                "loss": float(CHIN.predict(TRUE, N=n, D=dd)), "flops": 6.2 * n * dd,
+                "flops_per_token": 6.2 * n, "sparsity": 0.0} for dd in np.geomspace(1e9, 5e11, 4)]
+        (d / "final.json").write_text(json.dumps({"run": f"r{i}", "arch": "baseline", "tier": "t",
+                                                  "complete": True, "points": pts}))
+        i += 1
+    bad = runs / "r_bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")
+    (bad / "final.json").write_text("{truncated")
+    res = runner.invoke(app, ["fit", str(runs), "--json", "--bootstrap", "5"])
+    assert res.exit_code == 0, res.output
+    assert "r_bad" in res.stderr and "skipping" in res.stderr
+    entry = json.loads(res.stdout)["fits"]["baseline"]
+    assert entry["n_points"] == 16 and entry["diagnostics"]["n_runs"] == 4
+    assert abs(entry["data_summary"]["flops_per_param_k"] - 6.2) < 1e-9
+
+
+def test_error_exits(tmp_path):
+    src = grid_table(tmp_path / "pts.csv")
+    one_line_error(runner.invoke(app, ["fit", str(src), "--loss-col", "val_loss"]), "no column 'val_loss'")
+    one_line_error(runner.invoke(app, ["fit", str(src), "--law", "kaplan"]), "unknown law")
+    df = pd.read_csv(src)
+    bad = tmp_path / "bad.csv"
+    df.assign(loss=df["loss"].where(df.index != 3, np.nan)).to_csv(bad, index=False)
+    one_line_error(runner.invoke(app, ["fit", str(bad)]), "NaN/inf")
+    df.assign(D=df["D"].where(df.index != 2, -1.0)).to_csv(bad, index=False)
+    one_line_error(runner.invoke(app, ["fit", str(bad)]), "D must be > 0")
+    df.head(4).to_csv(bad, index=False)
+    one_line_error(runner.invoke(app, ["fit", str(bad)]), "4 points for 5 parameters")
+    empty = tmp_path / "runs"
+    (empty / "r0").mkdir(parents=True)
+    (empty / "r0" / "config.json").write_text("{}")
+    one_line_error(runner.invoke(app, ["fit", str(empty)]), "no finished runs")
+    one_line_error(runner.invoke(app, ["fit", str(tmp_path / "missing.csv")]), "no such file")
+    one_line_error(runner.invoke(app, ["fit", str(src), "--law", "smelt"]), "flops_per_token")
+
+
+def test_help():
+    res = runner.invoke(app, ["fit", "--help"])
+    assert res.exit_code == 0
+    for opt in ("--law", "--n-col", "--d-col", "--loss-col", "--group-col", "--c-col", "--flops-col",
+                "--sparsity-col", "--bootstrap", "--seed", "--huber-delta", "--json", "--out"):
+        assert opt in res.stdout, opt

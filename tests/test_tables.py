@@ -1,0 +1,153 @@
+"""Reading points: runs directories and tables, canonical columns, one-line validation errors."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling.errors import UserError
+from scaling.tables import CANONICAL, Columns, flops_per_param_k, law_inputs, load_points, total_flops
+
+
+def point(run, N, D, loss, arch="baseline", **extra):
+    return {"run": run, "arch": arch, "tier": "proxy-xs", "N": N, "D": D, "loss": loss, "flops": 6.5 * N * D,
+            "flops_per_token": 6.5 * N, "sparsity": 0.5, "non_embedding_params": 4 * N, "total_params": 5 * N,
+            **extra}
+
+
+def write_run(root, name, final=None, config=True):
+    d = root / name
+    d.mkdir(parents=True)
+    if config:
+        (d / "config.json").write_text(json.dumps({"tier": "proxy-xs"}))
+    if final is not None:
+        (d / "final.json").write_text(final if isinstance(final, str) else json.dumps(final))
+    return d
+
+
+def test_runs_directory_points_unfinished_and_corrupt(tmp_path):
+    write_run(tmp_path, "b1", {"run": "b1", "arch": "baseline", "tier": "proxy-xs", "complete": True,
+                               "points": [point("b1", 1e6, 1e7, 4.0), point("b1", 1e6, 2e7, 3.8)]})
+    write_run(tmp_path, "s1", point("s1", 2e6, 1e7, 3.9, arch="smelt"))           # single point object
+    write_run(tmp_path, "pending")                                                  # no final.json yet
+    write_run(tmp_path, "broken", "{not json")
+    write_run(tmp_path, "badpoints", {"run": "x", "points": "nope"})
+    warnings = []
+    df = load_points(tmp_path, warn=warnings.append)
+    assert list(df.columns) == list(CANONICAL)
+    assert len(df) == 3
+    assert sorted(df["group"].unique()) == ["baseline", "smelt"]     # the arch column groups by default
+    assert df.loc[df["run"] == "b1", "D"].tolist() == [1e7, 2e7]
+    assert df["flops"].tolist()[0] == pytest.approx(6.5e13)
+    assert len(warnings) == 2
+    assert any("broken" in w for w in warnings) and any("badpoints" in w for w in warnings)
+    assert not any("pending" in w for w in warnings)
+
+
+def test_runs_directory_without_finished_runs_is_an_error(tmp_path):
+    write_run(tmp_path, "a")
+    write_run(tmp_path, "b")
+    with pytest.raises(UserError, match="no finished runs.*2 unfinished"):
+        load_points(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="no finished runs"):
+        load_points(empty)
+
+
+def test_csv_with_compute_column_derives_tokens(tmp_path):
+    p = tmp_path / "t.csv"
+    pd.DataFrame({"Model Size": [1e8, 2e8, 4e8], "Training FLOP": [6e18, 1.2e19, 4.8e19],
+                  "loss": [3.0, 2.9, 2.8]}).to_csv(p, index=False)
+    df = load_points(p, Columns(n="Model Size", c="Training FLOP"))
+    np.testing.assert_allclose(df["D"], [1e10, 1e10, 2e10])      # D = C / (6 N)
+    np.testing.assert_allclose(df["flops"], [6e18, 1.2e19, 4.8e19])
+    assert (df["group"] == "default").all() and df["run"].nunique() == 3
+    assert flops_per_param_k(df) == pytest.approx(6.0)
+
+
+def test_jsonl_keeps_timestamp_like_fields_numeric_and_names_bad_lines(tmp_path):
+    p = tmp_path / "t.jsonl"
+    rows = [{"N": 1e6 * (i + 1), "D": 1e8, "loss": 3.0 - 0.1 * i, "time": 1700000000 + i, "grp": "x"}
+            for i in range(3)]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    df = load_points(p, Columns(group="grp"))
+    assert df["N"].dtype == float and (df["group"] == "x").all()
+    p.write_text(json.dumps(rows[0]) + "\n{oops\n")
+    with pytest.raises(UserError, match=r"t.jsonl:2"):
+        load_points(p)
+
+
+def test_json_table_forms(tmp_path):
+    pts = [point("r1", 1e6, 1e7, 4.0), point("r2", 2e6, 1e7, 3.9)]
+    for obj in (pts, {"points": pts}):
+        p = tmp_path / "t.json"
+        p.write_text(json.dumps(obj))
+        assert len(load_points(p)) == 2
+
+
+def test_parquet_needs_pyarrow(tmp_path):
+    p = tmp_path / "t.parquet"
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        p.write_bytes(b"PAR1")
+        with pytest.raises(UserError, match=r"smelt-scale\[parquet\]"):
+            load_points(p)
+    else:
+        pd.DataFrame({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}).to_parquet(p)
+        assert len(load_points(p)) == 2
+
+
+@pytest.mark.parametrize("table, cols, message", [
+    ({"N": [1e6], "loss": [3.0]}, Columns(), "no column 'D'.*--d-col.*--c-col"),
+    ({"D": [1e6], "loss": [3.0]}, Columns(), "no column 'N'.*--n-col"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(group="arch"), "no column 'arch'.*--group-col"),
+    ({"N": [1e6, "abc"], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "'N' is not numeric.*row 2.*abc"),
+    ({"N": [1e6, np.nan], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "N has 1 NaN/inf"),
+    ({"N": [1e6, 2e6], "D": [1e8, np.inf], "loss": [3.0, 2.9]}, Columns(), "D has 1 NaN/inf"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, -1.0]}, Columns(), "loss must be > 0.*row 2"),
+    ({"N": [0.0, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.0]}, Columns(), "N must be > 0"),
+])
+def test_validation_errors_are_one_line(tmp_path, table, cols, message):
+    p = tmp_path / "t.csv"
+    pd.DataFrame(table).to_csv(p, index=False)
+    with pytest.raises(UserError, match=message) as exc:
+        load_points(p, cols)
+    assert "\n" not in str(exc.value)
+
+
+def test_unknown_format_and_missing_path(tmp_path):
+    p = tmp_path / "t.xlsx"
+    p.write_text("x")
+    with pytest.raises(UserError, match="unknown table format"):
+        load_points(p)
+    with pytest.raises(UserError, match="no such file"):
+        load_points(tmp_path / "nope.csv")
+
+
+def test_law_inputs_checks_sparsity_and_flops(tmp_path):
+    p = tmp_path / "t.csv"
+    base = {"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9], "flops_per_token": [6e6, 1.2e7]}
+    pd.DataFrame(base).to_csv(p, index=False)
+    df = load_points(p)
+    with pytest.raises(UserError, match="needs sparsity.*--sparsity-col"):
+        law_inputs(df, ("F", "S", "D"))
+    pd.DataFrame({**base, "S": [0.5, 1.0]}).to_csv(p, index=False)
+    with pytest.raises(UserError, match=r"sparsity must lie in \[0, 1\)"):
+        law_inputs(load_points(p, Columns(sparsity="S")), ("F", "S", "D"))
+    pd.DataFrame({**base, "S": [0.5, 0.9]}).to_csv(p, index=False)
+    X = law_inputs(load_points(p, Columns(sparsity="S")), ("F", "S", "D"))
+    np.testing.assert_allclose(X["S"], [0.5, 0.9])
+    pd.DataFrame({k: v for k, v in base.items() if k != "flops_per_token"} | {"sparsity": [0.1, 0.2]}).to_csv(
+        p, index=False)
+    with pytest.raises(UserError, match="needs flops_per_token.*--flops-col"):
+        law_inputs(load_points(p), ("F", "S", "D"))
+
+
+def test_total_flops_fallbacks():
+    df = pd.DataFrame({"N": [1e6, 1e6, 1e6], "D": [1e8, 1e8, 1e8], "flops": [7e14, np.nan, np.nan],
+                       "flops_per_token": [np.nan, 8e6, np.nan]})
+    np.testing.assert_allclose(total_flops(df), [7e14, 8e14, 6e14])
+    assert flops_per_param_k(df) == pytest.approx(7.0)
