@@ -174,12 +174,16 @@ def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
     return {"baseline": match.baseline, "smelt": match.smelt, "proxy": proxy}
 
 
-def load_plan(path: Path | str) -> Plan:
+def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
+    """A TOML file as a dict; UserError (one line) when missing or malformed."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"plan file not found: {path}") from None
+        raise UserError(f"{what} file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}") from None
-    return parse_plan(data, path)
+
+
+def load_plan(path: Path | str) -> Plan:
+    return parse_plan(read_toml(path), Path(path))

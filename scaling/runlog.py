@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Callable, Iterable
 
 from scaling.cliutil import to_json
 from scaling.errors import UserError
@@ -38,13 +38,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (tmp file in the same folder, fsync, os.replace)."""
+def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(fh)`` on a tmp file in the same folder, fsync, then os.replace onto ``path``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -52,6 +52,11 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def write_json(path: Path | str, obj: Any) -> None:
@@ -167,18 +172,7 @@ def save_checkpoint(path: Path | str, state: dict) -> None:
     """torch.save ``state`` atomically (a kill leaves the previous checkpoint intact)."""
     import torch
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    atomic_write(path, lambda fh: torch.save(state, fh))  # streamed: no copy of a large state
 
 
 def load_checkpoint(path: Path | str, map_location: Any = "cpu") -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -18,7 +17,7 @@ from scaling.commands.savings import DEFAULT_RUNS, _fit_runs, parse_budgets, par
 from scaling.design import ARCHS, DEFAULT_SIZES, SPREAD_DECADES, Proposal, isoflop_design, plan_design, propose
 from scaling.errors import UserError
 from scaling.fit import DEFAULT_BOOTSTRAP, FitSet
-from scaling.plan import load_plan, parse_plan
+from scaling.plan import load_plan, parse_plan, read_toml
 from scaling.reference_laws import LAW_SETS, load_law_set
 from scaling.savings import FittedLaw, uses_sparsity
 from scaling.simulate import STARTS, SimulationResult, simulate
@@ -84,12 +83,7 @@ def _rel(path: Path) -> str:
 
 
 def _read_template(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"template plan not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "template plan")
     return {k: data[k] for k in ("train", "data", "executor") if isinstance(data.get(k), dict)}
 
 
