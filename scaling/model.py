@@ -18,9 +18,10 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.config.ModelCon
   ``w_down`` [E, f, d]); optional always-on shared SwiGLU expert (no gate).
   Dispatch is batched and drops nothing: the N*k (token, slot) assignments are stably sorted
   by expert, the tokens gathered once with ``index_select``, each expert runs on its contiguous
-  slice (``F.grouped_mm`` with int32 offsets where it runs, else a loop over ``split``), the
-  outputs are scaled by their gates and summed back with ``index_add_``. (``x[idx]`` advanced
-  indexing is avoided: its backward was ~50x slower than ``index_select``'s on CPU.)
+  slice (``F.grouped_mm`` with int32 offsets: fp32 on CPU, bf16 under CUDA autocast; odd
+  sizes zero-padded to multiples of 4; else a loop over ``split``), the outputs are scaled by
+  their gates and summed back with ``index_add_``. (``x[idx]`` advanced indexing is avoided:
+  its backward was ~50x slower than ``index_select``'s on CPU.)
 * Auxiliary losses, returned separately and averaged over layer passes (the caller weights
   them): load balance ``E * sum_e f_e * P_e`` (Switch Transformer, Fedus et al. 2021, eq. 4-6,
   with top-k counting as in Hugging Face's Mixtral ``load_balancing_loss_func``: ``f_e`` =
@@ -29,6 +30,10 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.config.ModelCon
   (ST-MoE, Zoph et al. 2022, eq. 5).
 
 The parameter count equals ``scaling.budget.total_params(cfg)`` exactly (tested).
+
+CPU speed: call ``tune_cpu_allocator()`` once per training process (~1.2x per step here). The model compiles with ``torch.compile(model, fullgraph=True)`` (grouped_mm is wrapped
+as a custom op for that), but on CPU fp32 that measured no faster than eager (~1%): the step
+is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
 """
 
 from __future__ import annotations
@@ -127,8 +132,10 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, h = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, h).transpose(1, 2)  # [B, H+2Hkv, T, h]
-        qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # q and k rotated in one pass
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
+        # split, not slicing: a slice's backward zero-fills the whole input per slice
+        qk, v = qkv.split([H + Hkv, Hkv], dim=1)
+        cos, sin = cos.to(qk.dtype), sin.to(qk.dtype)  # bf16 under autocast: keep q, k, v alike
+        q, k = apply_rope(qk, cos, sin).split([H, Hkv], dim=1)  # q and k rotated in one pass
         probs = None
         if return_probs:
             if Hkv != H:
@@ -143,9 +150,41 @@ class Attention(nn.Module):
         return y, probs
 
 
-def _grouped_mm_ok(*dims: int) -> bool:
-    """Whether ``F.grouped_mm`` can take operands with these inner sizes (16-byte strides on CPU)."""
-    return hasattr(F, "grouped_mm") and all(d % 4 == 0 for d in dims)
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+if hasattr(F, "grouped_mm"):
+    # F.grouped_mm wrapped as an opaque custom op: torch.compile's fake-tensor rule for it
+    # accepts bf16 only, so without the wrapper a CPU fp32 model cannot be compiled.
+    @torch.library.custom_op("smelt_scale::grouped_mm", mutates_args=())
+    def grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+        """out[rows of group g] = a[rows of group g] @ b[g]; a [S, K], b [G, K, N], offs int32 [G]."""
+        return F.grouped_mm(a, b, offs=offs)
+
+    @grouped_mm.register_fake
+    def _(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+        return a.new_empty(a.shape[0], b.shape[2])
+
+    def _grouped_mm_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def _grouped_mm_backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        grad = grad.contiguous()  # the CPU kernel needs 16-byte-aligned row strides
+        grad_a = grouped_mm(grad, b.transpose(-2, -1), offs)
+        grad_b = _grouped_mm_weight_grad(a, grad, offs)  # [G, K, N]; empty groups give zeros
+        return grad_a, grad_b, None
+
+    @torch.library.custom_op("smelt_scale::grouped_mm_weight_grad", mutates_args=())
+    def _grouped_mm_weight_grad(a: Tensor, grad: Tensor, offs: Tensor) -> Tensor:
+        return F.grouped_mm(a.t(), grad, offs=offs)
+
+    @_grouped_mm_weight_grad.register_fake
+    def _(a: Tensor, grad: Tensor, offs: Tensor) -> Tensor:
+        return a.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
+
+    grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 
 
 class MoE(nn.Module):
@@ -167,9 +206,10 @@ class MoE(nn.Module):
         if cfg.shared_expert_hidden > 0:
             self.shared_gate_up = nn.Linear(d, 2 * cfg.shared_expert_hidden, bias=False)
             self.shared_down = nn.Linear(cfg.shared_expert_hidden, d, bias=False)
-        # "grouped_mm" | "loop": how the experts run on their slices. Chosen by measurement
-        # (benchmarks/train_throughput.py --dispatch); the loop is the fallback.
-        self.dispatch = "grouped_mm" if _grouped_mm_ok(d, f) else "loop"
+        # "grouped_mm" | "loop": how the experts run on their slices. grouped_mm measured
+        # faster on CPU fp32 (benchmarks/train_throughput.py --dispatch); the loop is the
+        # fallback where grouped_mm cannot run (old torch; CUDA without bf16).
+        self.dispatch = "grouped_mm" if hasattr(F, "grouped_mm") else "loop"
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x [N, d] -> router logits, probs [N, E] (fp32), top-k expert ids [N, k], gates [N, k]."""
@@ -179,12 +219,42 @@ class MoE(nn.Module):
         gates = top_p / top_p.sum(dim=-1, keepdim=True)
         return logits, probs, top_i, gates
 
+    def _grouped_dtype(self, xs: Tensor) -> torch.dtype | None:
+        """dtype to run F.grouped_mm in, or None to use the loop (CUDA kernels take bf16 only)."""
+        if self.dispatch != "grouped_mm" or not hasattr(F, "grouped_mm"):
+            return None
+        if xs.device.type == "cpu":
+            return xs.dtype
+        autocast_bf16 = (torch.is_autocast_enabled(xs.device.type)
+                         and torch.get_autocast_dtype(xs.device.type) == torch.bfloat16)
+        return torch.bfloat16 if autocast_bf16 or xs.dtype == torch.bfloat16 else None
+
+    def _grouped(self, xs: Tensor, counts: Tensor, dtype: torch.dtype) -> Tensor:
+        """Both expert matmuls as F.grouped_mm over the expert-sorted rows of xs.
+
+        The kernel needs 16-byte-aligned strides, i.e. sizes % 4 == 0 in fp32; odd d or f
+        (the SMELT twins have them) are zero-padded to multiples of 4: padded rows and columns
+        of the weights are zero, so silu(0) * 0 = 0 and the result is exact.
+        """
+        d, f = xs.shape[1], self.hidden
+        d4, f4 = _round4(d), _round4(f)
+        w_gu, w_d = self.w_gate_up, self.w_down
+        if (d4, f4) != (d, f):
+            gate_w, up_w = w_gu.split(f, dim=2)
+            w_gu = torch.cat([F.pad(gate_w, (0, f4 - f, 0, d4 - d)), F.pad(up_w, (0, f4 - f, 0, d4 - d))], 2)
+            w_d = F.pad(w_d, (0, d4 - d, 0, f4 - f))
+            xs = F.pad(xs, (0, d4 - d))
+        offs = counts.cumsum(0).to(torch.int32)
+        hidden = grouped_mm(xs.to(dtype), w_gu.to(dtype), offs)
+        gate, up = hidden.chunk(2, dim=-1)
+        out = grouped_mm(F.silu(gate) * up, w_d.to(dtype), offs)
+        return out[:, :d] if d4 != d else out
+
     def experts(self, xs: Tensor, counts: Tensor) -> Tensor:
         """Run expert e on rows [offs_{e-1}, offs_e) of xs (sorted by expert) -> [S, d]."""
-        if self.dispatch == "grouped_mm":
-            offs = counts.cumsum(0).to(torch.int32)
-            gate, up = F.grouped_mm(xs, self.w_gate_up, offs=offs).chunk(2, dim=-1)
-            return F.grouped_mm(F.silu(gate) * up, self.w_down, offs=offs)
+        dtype = self._grouped_dtype(xs)
+        if dtype is not None:
+            return self._grouped(xs, counts, dtype)
         outs = []
         # unbind once: per-expert w[e] indexing would make autograd build a full-size zero
         # gradient for every expert (SelectBackward); unbind's backward is one stack
@@ -335,8 +405,9 @@ def tune_cpu_allocator(max_cached_bytes: int = 1 << 30) -> bool:
 
     glibc serves allocations above M_MMAP_THRESHOLD (dynamic, at most 32 MiB) with fresh
     mmap pages, so every step's multi-MiB activations page-fault again on first touch. On this
-    project's 2-core VM that made elementwise ops on a 64 MiB tensor ~5x slower (a clone 35 ms
-    vs 8.7 ms) and a d=128 proxy training step ~1.5-2x slower. mallopt(M_MMAP_THRESHOLD) and
+    project's 2-core VM that made elementwise ops on a 64 MiB tensor ~4x slower (a clone 35 ms
+    vs 8.7 ms) and a d=128 proxy training step ~1.2x slower (5.2k vs 6.0-6.4k tokens/s, one
+    thread, benchmarks/train_throughput.py --no-tune-malloc). mallopt(M_MMAP_THRESHOLD) and
     mallopt(M_TRIM_THRESHOLD) set to ``max_cached_bytes`` make glibc reuse that memory
     (the effect LD_PRELOAD=jemalloc/tcmalloc is usually used for). Process-wide; call once,
     early, in a training process. Returns False where it does not apply (non-glibc).
@@ -367,6 +438,10 @@ def to_hf_mixtral(model: MoETransformer, experts_implementation: str | None = No
         from transformers import MixtralConfig, MixtralForCausalLM
     except ImportError:
         raise UserError("transformers is not installed (pip install -e '.[test]')") from None
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise UserError(f"transformers >= 5 is needed (fused expert weights), found {transformers.__version__}")
     cfg = model.cfg
     if cfg.is_looped or cfg.shared_expert_hidden or cfg.head_dim % 2:
         raise UserError("Mixtral has no loop, no shared expert and rotates the whole (even) head")
