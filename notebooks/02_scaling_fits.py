@@ -1,0 +1,132 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Scaling-law fits of Baseline and SMELT
+#
+# One Chinchilla-form law per architecture, L(N, D) = E + A/N^α + B/D^β, fitted to the shipped runs
+# (N = active non-embedding parameters, D = training tokens, L = validation loss in nats/token) by
+# `scaling.fit` (Hoffmann et al. 2022 approach 3 as corrected by Besiroglu et al. 2024: Huber loss on
+# log L, multi-start L-BFGS) with a bootstrap over runs (50 resamples here to keep the notebook fast;
+# `smelt-scale fit runs/` uses 200).
+#
+# The tiers are **CPU proxies** (10^5–10^6 active parameters, 256-token context). The data span the
+# sizes and token budgets in the table below; the law curves run a little past them (a factor 1.6 in
+# the fit panels, 2.5 in the IsoFLOP panels, 3 in compute for N*(C)) only to show their shape. What
+# the laws predict for the paper's tiers is extrapolation by many decades (notebook 03).
+
+# %%
+# %matplotlib inline
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scaling import plots
+from scaling.fit import fit_groups
+from scaling.tables import load_points, total_flops
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
+RUNS = ROOT / "runs"
+BOOTSTRAP = 50
+pd.set_option("display.precision", 4)
+pd.set_option("display.width", 160)
+
+points = load_points(RUNS)
+fits = fit_groups(points, "chinchilla", n_bootstrap=BOOTSTRAP, seed=0)
+
+# %% [markdown]
+# ## The data
+
+# %%
+points.assign(C=total_flops(points)).groupby("group").agg(
+    points=("loss", "size"), runs=("run", "nunique"), N_min=("N", "min"), N_max=("N", "max"),
+    D_min=("D", "min"), D_max=("D", "max"), C_min=("C", "min"), C_max=("C", "max"),
+    loss_min=("loss", "min"), loss_max=("loss", "max"))
+
+# %% [markdown]
+# ## Fitted parameters with bootstrap intervals
+# 95% percentile intervals over run resamples; a = β/(α+β) and b = α/(α+β) are the compute-optimal
+# exponents (N* ∝ C^a, D* ∝ C^b). The diagnostics say whether the fit is identified (no parameter on a
+# bound, the best starts agree, few bootstrap fits on a bound).
+
+# %%
+rows = []
+for g, f in fits.items():
+    for name, value in [*f.params.items(), *f.derived.items()]:
+        lo, hi = f.ci.get(name, (np.nan, np.nan))
+        rows.append({"group": g, "parameter": name, "estimate": value, "ci_low": lo, "ci_high": hi})
+pd.DataFrame(rows).pivot(index="parameter", columns="group", values=["estimate", "ci_low", "ci_high"]).reindex(
+    [*next(iter(fits.values())).params, *next(iter(fits.values())).derived])
+
+# %%
+for g, f in fits.items():
+    print(f.summary(), "\n")
+
+# %% [markdown]
+# ## Data and fitted law
+# Left: loss against tokens at each size; right: loss against size at each token budget. Markers are
+# the fitted points (both seeds where there are two); lines are the fitted law.
+
+# %%
+plots.fits(points, fits)
+
+# %% [markdown]
+# ## Residuals
+# log L − log L̂ per point; 0.01 is a 1% error. Structure in D or N (rather than scatter) means the law
+# form does not describe these runs well.
+
+# %%
+plots.residuals(points, fits)
+
+# %% [markdown]
+# ## IsoFLOP profiles (approach 2) and the compute-optimal size
+# The sweep trains every size to the same token budgets, so no two sizes share a compute; the
+# profiles read each run's loss at fixed training FLOPs off its budget points (interpolated in log–log,
+# inside each run's range only). Dashed: a parabola in log N through them, its vertex (diamond) where
+# it is convex with the minimum inside the sampled sizes; solid: the fitted law along the same
+# compute, its minimum a star. Right: N*(C) from the law along the runs' real FLOPs, from the closed
+# form with C = k·N·D that the savings use (k = median FLOPs/(N·D) of the runs), and the vertices.
+
+# %%
+plots.isoflop(points, fits)
+
+# %%
+for g, f in fits.items():
+    fpn = (total_flops(points[points["group"] == g]) / (points.loc[points["group"] == g, "N"]
+                                                          * points.loc[points["group"] == g, "D"]))
+    print(f"{g}: k = {f.k:.3g} (FLOPs per parameter-token, median); across sizes {fpn.min():.3g} to "
+          f"{fpn.max():.3g}: at 10^5-10^6 parameters the LM head and attention weigh heavily, so C = k N D "
+          "is a coarse compute model here")
+
+# %% [markdown]
+# ## Cross-checks: approaches 1 and 2 of the fitter
+# What `smelt-scale fit` prints beside approach 3 (on the points as they are, without interpolation).
+
+# %%
+for g, f in fits.items():
+    print(f"{g}: approach 3 a = {f.derived['a']:.3f} [{f.ci['a'][0]:.3f}, {f.ci['a'][1]:.3f}]")
+    for key in ("approach1", "approach2"):
+        c = f.cross_checks[key]
+        print(f"   {c.get('method', key)}: " + (f"a = {c['a']:.3f}" if c.get("available")
+                                                 else f"not available ({c['reason']})"))
+
+# %% [markdown]
+# ## Parameter intervals
+# Estimate (large marker), 95% bootstrap interval (bar) and every bootstrap resample (dots); A and B
+# on log axes. Wide or bound-hugging clouds mean a parameter is weakly identified by these runs.
+
+# %%
+plots.params(fits)
