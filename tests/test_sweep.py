@@ -150,10 +150,9 @@ def test_mini_plan_end_to_end(tmp_path, monkeypatch):
     fits = json.loads(fit.stdout)["fits"]
     assert set(fits) == {"baseline", "smelt"} and all(f["n_points"] == 6 for f in fits.values())
     sav = runner.invoke(app, ["savings", "--fits", str(tmp_path / "fits.json"), "--budget", "1e11", "--json"])
-    assert sav.exit_code in (0, 2), sav.output
-    if sav.exit_code == 0:
-        row = json.loads(sav.stdout)["rows"][0]
-        assert row["budget"] == 1e11 and row["extrapolation_decades"] is not None
-    else:  # six noisy points per law: the reference may never reach the candidate's loss
-        assert sav.stderr.count("\n") == 1 and "error:" in sav.stderr
+    assert sav.exit_code == 0, sav.output
+    row = json.loads(sav.stdout)["rows"][0]
+    assert row["budget"] == 1e11 and -10 < row["savings"] < 1
+    # the mini runs reach ~2e9 FLOPs: 1e11 is an extrapolation and must be flagged as one
+    assert row["extrapolation_decades"] > 1 and "extrapolate" in sav.stderr
     assert run_status(runs, "tiny-a-smelt-s0") == "done"
