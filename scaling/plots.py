@@ -739,7 +739,6 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
     c_cand = ARCH_COLOURS.get(result.candidate, _EXTRA[0])
     fig, axes = _figure(1, 2, 8.4, 3.2)
     ax, ax2 = axes[0]
-    rows = [r for r in result.rows if r.sparsity is None] or list(result.rows)
     sparsities = sorted({r.sparsity for r in result.rows}, key=lambda s: -1 if s is None else s)
     styles = ["-", "--", ":", "-."]
     for k, S in enumerate(sparsities):

@@ -2,7 +2,6 @@
 (local submitit executor -> runs/ -> fit -> savings)."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
