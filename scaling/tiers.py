@@ -70,6 +70,7 @@ TIERS: dict[str, TierSpec] = {t.name: t for t in (
     # for tests: seconds of CPU; its vocabulary is that of a small test tokenizer
     _proxy("proxy-tiny", d=32, f=64, vocab=512, seq_len=64, n_heads=2, n_kv_heads=1,
            n_experts=4),
+    _proxy("proxy-xxs", d=24, f=48),
     _proxy("proxy-xs", d=32, f=64),
     _proxy("proxy-s", d=48, f=96),
     _proxy("proxy-m", d=64, f=128),

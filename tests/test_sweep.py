@@ -69,9 +69,9 @@ threads_per_job = 1
 
 def test_shipped_plans_parse():
     cpu = load_plan(ROOT / "plans" / "cpu-proxy.toml")
-    assert len(cpu.runs) == 16 and {r.arch for r in cpu.runs} == {"baseline", "smelt"}
+    assert len(cpu.runs) == 20 and {r.arch for r in cpu.runs} == {"baseline", "smelt"}
     assert {r.seed for r in cpu.runs} == {0, 1}
-    assert len({r.tier for r in cpu.runs}) >= 4 and all(len(r.budgets) >= 4 for r in cpu.runs)
+    assert len({r.tier for r in cpu.runs}) >= 5 and all(len(r.budgets) >= 4 for r in cpu.runs)
     assert all(r.proxy for r in cpu.runs)
     paper = load_plan(ROOT / "plans" / "paper-tiers.toml")
     assert {r.tier for r in paper.runs} == {"100M", "200M", "600M", "1.6B"}
