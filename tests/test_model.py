@@ -173,6 +173,16 @@ def _grads(moe: MoE, x: torch.Tensor, fn, w: torch.Tensor):
     return y.detach(), x.grad, {k: p.grad.clone() for k, p in moe.named_parameters()}
 
 
+def _assert_matches_naive(moe, x, w):
+    """Batched dispatch equals the per-token reference in output, input and weight gradients."""
+    y, gx, gp = _grads(moe, x, lambda t: moe(t)[0], w)
+    y_ref, gx_ref, gp_ref = _grads(moe, x, lambda t: naive_moe(moe, t), w)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-5)
+    for k in gp_ref:
+        torch.testing.assert_close(gp[k], gp_ref[k], rtol=1e-5, atol=1e-5, msg=k)
+
+
 @pytest.mark.parametrize("dispatch", ["grouped_mm", "loop"])
 @pytest.mark.parametrize("shared", [0, 8])
 def test_batched_dispatch_matches_per_token_reference(dispatch, shared):
@@ -187,12 +197,7 @@ def test_batched_dispatch_matches_per_token_reference(dispatch, shared):
     moe.dispatch = dispatch
     x = torch.randn(3, 7, 16)
     w = torch.randn(3, 7, 16)
-    y, gx, gp = _grads(moe, x, lambda t: moe(t)[0], w)
-    y_ref, gx_ref, gp_ref = _grads(moe, x, lambda t: naive_moe(moe, t), w)
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-5)
-    for k in gp_ref:
-        torch.testing.assert_close(gp[k], gp_ref[k], rtol=1e-5, atol=1e-5, msg=k)
+    _assert_matches_naive(moe, x, w)
 
 
 @pytest.mark.parametrize("dispatch", ["grouped_mm", "loop"])
@@ -207,12 +212,7 @@ def test_unaligned_sizes_match_reference(dispatch):
         torch.nn.init.normal_(p, std=0.3)
     moe.dispatch = dispatch
     x, w = torch.randn(2, 9, 27), torch.randn(2, 9, 27)
-    y, gx, gp = _grads(moe, x, lambda t: moe(t)[0], w)
-    y_ref, gx_ref, gp_ref = _grads(moe, x, lambda t: naive_moe(moe, t), w)
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-5)
-    for k in gp_ref:
-        torch.testing.assert_close(gp[k], gp_ref[k], rtol=1e-5, atol=1e-5, msg=k)
+    _assert_matches_naive(moe, x, w)
 
 
 @pytest.mark.parametrize("dispatch", ["grouped_mm", "loop"])

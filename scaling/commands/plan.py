@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from scaling.cliutil import emit_json, fail, run_cli, show_progress, stderr, stdout, warn
-from scaling.commands.savings import DEFAULT_RUNS, _fit_runs, parse_budgets, parse_sparsities
+from scaling.commands.savings import DEFAULT_RUNS, fit_runs, parse_budgets, parse_sparsities
 from scaling.design import ARCHS, DEFAULT_SIZES, SPREAD_DECADES, Proposal, isoflop_design, plan_design, propose
 from scaling.errors import UserError
 from scaling.fit import DEFAULT_BOOTSTRAP, FitSet
@@ -49,7 +49,7 @@ def load_laws(runs: Optional[Path], fits: Optional[Path], law_set: Optional[str]
         source, runs_dir = f"fits file {fits}", None
     else:
         path = DEFAULT_RUNS if runs is None else runs
-        pair = _fit_runs(path, law, ARCHS[0], ARCHS[1], n_bootstrap, seed, is_default=runs is None)
+        pair = fit_runs(path, law, ARCHS[0], ARCHS[1], n_bootstrap, seed, is_default=runs is None)
         source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
         runs_dir = path if path.is_dir() else None
     laws = {g: FittedLaw.from_fit(f, name=g, source=source) for g, f in zip(ARCHS, pair)}

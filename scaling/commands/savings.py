@@ -58,7 +58,7 @@ def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _fit_runs(path: Path, law: str, reference: str, candidate: str, n_bootstrap: int, seed: int,
+def fit_runs(path: Path, law: str, reference: str, candidate: str, n_bootstrap: int, seed: int,
               is_default: bool) -> list:
     """Fit the two groups of a runs folder or table: [FitResult of reference, of candidate]."""
     hint = "train runs into it, or pass --runs PATH, --fits FILE or --law-set paper"
@@ -181,7 +181,7 @@ def register(app: typer.Typer) -> None:
                 source = f"fits file {fits}"
             else:
                 path = DEFAULT_RUNS if runs is None else runs
-                pair = _fit_runs(path, law, reference, candidate, n_bootstrap, seed, is_default=runs is None)
+                pair = fit_runs(path, law, reference, candidate, n_bootstrap, seed, is_default=runs is None)
                 source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
             ref, cand = (FittedLaw.from_fit(f, name=g, source=source)
                          for f, g in zip(pair, (reference, candidate)))
