@@ -5,13 +5,13 @@
 Data: ``../shared/data/chinchilla_epoch/svg_extracted_data.csv`` (Besiroglu et al. 2024), the
 240 points left after dropping the 5 highest losses, D = C/(6N), as Epoch fitted them.
 
-- ours_s: ``scaling.fit.fit_law`` without bootstrap (batched L-BFGS over the law's start grid,
+- ours_s: ``scaling.fitting.fit.fit_law`` without bootstrap (batched L-BFGS over the law's start grid,
   refinement, scipy polish).
 - reference_s: scipy L-BFGS-B with numerical (2-point) gradients and scipy's default
   tolerances, one start at a time over the same grid, the objective as Epoch's notebook writes
   it (logsumexp of the three terms, here with np.logaddexp; sum of scipy.special.huber), best kept.
 - ratio = reference_s / ours_s.
-- bootstrap_200_s: the 200-resample bootstrap stage alone (``scaling.fit.bootstrap`` from the
+- bootstrap_200_s: the 200-resample bootstrap stage alone (``scaling.fitting.fit.bootstrap`` from the
   full fit's distinct optima); fit_with_bootstrap_200_s: the whole ``fit_law(n_bootstrap=200)``.
 
 ``--every K`` uses every K-th start of the grid for both (quick runs); the default is the whole
@@ -33,9 +33,9 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import huber
 
-from scaling.fit import DEFAULT_DELTA, Objective, bootstrap, distinct_optima, fit_law, multistart
-from scaling.laws import get_law
-from scaling.tables import Columns, law_inputs, load_points
+from scaling.fitting.fit import DEFAULT_DELTA, Objective, bootstrap, distinct_optima, fit_law, multistart
+from scaling.fitting.laws import get_law
+from scaling.fitting.tables import Columns, law_inputs, load_points
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_epoch" / "svg_extracted_data.csv"
 
@@ -96,21 +96,32 @@ def main(argv=None) -> int:
     obj = Objective(law, X, y)
     opt = multistart(obj, starts)
     boot_starts = opt.refined_z[distinct_optima(opt.refined_z, opt.refined_f)]
-    boot_s, boot_cpu, _ = _best_of(args.repeat, lambda: bootstrap(law, X, y, df["run"].to_numpy(), boot_starts,
-                                                       n_resamples=200, seed=0))
+    boot_s, boot_cpu, _ = _best_of(
+        args.repeat, lambda: bootstrap(law, X, y, df["run"].to_numpy(), boot_starts, n_resamples=200, seed=0)
+    )
 
     full_s, _, _ = _timed(lambda: fit_law(df, law, n_bootstrap=200, seed=0, starts=starts))
     ref_s, ref_cpu, ref = _timed(lambda: reference_fit(X["N"], X["D"], df["loss"].to_numpy(), starts, lo, hi))
     ref_theta = law.as_dict(law.from_internal(ref.x))
 
     out = {
-        "ours_s": ours_s, "reference_s": ref_s, "ratio": ref_s / ours_s, "bootstrap_200_s": boot_s,
+        "ours_s": ours_s,
+        "reference_s": ref_s,
+        "ratio": ref_s / ours_s,
+        "bootstrap_200_s": boot_s,
         "fit_with_bootstrap_200_s": full_s,
-        "ours_cpu_s": ours_cpu, "reference_cpu_s": ref_cpu, "ratio_cpu": ref_cpu / ours_cpu,
-        "bootstrap_200_cpu_s": boot_cpu, "n_starts": int(len(starts)), "n_points": int(len(df)),
-        "ours_objective": ours.diagnostics["objective"], "reference_objective": float(ref.fun),
-        "ours_params": ours.params, "reference_params": ref_theta,
-        "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
+        "ours_cpu_s": ours_cpu,
+        "reference_cpu_s": ref_cpu,
+        "ratio_cpu": ref_cpu / ours_cpu,
+        "bootstrap_200_cpu_s": boot_cpu,
+        "n_starts": int(len(starts)),
+        "n_points": int(len(df)),
+        "ours_objective": ours.diagnostics["objective"],
+        "reference_objective": float(ref.fun),
+        "ours_params": ours.params,
+        "reference_params": ref_theta,
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
     }
     if args.json:
         print(json.dumps(out, indent=2))

@@ -3,7 +3,7 @@
     python benchmarks/train_throughput.py [--tier proxy-l --arch baseline | --d-model 128 ...]
                                           [--steps 10] [--threads 2] [--json]
 
-Both models start from the same weights (``scaling.model.to_hf_mixtral``) and train on the same
+Both models start from the same weights (``scaling.training.model.to_hf_mixtral``) and train on the same
 fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
 in one process; ``--steps`` timed steps alternate between them one at a time and each model's
 fastest step counts (the machine may be shared: a load spike then hits both alike; medians and
@@ -19,9 +19,9 @@ A step is forward, loss, backward, AdamW step, zero_grad:
 - matmul_peak_flops: best FLOP/s of a square fp32 ``torch.mm`` (2 n^3 FLOPs, n = 1024, 2048, 3072)
   with the same thread count, measured before and after the training steps (best of both)
 - mfu = ours_tokens_per_s * flops_per_token / matmul_peak_flops, flops_per_token from
-  ``scaling.budget.flops_per_token`` (6 x matmul weights per token + attention, PaLM convention)
+  ``scaling.accounting.costs.flops_per_token`` (6 x matmul weights per token + attention, PaLM convention)
 
-``--tune-malloc`` (default on) calls ``scaling.model.tune_cpu_allocator`` first; it applies to
+``--tune-malloc`` (default on) calls ``scaling.training.model.tune_cpu_allocator`` first; it applies to
 both models alike. A looped (SMELT) config has no Mixtral equivalent: its reference fields are null.
 """
 
@@ -35,10 +35,10 @@ import time
 
 import torch
 
-from scaling.budget import flops_per_token
-from scaling.cliutil import emit_json, stdout
-from scaling.config import ModelConfig
-from scaling.model import MoETransformer, to_hf_mixtral, tune_cpu_allocator
+from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import flops_per_token
+from scaling.cli._util import emit_json, stdout
+from scaling.training.model import MoETransformer, to_hf_mixtral, tune_cpu_allocator
 
 AUX_COEF, Z_COEF = 0.01, 0.001
 FIELDS = {"d_model": int, "n_layers": int, "n_heads": int, "n_kv_heads": int, "head_dim": int,
@@ -62,7 +62,7 @@ def matmul_peak_flops(sizes=(1024, 2048, 3072), repeat: int = 5) -> float:
 
 def build_config(args) -> ModelConfig:
     if args.tier:
-        from scaling.tiers import get_config
+        from scaling.accounting.tiers import get_config
 
         cfg = get_config(args.tier, args.arch)
     else:
@@ -188,7 +188,7 @@ def print_table(doc: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tier", help="a tier of scaling.tiers (e.g. proxy-l); "
+    ap.add_argument("--tier", help="a tier of scaling.accounting.tiers (e.g. proxy-l); "
                                    "default: d128 L4 E8 k2 f256 V4096 T256")
     ap.add_argument("--arch", default="baseline", choices=("baseline", "smelt"))
     for name, typ in FIELDS.items():
@@ -207,13 +207,13 @@ def main(argv=None) -> int:
                     help="transformers' experts_implementation")
     ap.add_argument("--no-reference", action="store_true", help="time our model only")
     ap.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
-                    help="scaling.model.tune_cpu_allocator() first (both models)")
+                    help="scaling.training.model.tune_cpu_allocator() first (both models)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in ("batch", "steps", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
-    from scaling.errors import UserError
+    from scaling.common.errors import UserError
 
     try:
         doc = run(args)

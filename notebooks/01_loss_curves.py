@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scaling import plots
-from scaling.tables import load_points
+from scaling.plots import figures as plots
+from scaling.fitting.tables import load_points
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
 RUNS = ROOT / "runs"
@@ -69,7 +69,7 @@ plots.loss_curves(curves, x="tokens")
 
 # %% [markdown]
 # ## Loss against training compute
-# The same curves against training FLOPs (F × tokens, the exact per-token count of `scaling.budget`).
+# The same curves against training FLOPs (F × tokens, the exact per-token count of `scaling.accounting.costs`).
 # Within a tier the two architectures spend the same FLOPs per token, so at equal tokens they have
 # spent equal compute.
 

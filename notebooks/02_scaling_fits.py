@@ -18,7 +18,7 @@
 #
 # One Chinchilla-form law per architecture, L(N, D) = E + A/N^α + B/D^β, fitted to the shipped runs
 # (N = active non-embedding parameters, D = training tokens, L = validation loss in nats/token) by
-# `scaling.fit` (Hoffmann et al. 2022 approach 3 as corrected by Besiroglu et al. 2024: Huber loss on
+# `scaling.fitting.fit` (Hoffmann et al. 2022 approach 3 as corrected by Besiroglu et al. 2024: Huber loss on
 # log L, multi-start L-BFGS) with a bootstrap over runs (50 resamples here to keep the notebook fast;
 # `smelt-scale fit runs/` uses 200).
 #
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scaling import plots
-from scaling.fit import fit_groups
-from scaling.tables import load_points, total_flops
+from scaling.plots import figures as plots
+from scaling.fitting.fit import fit_groups
+from scaling.fitting.tables import load_points, total_flops
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
 RUNS = ROOT / "runs"

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 03 · Compute savings of SMELT over Baseline on the compute-optimal frontier
 #
-# From the two fitted laws (notebook 02; 50 bootstrap resamples here), `scaling.savings` minimises each
+# From the two fitted laws (notebook 02; 50 bootstrap resamples here), `scaling.fitting.savings` minimises each
 # law along a training budget C = k·N·D (k = median FLOPs/(N·D) of each architecture's runs) to get
 # the frontier L*(C), and asks, in the SMELT paper's convention, how much compute the Baseline needs
 # to reach the loss SMELT reaches with C: savings = 1 − C / C_Baseline. Intervals pair the two
@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scaling import plots
-from scaling.fit import fit_groups
-from scaling.reference_laws import load_law_set
-from scaling.savings import FittedLaw, savings
-from scaling.tables import load_points
+from scaling.plots import figures as plots
+from scaling.fitting.fit import fit_groups
+from scaling.fitting.reference_laws import load_law_set
+from scaling.fitting.savings import FittedLaw, savings
+from scaling.fitting.tables import load_points
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
 RUNS = ROOT / "runs"

@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import display
 
-from scaling import plots
+from scaling.plots import figures as plots
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
 RUNS = ROOT / "runs"

@@ -11,13 +11,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scaling import analysis as an
-from scaling import runlog
-from scaling.data import BOS_ID, DataSpec, load_corpus
-from scaling.dyck import DyckTask
-from scaling.errors import UserError
-from scaling.model import MoETransformer
-from scaling.tiers import get_config
+from scaling.accounting.tiers import get_config
+from scaling.analysis import mechanisms as an
+from scaling.analysis.dyck import DyckTask
+from scaling.common.errors import UserError
+from scaling.training import runlog
+from scaling.training.corpus import BOS_ID, DataSpec, load_corpus
+from scaling.training.model import MoETransformer
 
 SPEC = DataSpec(vocab_size=512, max_bytes=65536)
 
@@ -346,8 +346,10 @@ def test_cli_icl_table_and_json(cli, runs):
     assert res.exit_code == 0 and "Dyck completion accuracy" in res.stdout
 
 
-@pytest.mark.parametrize("case", ["missing", "noweights", "gain-two-baselines", "gain-three-runs", "bad-probe",
-                                  "bad-shots", "bad-plot"])
+@pytest.mark.parametrize(
+    "case",
+    ["missing", "noweights", "gain-two-baselines", "gain-three-runs", "bad-probe", "bad-shots", "bad-plot"],
+)
 def test_cli_errors_are_one_line_exit_2(cli, runs, case):
     args = {
         "missing": ("sink", runs["root"] / "absent"),
@@ -365,13 +367,21 @@ def test_cli_errors_are_one_line_exit_2(cli, runs, case):
 
 
 def test_a_trainer_run_loads(cache, tmp_path):
-    from scaling.train import TrainConfig, train
+    from scaling.training.trainer import TrainConfig, train
 
     cfg = get_config("proxy-tiny", "smelt")
-    tc = TrainConfig(tokens=(256,), batch_size=2, eval_every=0, data_max_bytes=SPEC.max_bytes, device="cpu",
-                     threads=1)
-    train(cfg, tc, tier="proxy-tiny", run_name="trained", runs_dir=tmp_path, ckpt_dir=tmp_path / "ck",
-          save_final_weights=True)
+    tc = TrainConfig(
+        tokens=(256,), batch_size=2, eval_every=0, data_max_bytes=SPEC.max_bytes, device="cpu", threads=1
+    )
+    train(
+        cfg,
+        tc,
+        tier="proxy-tiny",
+        run_name="trained",
+        runs_dir=tmp_path,
+        ckpt_dir=tmp_path / "ck",
+        save_final_weights=True,
+    )
     run = an.load_run(tmp_path / "trained")
     assert run.arch == "smelt" and run.corpus.spec == SPEC
     r = an.attention_sink(run, n_sequences=1)

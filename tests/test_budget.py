@@ -2,9 +2,9 @@
 
 import pytest
 
-from scaling import budget as B
-from scaling.config import ModelConfig
-from scaling.errors import UserError
+from scaling.accounting import costs as B
+from scaling.accounting.config import ModelConfig
+from scaling.common.errors import UserError
 
 # A: V=100 d=8 L=2 H=2 H_kv=1 h=4 E=4 k=2 f=16, untied, T=32, no loop.
 A = ModelConfig(vocab_size=100, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=4,

@@ -6,9 +6,17 @@ import math
 import numpy as np
 import pytest
 
-from scaling.data import (BOS_ID, SPECIAL_TOKENS, DataSpec, _hash_unit, assemble_corpus, load_corpus,
-                          split_documents, train_tokenizer)
-from scaling.errors import UserError
+from scaling.common.errors import UserError
+from scaling.training.corpus import (
+    BOS_ID,
+    SPECIAL_TOKENS,
+    DataSpec,
+    _hash_unit,
+    assemble_corpus,
+    load_corpus,
+    split_documents,
+    train_tokenizer,
+)
 
 SPEC = DataSpec(vocab_size=512, max_bytes=100_000)
 

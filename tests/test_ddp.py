@@ -16,9 +16,9 @@ import sys
 import pytest
 import torch
 
-from scaling import runlog
-from scaling.tiers import get_config
-from scaling.train import TrainConfig, train
+from scaling.accounting.tiers import get_config
+from scaling.training import runlog
+from scaling.training.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64
@@ -42,14 +42,54 @@ def test_two_gloo_ranks_match_one_process(tmp_path, cache):
                 ckpt_dir=tmp_path / "ckpt")
 
     env = {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "cli",
-           "train", "--tier", TIER, "--arch", "smelt", "--tokens", ",".join(map(str, TOKENS)),
-           "--batch-size", "8", "--data-max-bytes", "100000", "--eval-every", "5", "--ckpt-every", "4",
-           "--threads", "1", "--val-windows", "16", "--warmup", "2", "--device", "cpu",
-           "--run-name", "ddp", "--runs-dir", str(tmp_path / "runs"), "--ckpt-dir", str(tmp_path / "ckpt"),
-           "--json"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "cli",
+        "train",
+        "--tier",
+        TIER,
+        "--arch",
+        "smelt",
+        "--tokens",
+        ",".join(map(str, TOKENS)),
+        "--batch-size",
+        "8",
+        "--data-max-bytes",
+        "100000",
+        "--eval-every",
+        "5",
+        "--ckpt-every",
+        "4",
+        "--threads",
+        "1",
+        "--val-windows",
+        "16",
+        "--warmup",
+        "2",
+        "--device",
+        "cpu",
+        "--run-name",
+        "ddp",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--json",
+    ]
+    proc = subprocess.run(
+        cmd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)  # exactly one JSON document: rank 1 prints nothing
 
@@ -57,8 +97,9 @@ def test_two_gloo_ranks_match_one_process(tmp_path, cache):
     assert meta["resolved"]["world_size"] == 2 and meta["resolved"]["micro_batch_size"] == 4
     single = runlog.read_jsonl(tmp_path / "runs" / "single" / "metrics.jsonl")
     ddp = runlog.read_jsonl(tmp_path / "runs" / "ddp" / "metrics.jsonl")
-    assert [(r["iter"], r["step"], r["branch"]) for r in ddp] == [(r["iter"], r["step"], r["branch"])
-                                                                 for r in single]  # rank 0 alone logs
+    assert [(r["iter"], r["step"], r["branch"]) for r in ddp] == [
+        (r["iter"], r["step"], r["branch"]) for r in single
+    ]  # rank 0 alone logs
     for a, b in zip(single, ddp):
         for key in ("train_loss", "aux_loss", "z_loss", "val_loss"):
             if key in a:

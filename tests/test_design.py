@@ -1,4 +1,4 @@
-"""IsoFLOP design (`scaling.design`) and `smelt-scale plan`: sizes bracket N*(C), configs the matcher
+"""IsoFLOP design (`scaling.design.isoflop`) and `smelt-scale plan`: sizes bracket N*(C), configs the matcher
 builds, tokens D = C/F, the emitted plan parses and rebuilds the same configs, JSON shape, exit-2 errors."""
 
 from __future__ import annotations
@@ -13,16 +13,25 @@ import tomli_w
 from typer.testing import CliRunner
 
 from cli import app
-from scaling.budget import budget
-from scaling.design import (MIN_SIZES, Proposal, baseline_for_size, experts_for_sparsity, isoflop_design, measure,
-                            pair_for_size, plan_design, propose)
-from scaling.errors import UserError
-from scaling.laws import get_law
-from scaling.matching import smelt_twin
-from scaling.plan import load_plan
-from scaling.reference_laws import load_law_set
-from scaling.savings import FittedLaw, frontier
-from scaling.tiers import get_config
+from scaling.accounting.costs import costs
+from scaling.accounting.matching import smelt_twin
+from scaling.accounting.tiers import get_config
+from scaling.common.errors import UserError
+from scaling.design.isoflop import (
+    MIN_SIZES,
+    Proposal,
+    baseline_for_size,
+    experts_for_sparsity,
+    isoflop_design,
+    measure,
+    pair_for_size,
+    plan_design,
+    propose,
+)
+from scaling.fitting.laws import get_law
+from scaling.fitting.reference_laws import load_law_set
+from scaling.fitting.savings import FittedLaw, frontier
+from scaling.training.sweep_plan import load_plan
 
 runner = CliRunner()
 
@@ -39,7 +48,9 @@ def chinchilla_laws(n_samples: int = 40, seed: int = 0) -> dict[str, FittedLaw]:
     for g, (A, k) in CH_GROUPS.items():
         theta = law.theta_array({**CH, "A": A})
         samples = theta * np.exp(0.02 * rng.standard_normal((n_samples, theta.size)))
-        out[g] = FittedLaw(g, law, theta, samples=samples, flops_per_param=k, compute_min=1e11, compute_max=1e13)
+        out[g] = FittedLaw(
+            g, law, theta, samples=samples, flops_per_param=k, compute_min=1e11, compute_max=1e13
+        )
     return out
 
 
@@ -47,11 +58,20 @@ def write_fits(path: Path, laws: dict[str, FittedLaw]) -> Path:
     """A fits file in the format `smelt-scale fit --out` writes."""
     fits = {}
     for g, fl in laws.items():
-        fits[g] = {"law": "chinchilla", **fl.params, "n_points": 30, "group": g,
-                   "bootstrap_params": list(fl.law.params), "bootstrap": fl.samples.tolist(),
-                   "diagnostics": {"rmse_log": 0.002},
-                   "data_summary": {"compute_min": fl.compute_min, "compute_max": fl.compute_max,
-                                    "flops_per_param_k": fl.flops_per_param}}
+        fits[g] = {
+            "law": "chinchilla",
+            **fl.params,
+            "n_points": 30,
+            "group": g,
+            "bootstrap_params": list(fl.law.params),
+            "bootstrap": fl.samples.tolist(),
+            "diagnostics": {"rmse_log": 0.002},
+            "data_summary": {
+                "compute_min": fl.compute_min,
+                "compute_max": fl.compute_max,
+                "flops_per_param_k": fl.flops_per_param,
+            },
+        }
     path.write_text(json.dumps({"fits": fits}))
     return path
 
@@ -79,8 +99,12 @@ def test_baseline_for_size_hits_targets_within_width_rounding():
         cfg = baseline_for_size(shape, target, size="N", width_multiple=1)
         # width steps of 1 at d ~ 40-250: N moves ~2/d per step, so within 3%
         assert abs(math.log(measure(cfg, "N") / target)) < 0.03, (target, measure(cfg, "N"))
-        assert (cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.n_experts) == (shape.n_layers, shape.n_heads,
-                                                                          shape.head_dim, shape.n_experts)
+        assert (cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.n_experts) == (
+            shape.n_layers,
+            shape.n_heads,
+            shape.head_dim,
+            shape.n_experts,
+        )
     big = baseline_for_size(shape, 1e6, size="N", width_multiple=1)
     small = baseline_for_size(shape, 1e5, size="N", width_multiple=1)
     assert small.d_model < shape.d_model < big.d_model
@@ -90,8 +114,8 @@ def test_sparsity_is_solved_with_the_expert_count():
     shape = get_config("100M", "baseline")
     for S in (0.85, 0.95, 0.97):
         cfg = baseline_for_size(shape, 2e9, size="F", width_multiple=8, sparsity=S)
-        assert abs(budget(cfg).sparsity - S) < 0.005
-        assert abs(math.log(budget(cfg).flops_per_token / 2e9)) < 0.03
+        assert abs(costs(cfg).sparsity - S) < 0.005
+        assert abs(math.log(costs(cfg).flops_per_token / 2e9)) < 0.03
         assert cfg.d_model % 8 == 0 and cfg.expert_hidden % 8 == 0
     assert experts_for_sparsity(shape, 0.97) > experts_for_sparsity(shape, 0.85)
 
@@ -100,7 +124,7 @@ def test_smelt_arch_target_is_the_twins_size():
     shape = get_config("proxy-m", "baseline")
     pair = pair_for_size(shape, 3e5, arch="smelt", size="N", width_multiple=1)
     assert abs(math.log(measure(pair.smelt, "N") / 3e5)) < 0.03
-    assert measure(pair.baseline, "N") > measure(pair.smelt, "N")   # a twin has fewer active params
+    assert measure(pair.baseline, "N") > measure(pair.smelt, "N")  # a twin has fewer active params
     assert pair.smelt == smelt_twin(pair.baseline, width_multiple=1).smelt
     assert max(abs(v) for v in pair.mismatch.values()) <= 0.01
 
@@ -122,7 +146,9 @@ def test_proposed_sizes_bracket_each_optimum(which, paper_proposal, proxy_propos
             pts = s.arch_points(arch)
             assert len(pts) >= MIN_SIZES
             sizes = [p.N if s.size_name == "N" else p.F for p in pts]
-            opt = frontier(laws[arch].law, laws[arch].theta, s.budget, k=laws[arch].flops_per_param, S=s.sparsity)
+            opt = frontier(
+                laws[arch].law, laws[arch].theta, s.budget, k=laws[arch].flops_per_param, S=s.sparsity
+            )
             assert s.optima[arch]["size"] == pytest.approx(float(opt.size))
             assert min(sizes) < opt.size < max(sizes), (arch, sizes, opt.size)
             assert s.bracketed[arch]
@@ -156,8 +182,9 @@ def test_expected_loss_interval_from_the_bootstrap(proxy_proposal, paper_proposa
 
 
 def test_emitted_plan_parses_and_rebuilds_the_configs(tmp_path, proxy_proposal):
-    doc = proxy_proposal.plan_dict(name="next", runs_dir=str(tmp_path / "runs"),
-                                   template={"train": {"batch_size": 16, "lr": 3e-3}})
+    doc = proxy_proposal.plan_dict(
+        name="next", runs_dir=str(tmp_path / "runs"), template={"train": {"batch_size": 16, "lr": 3e-3}}
+    )
     path = tmp_path / "next.toml"
     path.write_text(tomli_w.dumps(doc))
     plan = load_plan(path)
@@ -179,13 +206,16 @@ def test_proposal_json_round_trip(paper_proposal):
     assert "IsoFLOP plan" in paper_proposal.summary()
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    ({"n_sizes": 4}, "at least 5"),
-    ({"spread": 0.0}, "--spread"),
-    ({"sparsities": (0.9,)}, "only to smelt-form"),
-    ({"tier": "nope"}, "unknown tier"),
-    ({"tier": "1.6B"}, "below the smallest"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        ({"n_sizes": 4}, "at least 5"),
+        ({"spread": 0.0}, "--spread"),
+        ({"sparsities": (0.9,)}, "only to smelt-form"),
+        ({"tier": "nope"}, "unknown tier"),
+        ({"tier": "1.6B"}, "below the smallest"),
+    ],
+)
 def test_bad_proposals_are_user_errors(kwargs, msg):
     with pytest.raises(UserError, match=msg):
         propose(chinchilla_laws(), [1e14], **kwargs)
@@ -219,20 +249,63 @@ def assert_one_line_exit_2(res, fragment: str) -> None:
 
 def test_plan_cli_json_writes_a_runnable_plan(tmp_path):
     out = tmp_path / "plans" / "next.toml"
-    res = runner.invoke(app, ["plan", "--law-set", "paper", "--budget", "1e20", "--sparsity", "0.95",
-                              "--runs-per-budget", "5", "--out", str(out), "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            "--law-set",
+            "paper",
+            "--budget",
+            "1e20",
+            "--sparsity",
+            "0.95",
+            "--runs-per-budget",
+            "5",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
-    assert {"law", "shape", "sets", "total_flops", "n_runs", "plan_file", "runs_dir", "warnings",
-            "sweep_command"} <= set(d)
+    assert {
+        "law",
+        "shape",
+        "sets",
+        "total_flops",
+        "n_runs",
+        "plan_file",
+        "runs_dir",
+        "warnings",
+        "sweep_command",
+    } <= set(d)
     assert d["law"] == "smelt" and d["n_runs"] == 10 and d["plan_file"] == str(out)
     s = d["sets"][0]
-    assert {"budget", "sparsity", "optima", "points", "bracketed", "profile_depth", "vertex_offset_decades",
-            "flops"} <= set(s)
+    assert {
+        "budget",
+        "sparsity",
+        "optima",
+        "points",
+        "bracketed",
+        "profile_depth",
+        "vertex_offset_decades",
+        "flops",
+    } <= set(s)
     assert set(s["optima"]) == {"baseline", "smelt"}
     p = s["points"][0]
-    assert {"tier", "arch", "N", "F", "S", "D", "compute", "expected_loss", "loss_ci", "offset_decades",
-            "config"} <= set(p)
+    assert {
+        "tier",
+        "arch",
+        "N",
+        "F",
+        "S",
+        "D",
+        "compute",
+        "expected_loss",
+        "loss_ci",
+        "offset_decades",
+        "config",
+    } <= set(p)
     plan = load_plan(out)
     assert len(plan.runs) == 10
     dry = runner.invoke(app, ["sweep", str(out), "--dry-run", "--no-probe", "--json"])
@@ -243,28 +316,45 @@ def test_plan_cli_json_writes_a_runnable_plan(tmp_path):
 def test_plan_cli_from_a_fits_file_table_and_dry_run(tmp_path):
     fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
     out = tmp_path / "next.toml"
-    res = runner.invoke(app, ["plan", "--fits", str(fits), "--budget", "1e14", "--out", str(out), "--dry-run"])
+    res = runner.invoke(
+        app, ["plan", "--fits", str(fits), "--budget", "1e14", "--out", str(out), "--dry-run"]
+    )
     assert res.exit_code == 0, res.stderr
     assert "iso1e14-1" in res.stdout and "dry run" in res.stdout and "95% CI" in res.stdout
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--law-set", "paper", "--budget", "-1"], "positive"),
-    (["--law-set", "paper", "--budget", "1e20", "--runs-per-budget", "3"], "at least 5"),
-    (["--law-set", "nope", "--budget", "1e20"], "unknown law set"),
-    (["--law-set", "paper", "--budget", "1e20", "--tier", "nope"], "unknown tier"),
-    (["--law-set", "paper", "--budget", "1e20", "--sparsity", "1.5"], "sparsity must lie in"),
-    (["--fits", "missing.json", "--budget", "1e14"], "no such fits file"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--law-set", "paper", "--budget", "-1"], "positive"),
+        (["--law-set", "paper", "--budget", "1e20", "--runs-per-budget", "3"], "at least 5"),
+        (["--law-set", "nope", "--budget", "1e20"], "unknown law set"),
+        (["--law-set", "paper", "--budget", "1e20", "--tier", "nope"], "unknown tier"),
+        (["--law-set", "paper", "--budget", "1e20", "--sparsity", "1.5"], "sparsity must lie in"),
+        (["--fits", "missing.json", "--budget", "1e14"], "no such fits file"),
+    ],
+)
 def test_plan_cli_errors_exit_2(tmp_path, args, fragment):
     assert_one_line_exit_2(runner.invoke(app, ["plan", *args, "--out", str(tmp_path / "x.toml")]), fragment)
 
 
 def test_plan_cli_unbuildable_sizes_exit_2(tmp_path):
     fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
-    res = runner.invoke(app, ["plan", "--fits", str(fits), "--budget", "1e14", "--tier", "1.6B",
-                              "--out", str(tmp_path / "x.toml")])
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            "--fits",
+            str(fits),
+            "--budget",
+            "1e14",
+            "--tier",
+            "1.6B",
+            "--out",
+            str(tmp_path / "x.toml"),
+        ],
+    )
     assert_one_line_exit_2(res, "below the smallest config")
     assert not (tmp_path / "x.toml").exists()
 
@@ -282,16 +372,33 @@ def test_plan_cli_from_a_runs_folder_sends_new_runs_there(tmp_path):
             pts = []
             for D in np.logspace(6, 7.5, 4):
                 loss = float(fl.law.predict(fl.theta, N=np.array([N]), D=np.array([D]))[0]) * np.exp(
-                    1e-3 * rng.standard_normal())
+                    1e-3 * rng.standard_normal()
+                )
                 pts.append({"N": N, "D": D, "loss": loss, "flops": fl.flops_per_param * N * D})
             (run / "config.json").write_text("{}")
-            (run / "final.json").write_text(json.dumps({"run": run.name, "arch": g, "complete": True,
-                                                        "points": pts}))
+            (run / "final.json").write_text(
+                json.dumps({"run": run.name, "arch": g, "complete": True, "points": pts})
+            )
     out = tmp_path / "next.toml"
-    res = runner.invoke(app, ["plan", "--runs", str(root), "--budget", "1e14", "--bootstrap", "0",
-                              "--runs-per-budget", "5", "--out", str(out), "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            "--runs",
+            str(root),
+            "--budget",
+            "1e14",
+            "--bootstrap",
+            "0",
+            "--runs-per-budget",
+            "5",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
     assert Path(d["runs_dir"]).resolve() == root.resolve()
     assert load_plan(out).runs_dir.resolve() == root.resolve()
-    assert all(p["loss_ci"] is None for p in d["sets"][0]["points"])   # --bootstrap 0: no interval
+    assert all(p["loss_ci"] is None for p in d["sets"][0]["points"])  # --bootstrap 0: no interval

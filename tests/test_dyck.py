@@ -10,11 +10,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaling.data import BOS_ID, train_tokenizer
-from scaling.dyck import (BRACKET_PAIRS, EOL, SEP, DyckProblem, DyckTask, PromptEncoder, closing,
-                          extract_completion, fits, icl_trials, is_balanced, n_paths, open_stack,
-                          random_balanced, shot_counts)
-from scaling.errors import UserError
+from scaling.analysis.dyck import (
+    BRACKET_PAIRS,
+    EOL,
+    SEP,
+    DyckProblem,
+    DyckTask,
+    PromptEncoder,
+    closing,
+    extract_completion,
+    fits,
+    icl_trials,
+    is_balanced,
+    n_paths,
+    open_stack,
+    random_balanced,
+    shot_counts,
+)
+from scaling.common.errors import UserError
+from scaling.training.corpus import BOS_ID, train_tokenizer
 
 
 @pytest.fixture(scope="module")

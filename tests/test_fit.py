@@ -6,11 +6,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scaling.errors import UserError
-from scaling.fit import (FitResult, FitSet, Objective, _run_weights, fit_groups, fit_law, lbfgs_batch,
-                         multistart)
-from scaling.laws import get_law, optimal
-from scaling.tables import Columns, law_inputs, load_points
+from scaling.common.errors import UserError
+from scaling.fitting.fit import (
+    FitResult,
+    FitSet,
+    Objective,
+    _run_weights,
+    fit_groups,
+    fit_law,
+    lbfgs_batch,
+    multistart,
+)
+from scaling.fitting.laws import get_law, optimal
+from scaling.fitting.tables import Columns, law_inputs, load_points
 
 CHIN = get_law("chinchilla")
 SMELT = get_law("smelt")

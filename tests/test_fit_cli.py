@@ -7,8 +7,8 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from cli import app
-from scaling.fit import FitSet
-from scaling.laws import get_law
+from scaling.fitting.fit import FitSet
+from scaling.fitting.laws import get_law
 
 runner = CliRunner()
 CHIN = get_law("chinchilla")

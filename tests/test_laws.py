@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from scaling.errors import UserError
-from scaling.laws import LAWS, get_law, optimal, two_term_optimum
+from scaling.common.errors import UserError
+from scaling.fitting.laws import LAWS, get_law, optimal, two_term_optimum
 
 CHIN = {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28}          # Hoffmann et al. 2022
 # SMELT paper (arXiv 2609.01343) fitted laws, via shared/reference/smelt_paper.md

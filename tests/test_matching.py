@@ -4,11 +4,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scaling.budget import budget
-from scaling.config import ModelConfig
-from scaling.errors import UserError
-from scaling.matching import loop_block, smelt_twin
-from scaling.tiers import TIERS, get_config, get_match
+from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import costs
+from scaling.accounting.matching import loop_block, smelt_twin
+from scaling.accounting.tiers import TIERS, get_config, get_match
+from scaling.common.errors import UserError
 
 
 @pytest.mark.parametrize("n_layers,expected", [(10, (2, 7)), (12, (3, 9)), (20, (5, 15)), (30, (7, 22))])
@@ -32,11 +32,11 @@ def test_every_shipped_tier_within_one_percent(tier):
 def test_paper_tiers_active_params_near_reported():
     reported = {"100M": 100e6, "200M": 200e6, "600M": 600e6, "1.6B": 1.6e9}
     for tier, target in reported.items():
-        active = budget(get_config(tier, "baseline")).active_params
+        active = costs(get_config(tier, "baseline")).active_params
         assert abs(active / target - 1) <= 0.10, (tier, active)
     # reported totals (non-embedding): 3.70B, ~3.9B, ~53.9B within 2%; 600M documented at -6%
     for tier, total in {"100M": 3.70e9, "200M": 3.9e9, "1.6B": 53.9e9}.items():
-        assert abs(budget(get_config(tier, "baseline")).non_embedding_params / total - 1) < 0.02
+        assert abs(costs(get_config(tier, "baseline")).non_embedding_params / total - 1) < 0.02
 
 
 def test_twin_shrinks_width_and_grows_experts_like_the_paper():

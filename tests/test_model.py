@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scaling import budget
-from scaling.config import ModelConfig
-from scaling.model import MoE, MoETransformer, apply_rope, rope_tables
+from scaling.accounting import costs
+from scaling.accounting.config import ModelConfig
+from scaling.training.model import MoE, MoETransformer, apply_rope, rope_tables
 
 torch.set_num_threads(1)
 
@@ -45,16 +45,16 @@ def ids(cfg: ModelConfig, B: int = 2, T: int | None = None, seed: int = 0) -> to
 def test_param_count_equals_budget(name):
     cfg = CONFIGS[name]
     model = MoETransformer(cfg)
-    assert model.num_params() == budget.total_params(cfg)
+    assert model.num_params() == costs.total_params(cfg)
     assert model.num_params() == sum(p.numel() for p in model.parameters())
-    assert model.num_params(non_embedding=True) == budget.non_embedding_params(cfg)
+    assert model.num_params(non_embedding=True) == costs.non_embedding_params(cfg)
 
 
 def test_param_count_of_proxy_tiers():
-    tiers = pytest.importorskip("scaling.tiers")
+    tiers = pytest.importorskip("scaling.accounting.tiers")
     for arch in tiers.ARCHS:
         cfg = tiers.get_config("proxy-tiny", arch)
-        assert MoETransformer(cfg).num_params() == budget.total_params(cfg)
+        assert MoETransformer(cfg).num_params() == costs.total_params(cfg)
 
 
 def test_no_biases_and_nonpersistent_rope():

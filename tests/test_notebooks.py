@@ -33,8 +33,8 @@ nbformat = pytest.importorskip("nbformat", reason="needs the test extra: pip ins
 
 def finished_runs() -> str | None:
     """None when runs/ has finished runs, else why not (the skip reason)."""
-    from scaling.errors import UserError
-    from scaling.tables import read_runs_dir
+    from scaling.common.errors import UserError
+    from scaling.fitting.tables import read_runs_dir
 
     if not RUNS.is_dir():
         return f"no runs folder at {RUNS}"

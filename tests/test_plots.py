@@ -1,4 +1,4 @@
-"""scaling.plots and `smelt-scale plot` on a small synthetic runs folder (known law, seconds)."""
+"""scaling.plots.figures and `smelt-scale plot` on a small synthetic runs folder (known law, seconds)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cli import app
-from scaling import plots
-from scaling.errors import UserError
-from scaling.fit import fit_groups
-from scaling.laws import get_law
-from scaling.savings import FittedLaw, frontier as law_frontier
-from scaling.tables import load_points
+from scaling.common.errors import UserError
+from scaling.fitting.fit import fit_groups
+from scaling.fitting.laws import get_law
+from scaling.fitting.savings import FittedLaw
+from scaling.fitting.savings import frontier as law_frontier
+from scaling.fitting.tables import load_points
+from scaling.plots import figures as plots
 
 runner = CliRunner()
 CHIN = get_law("chinchilla")
@@ -244,7 +245,7 @@ def test_save_formats(points, fits, tmp_path):
 
 # -- mechanism figures ---------------------------------------------------------------------------
 def sink_results():
-    from scaling.analysis import PassMass, SinkResult
+    from scaling.analysis.mechanisms import PassMass, SinkResult
 
     base = SinkResult("b", "baseline", "bos", 4, 100, 0,
                       tuple(PassMass(i, 1, 0.5 - 0.05 * i, 0.5 + 0.05 * i) for i in range(4)))
@@ -266,7 +267,7 @@ def test_sink_bars_are_the_masses():
 
 
 def test_sink_dyck_probe_stacks_answers():
-    from scaling.analysis import PassMass, SinkResult
+    from scaling.analysis.mechanisms import PassMass, SinkResult
 
     passes = (PassMass(0, 1, 0.6, 0.16, 0.24), PassMass(0, 2, 0.02, 0.13, 0.85))
     ax = visible(plots.sink([SinkResult("s", "smelt", "dyck", 4, 40, 0, passes, shots=4)]))[0]
@@ -278,7 +279,7 @@ def test_sink_dyck_probe_stacks_answers():
 
 
 def lengths_results():
-    from scaling.analysis import LengthsResult, LossBucket, length_gain
+    from scaling.analysis.mechanisms import LengthsResult, LossBucket, length_gain
 
     def run(name, arch, shift):
         bs = []
@@ -304,7 +305,7 @@ def test_lengths_with_gain():
 
 
 def test_icl_accuracy_and_intervals():
-    from scaling.analysis import ICLResult, ShotAccuracy, wilson_interval
+    from scaling.analysis.mechanisms import ICLResult, ShotAccuracy, wilson_interval
 
     def run(name, arch, correct):
         shots = tuple(ShotAccuracy(k, 50, c, c / 50, *wilson_interval(c, 50), 10.0 * (k + 1))
@@ -343,7 +344,7 @@ def test_cli_all_writes_figures_and_skips_missing_analyses(runs, tmp_path):
 def test_cli_mechanism_kinds(runs, tmp_path):
     one_line_error(runner.invoke(app, ["plot", "icl", "--out", str(tmp_path), "--runs", str(runs)]),
                    "no saved icl analysis")
-    from scaling.analysis import save_result
+    from scaling.analysis.mechanisms import save_result
 
     copy = write_runs(tmp_path / "r")
     for r in sink_results():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scaling.config import ModelConfig
-from scaling.errors import UserError
-from scaling.model import MoETransformer, to_hf_mixtral
+from scaling.accounting.config import ModelConfig
+from scaling.common.errors import UserError
+from scaling.training.model import MoETransformer, to_hf_mixtral
 
 transformers = pytest.importorskip("transformers", reason="transformers (test extra) is not installed")
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func  # noqa: E402

@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from scaling import runlog
-from scaling.tiers import get_config
-from scaling.train import TrainConfig, train
+from scaling.accounting.tiers import get_config
+from scaling.training import runlog
+from scaling.training.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64
@@ -27,8 +27,8 @@ CFG = dict(tokens=[10 * STEP_TOKENS, 20 * STEP_TOKENS], batch_size=8, data_max_b
            ckpt_every=4, threads=1, val_windows=16, warmup=2)
 SCRIPT = """
 import json, sys
-from scaling.tiers import get_config
-from scaling.train import TrainConfig, train
+from scaling.accounting.tiers import get_config
+from scaling.training.trainer import TrainConfig, train
 a = json.loads(sys.argv[1])
 train(get_config(a["tier"], "smelt"), TrainConfig(**a["cfg"]), tier=a["tier"], run_name=a["name"],
       runs_dir=a["runs"], ckpt_dir=a["ckpt"], resume=True)
@@ -60,7 +60,9 @@ def in_process(tmp_path, name, resume=False, cfg=CFG):
 
 def logs(tmp_path, name):
     rd = tmp_path / "runs" / name
-    metrics = [{k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_jsonl(rd / "metrics.jsonl")]
+    metrics = [
+        {k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_jsonl(rd / "metrics.jsonl")
+    ]
     final = runlog.read_json(rd / "final.json")
     del final["run"]
     final["points"] = [{k: v for k, v in p.items() if k not in ("wall_s", "run")} for p in final["points"]]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scaling.errors import UserError
-from scaling.laws import get_law, optimal
-from scaling.reference_laws import LAW_SETS, load_law_set
-from scaling.savings import (
+from scaling.common.errors import UserError
+from scaling.fitting.laws import get_law, optimal
+from scaling.fitting.reference_laws import LAW_SETS, load_law_set
+from scaling.fitting.savings import (
     FittedLaw,
     SavingsResult,
     compute_for_loss,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import scaling.commands.savings as savings_cmd
+import scaling.cli.savings as savings_cmd
 from cli import app
-from scaling.commands.savings import parse_budgets
-from scaling.errors import UserError
+from scaling.cli.savings import parse_budgets
+from scaling.common.errors import UserError
 
 runner = CliRunner()
 

@@ -4,9 +4,16 @@ import math
 
 import pytest
 
-from scaling.errors import UserError
-from scaling.schedule import (cosine_lr, decay_steps_for, lr_at, plan_budgets, total_steps, warmup_factor,
-                              wsd_lr)
+from scaling.common.errors import UserError
+from scaling.training.schedule import (
+    cosine_lr,
+    decay_steps_for,
+    lr_at,
+    plan_budgets,
+    total_steps,
+    warmup_factor,
+    wsd_lr,
+)
 
 
 def test_warmup_is_linear_from_first_update():

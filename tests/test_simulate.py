@@ -1,4 +1,4 @@
-"""`scaling.simulate` and `smelt-scale simulate`: zero noise recovers the paper's published savings,
+"""`scaling.design.simulate` and `smelt-scale simulate`: zero noise recovers the paper's published savings,
 trials are seeded, statistics are what they say, interval coverage is near nominal (slow), exit-2 errors."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import tomli_w
 from typer.testing import CliRunner
 
 from cli import app
-from scaling.design import isoflop_design, plan_design, propose
-from scaling.errors import UserError
-from scaling.laws import get_law
-from scaling.plan import load_plan
-from scaling.reference_laws import load_law_set
-from scaling.savings import FittedLaw
-from scaling.simulate import SimulationResult, noisy, simulate, true_losses
+from scaling.common.errors import UserError
+from scaling.design.isoflop import isoflop_design, plan_design, propose
+from scaling.design.simulate import SimulationResult, noisy, simulate, true_losses
+from scaling.fitting.laws import get_law
+from scaling.fitting.reference_laws import load_law_set
+from scaling.fitting.savings import FittedLaw
+from scaling.training.sweep_plan import load_plan
 
 runner = CliRunner()
 PAPER_S = (0.85, 0.95, 0.97)
@@ -96,20 +96,25 @@ def test_statistics_match_their_definitions_and_are_seeded(chin_design):
 
 
 def test_result_json_round_trip(chin_design):
-    res = simulate(chinchilla_truth(), chin_design, [1e21], noise=0.005, trials=2, n_bootstrap=5, check_starts=0)
+    res = simulate(
+        chinchilla_truth(), chin_design, [1e21], noise=0.005, trials=2, n_bootstrap=5, check_starts=0
+    )
     again = SimulationResult.from_dict(json.loads(json.dumps(res.to_dict())))
     assert again.to_dict() == res.to_dict()
     assert "Simulated study" in res.summary()
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    ({"noise": -0.1}, "--noise"),
-    ({"trials": 0}, "--trials"),
-    ({"n_bootstrap": 1}, "--bootstrap"),
-    ({"starts": "random"}, "--starts"),
-    ({"reference": "dense"}, "no known law"),
-    ({"level": 1.5}, "interval level"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        ({"noise": -0.1}, "--noise"),
+        ({"trials": 0}, "--trials"),
+        ({"n_bootstrap": 1}, "--bootstrap"),
+        ({"starts": "random"}, "--starts"),
+        ({"reference": "dense"}, "no known law"),
+        ({"level": 1.5}, "interval level"),
+    ],
+)
 def test_bad_settings_are_user_errors(chin_design, kwargs, msg):
     with pytest.raises(UserError, match=msg):
         simulate(chinchilla_truth(), chin_design, [1e21], **kwargs)
@@ -119,7 +124,7 @@ def test_design_too_small_or_missing_inputs(chin_design, paper):
     with pytest.raises(UserError, match="4 points"):
         simulate(chinchilla_truth(), chin_design.groupby("group").head(4), [1e21])
     laws, _ = paper
-    with pytest.raises(UserError, match="sparsity"):   # a chinchilla design has no S for the smelt law
+    with pytest.raises(UserError, match="sparsity"):  # a chinchilla design has no S for the smelt law
         simulate(laws, chin_design, [1e20], sparsities=(0.95,))
 
 
@@ -143,17 +148,62 @@ def assert_one_line_exit_2(res, fragment: str) -> None:
     assert "Traceback" not in res.stderr
 
 
-ROW_KEYS = {"budget", "sparsity", "true_savings", "n_trials", "mean_savings", "median_savings", "bias", "spread",
-            "rmse", "sign_recovery", "power", "coverage", "median_ci_width", "extrapolation_decades", "estimates"}
+ROW_KEYS = {
+    "budget",
+    "sparsity",
+    "true_savings",
+    "n_trials",
+    "mean_savings",
+    "median_savings",
+    "bias",
+    "spread",
+    "rmse",
+    "sign_recovery",
+    "power",
+    "coverage",
+    "median_ci_width",
+    "extrapolation_decades",
+    "estimates",
+}
 
 
 def test_simulate_cli_json_shape_on_the_paper_laws():
-    res = runner.invoke(app, ["simulate", "--law-set", "paper", "--sparsity", "0.95", "--trials", "2",
-                              "--bootstrap", "5", "--check-starts", "0", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--law-set",
+            "paper",
+            "--sparsity",
+            "0.95",
+            "--trials",
+            "2",
+            "--bootstrap",
+            "5",
+            "--check-starts",
+            "0",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
-    assert {"law", "reference", "candidate", "noise", "trials", "bootstrap", "seed", "ci_level", "starts", "design",
-            "rows", "failures", "identified_rate", "start_check", "warnings"} <= set(d)
+    assert {
+        "law",
+        "reference",
+        "candidate",
+        "noise",
+        "trials",
+        "bootstrap",
+        "seed",
+        "ci_level",
+        "starts",
+        "design",
+        "rows",
+        "failures",
+        "identified_rate",
+        "start_check",
+        "warnings",
+    } <= set(d)
     assert d["law"] == "smelt" and d["trials"] == 2 and d["noise"] == 0.01
     assert d["design"]["n_points"] == {"baseline": 72, "smelt": 72}
     assert d["design"]["sparsities"] == list(PAPER_S)
@@ -167,32 +217,83 @@ def test_simulate_cli_on_a_planned_design_with_fits(tmp_path, chin_design):
 
     fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
     out = tmp_path / "next.toml"
-    res = runner.invoke(app, ["plan", "--fits", str(fits), "--budgets", "1e13,1e14,1e15", "--runs-per-budget", "5",
-                              "--out", str(out), "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            "--fits",
+            str(fits),
+            "--budgets",
+            "1e13,1e14,1e15",
+            "--runs-per-budget",
+            "5",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
-    res = runner.invoke(app, ["simulate", "--fits", str(fits), "--design", str(out), "--trials", "2",
-                              "--bootstrap", "0", "--noise", "0.002", "--budget", "1e14", "--check-starts", "0"])
+    res = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--fits",
+            str(fits),
+            "--design",
+            str(out),
+            "--trials",
+            "2",
+            "--bootstrap",
+            "0",
+            "--noise",
+            "0.002",
+            "--budget",
+            "1e14",
+            "--check-starts",
+            "0",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     assert "Simulated study" in res.stdout and f"plan {out}" in res.stdout and "1e+14" in res.stdout
 
 
 def test_simulate_cli_unbuildable_design_exits_2(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text(tomli_w.dumps({
-        "sweep": {"tiers": ["odd"], "budgets": [1000]},
-        # one KV head of 4 cannot be cut to 2/3 per pass within 1% (tests/test_matching.py)
-        "model": {"odd": {"vocab_size": 100, "d_model": 64, "n_layers": 4, "n_heads": 1, "n_kv_heads": 1,
-                          "head_dim": 4, "n_experts": 8, "top_k": 2, "expert_hidden": 64, "width_multiple": 1}}}))
+    bad.write_text(
+        tomli_w.dumps(
+            {
+                "sweep": {"tiers": ["odd"], "budgets": [1000]},
+                # one KV head of 4 cannot be cut to 2/3 per pass within 1% (tests/test_matching.py)
+                "model": {
+                    "odd": {
+                        "vocab_size": 100,
+                        "d_model": 64,
+                        "n_layers": 4,
+                        "n_heads": 1,
+                        "n_kv_heads": 1,
+                        "head_dim": 4,
+                        "n_experts": 8,
+                        "top_k": 2,
+                        "expert_hidden": 64,
+                        "width_multiple": 1,
+                    }
+                },
+            }
+        )
+    )
     assert_one_line_exit_2(runner.invoke(app, ["simulate", "--design", str(bad)]), "KV cache")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--noise", "-1", "--trials", "1"], "--noise"),
-    (["--design", "missing.toml"], "plan file not found"),
-    (["--law-set", "nope"], "unknown law set"),
-    (["--budgets", "1e20,-5"], "positive"),
-    (["--starts", "x"], "--starts"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--noise", "-1", "--trials", "1"], "--noise"),
+        (["--design", "missing.toml"], "plan file not found"),
+        (["--law-set", "nope"], "unknown law set"),
+        (["--budgets", "1e20,-5"], "positive"),
+        (["--starts", "x"], "--starts"),
+    ],
+)
 def test_simulate_cli_errors_exit_2(args, fragment):
     assert_one_line_exit_2(runner.invoke(app, ["simulate", *args]), fragment)
 
@@ -201,8 +302,9 @@ def test_simulate_cli_sparsity_with_chinchilla_fits_exits_2(tmp_path):
     from test_design import chinchilla_laws, write_fits
 
     fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
-    assert_one_line_exit_2(runner.invoke(app, ["simulate", "--fits", str(fits), "--sparsity", "0.9"]),
-                           "only to smelt-form")
+    assert_one_line_exit_2(
+        runner.invoke(app, ["simulate", "--fits", str(fits), "--sparsity", "0.9"]), "only to smelt-form"
+    )
 
 
 # -- coverage (slow) -------------------------------------------------------------------------------
@@ -213,8 +315,17 @@ def test_interval_coverage_is_near_nominal(paper):
     Binomial sd of a 95% coverage over 200 trials is 1.5 points; measured 95.0-98.0% per row.
     """
     laws, design = paper
-    res = simulate(laws, design, [1e20, 1e21], sparsities=PAPER_S, noise=0.01, trials=200, n_bootstrap=100,
-                   seed=0, check_starts=2)
+    res = simulate(
+        laws,
+        design,
+        [1e20, 1e21],
+        sparsities=PAPER_S,
+        noise=0.01,
+        trials=200,
+        n_bootstrap=100,
+        seed=0,
+        check_starts=2,
+    )
     assert res.failures == 0
     cov = np.array([r.coverage for r in res.rows])
     assert (cov >= 0.90).all() and 0.92 <= cov.mean() <= 0.99, cov

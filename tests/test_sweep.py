@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from scaling.errors import UserError
-from scaling.plan import load_plan, parse_plan
-from scaling.sweep import lanes, run_status
+from scaling.common.errors import UserError
+from scaling.training.sweep import lanes, run_status
+from scaling.training.sweep_plan import load_plan, parse_plan
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +101,10 @@ def test_bad_plans_are_one_line_errors(tmp_path, edit, msg):
 
 
 def test_unknown_train_key_rejected(tmp_path):
-    from scaling.sweep import train_config
-    plan = parse_plan(__import__("tomllib").loads(MINI.format(runs=tmp_path).replace("lr = 3e-3", "lrr = 3e-3")))
+    from scaling.training.sweep import train_config
+    plan = parse_plan(
+        __import__("tomllib").loads(MINI.format(runs=tmp_path).replace("lr = 3e-3", "lrr = 3e-3"))
+    )
     with pytest.raises(UserError, match="unknown \\[train\\] keys: lrr"):
         train_config(plan.runs[0])
 
@@ -144,7 +146,9 @@ def test_mini_plan_end_to_end(tmp_path, monkeypatch):
     # a second sweep skips every finished run
     again = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
     assert again.exit_code == 0 and len(json.loads(again.stdout)["skipped"]) == 4
-    fit = runner.invoke(app, ["fit", str(runs), "--bootstrap", "0", "--json", "--out", str(tmp_path / "fits.json")])
+    fit = runner.invoke(
+        app, ["fit", str(runs), "--bootstrap", "0", "--json", "--out", str(tmp_path / "fits.json")]
+    )
     assert fit.exit_code == 0, fit.output
     fits = json.loads(fit.stdout)["fits"]
     assert set(fits) == {"baseline", "smelt"} and all(f["n_points"] == 6 for f in fits.values())

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scaling.errors import UserError
-from scaling.tables import CANONICAL, Columns, flops_per_param_k, law_inputs, load_points, total_flops
+from scaling.common.errors import UserError
+from scaling.fitting.tables import CANONICAL, Columns, flops_per_param_k, law_inputs, load_points, total_flops
 
 
 def point(run, N, D, loss, arch="baseline", **extra):

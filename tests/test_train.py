@@ -6,11 +6,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scaling import runlog
-from scaling.budget import budget
-from scaling.errors import UserError
-from scaling.tiers import get_config
-from scaling.train import TrainConfig, param_groups, train
+from scaling.accounting.costs import costs
+from scaling.accounting.tiers import get_config
+from scaling.common.errors import UserError
+from scaling.training import runlog
+from scaling.training.trainer import TrainConfig, param_groups, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64  # batch 8 x seq_len 64
@@ -46,7 +46,7 @@ def test_run_folder_contents(tmp_path):
     final = runlog.read_json(rd / "final.json")
     assert final["complete"] and final["run"] == "r" and final["arch"] == "smelt" and final["tier"] == TIER
     cfg = get_config(TIER, "smelt")
-    acc = budget(cfg)
+    acc = costs(cfg)
     assert [p["D"] for p in final["points"]] == [10 * STEP_TOKENS, 20 * STEP_TOKENS]
     for p in final["points"]:
         assert p["N"] == acc.active_params and p["proxy"] is True
@@ -115,7 +115,7 @@ def test_resume_guards_and_final_weights(tmp_path):
     assert doc["complete"] and runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl") == before
     from safetensors.torch import load_file
 
-    from scaling.model import MoETransformer
+    from scaling.training.model import MoETransformer
 
     weights = load_file(tmp_path / "runs" / "w" / "final_weights.safetensors")
     model = MoETransformer(cfg)
@@ -130,7 +130,7 @@ def test_resume_guards_and_final_weights(tmp_path):
 
 
 def test_param_groups_skip_embedding_and_gains():
-    from scaling.model import MoETransformer
+    from scaling.training.model import MoETransformer
 
     model = MoETransformer(get_config(TIER, "baseline"))
     decay, no_decay = param_groups(model, 0.1)
@@ -161,9 +161,28 @@ def test_cli_errors_are_one_line_exit_2(args, message, tmp_path):
 def test_cli_json_and_existing_run(tmp_path):
     from cli import app
 
-    args = ["train", "--tier", TIER, "--arch", "baseline", "--tokens", str(4 * STEP_TOKENS), "--batch-size", "8",
-            "--data-max-bytes", "100000", "--runs-dir", str(tmp_path / "runs"), "--ckpt-dir",
-            str(tmp_path / "ckpt"), "--threads", "1", "--val-windows", "8", "--json"]
+    args = [
+        "train",
+        "--tier",
+        TIER,
+        "--arch",
+        "baseline",
+        "--tokens",
+        str(4 * STEP_TOKENS),
+        "--batch-size",
+        "8",
+        "--data-max-bytes",
+        "100000",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--threads",
+        "1",
+        "--val-windows",
+        "8",
+        "--json",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)

@@ -1,0 +1,66 @@
+"""Shared CLI plumbing: one-line errors with exit 2, JSON on stdout, messages on stderr.
+
+Conventions (every command follows them):
+- ``--json`` prints exactly one JSON document on stdout; nothing else goes to stdout.
+- Human tables go to stdout with rich; progress and warnings go to stderr, and progress
+  bars are off with ``--json``/``--quiet`` or when stderr is not a terminal.
+- Bad input raises ``UserError``; ``run_cli`` turns it into ``error: <message>`` on stderr
+  and exit code 2 (never a traceback). A failure of the work itself exits 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+from scaling.common.errors import UserError
+from scaling.common.serialize import to_json
+
+# Tables stay readable when piped or captured (rich would fall back to 80 columns).
+_WIDTH = None if sys.stdout.isatty() else 200
+stdout = Console(soft_wrap=True, width=_WIDTH)
+stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document on stdout."""
+    sys.stdout.write(to_json(obj) + "\n")
+    sys.stdout.flush()
+
+
+def warn(message: str) -> None:
+    stderr.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print a one-line error on stderr and exit."""
+    stderr.print(f"error: {' '.join(str(message).split())}", highlight=False, markup=False)
+    raise typer.Exit(code)
+
+
+def run_cli(fn: Callable) -> Callable:
+    """Decorator for typer commands: UserError and bad files become one-line errors, exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except UserError as exc:
+            fail(str(exc))
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            fail(f"{exc.strerror or exc}: {exc.filename}" if getattr(exc, "filename", None) else str(exc))
+        except KeyboardInterrupt:
+            fail("interrupted", code=130)
+
+    return wrapper
+
+
+def show_progress(json_mode: bool = False, quiet: bool = False) -> bool:
+    """Whether to draw rich progress bars (never into a pipe, never with --json)."""
+    return not (json_mode or quiet) and sys.stderr.isatty()

@@ -1,0 +1,588 @@
+"""`smelt-scale plan` (the next IsoFLOP runs, as a sweep plan) and `smelt-scale simulate`
+(is a study big enough?)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from scaling.cli._util import emit_json, fail, run_cli, show_progress, stderr, stdout, warn
+from scaling.cli.savings import DEFAULT_RUNS, fit_runs, parse_budgets, parse_sparsities
+from scaling.common.errors import UserError
+from scaling.design.isoflop import (
+    ARCHS,
+    DEFAULT_SIZES,
+    SPREAD_DECADES,
+    Proposal,
+    isoflop_design,
+    plan_design,
+    propose,
+)
+from scaling.design.simulate import STARTS, SimulationResult, simulate
+from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSet
+from scaling.fitting.reference_laws import LAW_SETS, load_law_set
+from scaling.fitting.savings import FittedLaw, uses_sparsity
+from scaling.training.sweep_plan import load_plan, parse_plan, read_toml
+
+PLANS_DIR = Path(str(resources.files("scaling").joinpath("resources", "plans")))  # package data
+TEMPLATES = {True: PLANS_DIR / "cpu-proxy.toml", False: PLANS_DIR / "paper-tiers.toml"}
+MIN_STEPS = 20  # fewer optimiser updates than this and a run is mostly warm-up
+DESIGN_BUDGETS = 4  # default simulation design: IsoFLOP budgets over the fitted compute range
+DESIGN_SIZES = 6  # ... and sizes per budget (4 x 6 x 3 sparsities = the paper's 72 runs)
+
+
+# -- laws ------------------------------------------------------------------------------------------
+def load_laws(
+    runs: Optional[Path],
+    fits: Optional[Path],
+    law_set: Optional[str],
+    law: str,
+    n_bootstrap: int,
+    seed: int,
+    *,
+    default_law_set: bool = False,
+) -> dict[str, Any]:
+    """The two architectures' laws from one source: {"laws", "source", "fits" (FitResults or None),
+    "law_set" (LawSet or None), "runs_dir" (the runs folder, if that was the source)}."""
+    given = [
+        name for name, v in (("--runs", runs), ("--fits", fits), ("--law-set", law_set)) if v is not None
+    ]
+    if len(given) > 1:
+        raise UserError(f"give one source of laws, not {' and '.join(given)}")
+    if law_set is None and runs is None and fits is None and default_law_set:
+        law_set = "paper"
+    if law_set is not None:
+        ls = load_law_set(law_set)
+        return {
+            "laws": {g: ls.fitted(g) for g in ARCHS},
+            "fits": None,
+            "law_set": ls,
+            "runs_dir": None,
+            "source": f"law set {ls.name!r}: {ls.citation}",
+        }
+    if fits is not None:
+        fs = FitSet.load(fits)
+        pair = [fs.get(g) for g in ARCHS]
+        source, runs_dir = f"fits file {fits}", None
+    else:
+        path = DEFAULT_RUNS if runs is None else runs
+        pair = fit_runs(path, law, ARCHS[0], ARCHS[1], n_bootstrap, seed, is_default=runs is None)
+        source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
+        runs_dir = path if path.is_dir() else None
+    laws = {g: FittedLaw.from_fit(f, name=g, source=source) for g, f in zip(ARCHS, pair)}
+    return {"laws": laws, "fits": pair, "law_set": None, "runs_dir": runs_dir, "source": source}
+
+
+def _recorded_sparsities(fits: list) -> list[float]:
+    return sorted({float(s) for f in fits for s in f.data_summary.get("sparsities", [])})
+
+
+def default_sparsities(src: dict[str, Any], given: tuple[float, ...]) -> tuple[float | None, ...]:
+    """--sparsity if given; else the law set's; else the median recorded sparsity of the fitted runs."""
+    if given:
+        return given
+    if not uses_sparsity(src["laws"][ARCHS[0]].law):
+        return (None,)
+    if src["law_set"] is not None:
+        return tuple(src["law_set"].sparsities)
+    seen = _recorded_sparsities(src["fits"] or [])
+    if not seen:
+        raise UserError("a smelt-form law needs a sparsity and the fits record none: pass --sparsity")
+    return (round(float(np.median(seen)), 4),)
+
+
+def _rel(path: Path) -> str:
+    """A path as the plan should name it: relative to the working directory when inside it."""
+    try:
+        return (
+            os.path.relpath(path.resolve(), Path.cwd())
+            if path.resolve().is_relative_to(Path.cwd())
+            else str(path)
+        )
+    except (OSError, ValueError):
+        return str(path)
+
+
+def _read_template(path: Path) -> dict[str, Any]:
+    data = read_toml(path, "template plan")
+    return {k: data[k] for k in ("train", "data", "executor") if isinstance(data.get(k), dict)}
+
+
+# -- plan ------------------------------------------------------------------------------------------
+def _fmt_int(x: float) -> str:
+    return f"{x:.3g}" if x >= 1e6 else f"{int(x):,d}"
+
+
+def print_proposal(p: Proposal, plan_file: str | None, runs_dir: str) -> None:
+    stdout.print(
+        f"[bold]Next IsoFLOP runs[/bold] — {p.law} law, sizes of the [bold]{p.shape}[/bold] shape "
+        f"(d_model and expert size scaled, width multiple {p.width_multiple}), {p.sizes_per_budget} sizes "
+        f"per budget over ±{p.spread_decades:g} decade around the two optima; each SMELT run is the "
+        "matched twin of the Baseline on its row and trains the same tokens D = C / F.",
+        highlight=False,
+    )
+    if p.source:
+        stdout.print(f"laws: {p.source}", highlight=False)
+    level = f"{100 * p.ci_level:.0f}% CI"
+    for s in p.sets:
+        where = f"C = {s.budget:.3g} FLOPs" + ("" if s.sparsity is None else f", S = {s.sparsity:g}")
+        opt = "; ".join(
+            f"{a} {s.size_name}* = {o['size']:.4g}, D* = {o['tokens']:.4g}, L* = {o['loss']:.4f}"
+            for a, o in s.optima.items()
+        )
+        table = Table(title=f"{where}: {opt}", title_justify="left")
+        for c in ("tier", "arch", "N", "F/token", "S", "D", "C", "vs opt.", "exp. loss", level):
+            table.add_column(c, justify="left" if c in ("tier", "arch") else "right", no_wrap=True)
+        for pt in s.points:
+            ci = "—" if pt.loss_ci is None else f"[{pt.loss_ci[0]:.4f}, {pt.loss_ci[1]:.4f}]"
+            table.add_row(
+                pt.tier,
+                pt.arch,
+                _fmt_int(pt.N),
+                f"{pt.F:.4g}",
+                f"{pt.S:.4f}",
+                f"{pt.D:.4g}",
+                f"{pt.compute:.4g}",
+                f"{pt.offset_decades:+.2f} dec",
+                f"{pt.expected_loss:.4f}",
+                ci,
+            )
+        stdout.print(table)
+        stdout.print(
+            "  "
+            + "; ".join(
+                f"{a}: optimum {'inside' if s.bracketed[a] else 'OUTSIDE'} the sizes, profile rises "
+                f"{100 * s.profile_depth[a]:.2f}% at the nearer edge, parabola vertex "
+                + (
+                    "—"
+                    if s.vertex_offset_decades[a] is None
+                    else f"{s.vertex_offset_decades[a]:+.3f} dec from the optimum"
+                )
+                for a in ARCHS
+            )
+            + (
+                f"; budget {s.extrapolation_decades:+.2f} decades from the largest fitted compute"
+                if s.extrapolation_decades is not None
+                else ""
+            ),
+            highlight=False,
+        )
+    stdout.print(
+        f"{p.n_runs} runs, {p.total_flops:.4g} training FLOPs in all; runs go to {runs_dir}.", highlight=False
+    )
+    if plan_file:
+        stdout.print(
+            f"wrote {plan_file}: run it with `smelt-scale sweep {plan_file}` "
+            f"(`--dry-run` first for time estimates).",
+            highlight=False,
+        )
+    else:
+        stdout.print("dry run: no plan file written.", highlight=False)
+
+
+def _check_round_trip(doc: dict[str, Any], proposal: Proposal, where: Path | None) -> Any:
+    """Parse the emitted plan as the sweep will and check it rebuilds exactly the proposed configs."""
+    plan = parse_plan(doc, where)
+    want = {(pt.tier, pt.arch): pt for s in proposal.sets for pt in s.points}
+    for run in plan.runs:
+        pt = want.get((run.tier, run.arch))
+        if pt is None or run.model != pt.config or list(run.budgets) != [pt.D]:
+            fail(
+                f"internal error: the emitted plan rebuilds {run.name} differently from the proposal", code=1
+            )
+    return plan
+
+
+def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
+    batch = template.get("train", {}).get("batch_size")
+    if not isinstance(batch, int) or batch < 1:
+        return []
+    short = [
+        (pt.tier, pt.D / (batch * pt.config.seq_len))
+        for s in proposal.sets
+        for pt in s.arch_points("baseline")
+        if pt.D < MIN_STEPS * batch * pt.config.seq_len
+    ]
+    return [f"{t}: {steps:.1f} optimiser updates of {batch} sequences" for t, steps in short]
+
+
+# -- simulate --------------------------------------------------------------------------------------
+def _pct(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None or not math.isfinite(v) else f"{100 * v:.{digits}f}%"
+
+
+def print_simulation(res: SimulationResult) -> None:
+    d = res.design
+    stdout.print(
+        f"[bold]Simulated study[/bold]: {res.trials} trials of synthetic losses from the known laws "
+        f"× exp({res.noise:g}·z), fitted with the real fitter ({res.bootstrap} bootstrap resamples, "
+        f"starts: {res.starts}), savings of {res.candidate} over {res.reference} (candidate-budget "
+        f"convention). Seed {res.seed}.",
+        highlight=False,
+    )
+    stdout.print(f"laws: {res.source}", highlight=False)
+    stdout.print(
+        f"design: {d.get('source', '')}: "
+        + ", ".join(f"{g} {n} points / {d['n_runs'][g]} runs" for g, n in d.get("n_points", {}).items())
+        + f", compute {d['compute_range'][0]:.3g}–{d['compute_range'][1]:.3g} FLOPs"
+        + (f", sparsities {', '.join(f'{s:g}' for s in d['sparsities'])}" if d.get("sparsities") else ""),
+        highlight=False,
+    )
+    sparse = any(r.sparsity is not None for r in res.rows)
+    table = Table(title_justify="left")
+    cols = [
+        "budget",
+        *(["S"] if sparse else []),
+        "true",
+        "mean est.",
+        "bias",
+        "spread (sd)",
+        "rmse",
+        "sign right",
+        "CI excl. 0",
+        f"coverage ({100 * res.ci_level:.0f}%)",
+        "median CI width",
+        "extrap.",
+    ]
+    for c in cols:
+        table.add_column(c, justify="right", no_wrap=True)
+    for r in res.rows:
+        table.add_row(
+            f"{r.budget:.3g}",
+            *([f"{r.sparsity:.3g}"] if sparse else []),
+            _pct(r.true_savings, 2),
+            _pct(r.mean_savings, 2),
+            _pct(r.bias, 2),
+            _pct(r.spread, 2),
+            _pct(r.rmse, 2),
+            _pct(r.sign_recovery),
+            _pct(r.power),
+            _pct(r.coverage),
+            _pct(r.median_ci_width, 2),
+            "—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec",
+        )
+    stdout.print(table)
+    stdout.print(
+        "savings in % of the reference's compute; bias = mean − true; sign right = trials whose "
+        "estimate has the true sign; CI excl. 0 = trials whose interval excludes 0 on that side; "
+        "coverage = intervals containing the true savings; extrap. = decades beyond the design's "
+        "largest compute.",
+        highlight=False,
+    )
+    ident = ", ".join(f"{g} {100 * v:.0f}%" for g, v in res.identified_rate.items())
+    stdout.print(f"fits identified (fitter diagnostics): {ident}", highlight=False)
+    if res.start_check:
+        c = res.start_check
+        stdout.print(
+            f"warm-start check: {c['trials_checked']} fits refitted from the full grid, "
+            f"{c['grid_lower_objective']} found a lower objective",
+            highlight=False,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    @run_cli
+    def plan_cmd(
+        budget: Optional[str] = typer.Option(None, "--budget", help="IsoFLOP budget C in FLOPs, e.g. 1e20."),
+        budgets: Optional[str] = typer.Option(
+            None, "--budgets", help="Several budgets: 1e19,1e20 or lo:hi:n."
+        ),
+        runs: Optional[Path] = typer.Option(
+            None, "--runs", help="Runs folder or table to fit (default: the shipped runs/ folder)."
+        ),
+        fits: Optional[Path] = typer.Option(
+            None, "--fits", help="Fits file written by `smelt-scale fit --out`."
+        ),
+        law_set: Optional[str] = typer.Option(
+            None, "--law-set", help=f"Published laws instead of fits: {', '.join(LAW_SETS)}."
+        ),
+        law: str = typer.Option(
+            "chinchilla", "--law", help="Law form for fitting --runs: chinchilla or smelt."
+        ),
+        n_bootstrap: int = typer.Option(
+            DEFAULT_BOOTSTRAP,
+            "--bootstrap",
+            help="Bootstrap resamples when fitting --runs (0: no loss interval).",
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        runs_per_budget: int = typer.Option(
+            DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (at least 5)."
+        ),
+        spread: float = typer.Option(
+            SPREAD_DECADES, "--spread", help="Decades beyond each optimum the sizes reach on either side."
+        ),
+        sparsity: Optional[list[str]] = typer.Option(
+            None,
+            "--sparsity",
+            help="Sparsities for smelt-form laws "
+            "(one IsoFLOP set each; default: the law set's, or the "
+            "median of the fitted runs').",
+        ),
+        tier: Optional[str] = typer.Option(
+            None,
+            "--tier",
+            help="Reference shape whose d_model and expert size "
+            "are scaled (default: the tier nearest the Baseline optimum that can "
+            "build every size).",
+        ),
+        template: Optional[Path] = typer.Option(
+            None,
+            "--template",
+            help="Plan whose train, data and executor "
+            "tables the new plan copies (default: plans/cpu-proxy.toml "
+            "for proxy shapes, plans/paper-tiers.toml otherwise).",
+        ),
+        runs_dir: Optional[str] = typer.Option(
+            None,
+            "--runs-dir",
+            help="Where the sweep writes the runs (default: the --runs folder, else runs-<plan name>).",
+        ),
+        out: Path = typer.Option(Path("plans/next.toml"), "--out", help="Plan file to write."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Propose and check the plan; write nothing."),
+        ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the expected-loss intervals."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    ) -> None:
+        """Propose the next IsoFLOP set at budget C for both architectures and write it as a sweep plan.
+
+        Sizes are log-spaced around each law's compute-optimal size N*(C) (F*(C) for smelt-form laws).
+
+        Each Baseline scales a reference tier's widths; its SMELT twin comes from the matcher; both train D
+        = C / F.
+
+        Expected losses carry the fits' bootstrap intervals. Run the plan with `smelt-scale sweep PLAN`.
+        """
+        C = parse_budgets(budget, budgets)
+        src = load_laws(runs, fits, law_set, law, n_bootstrap, seed)
+        S = default_sparsities(src, parse_sparsities(sparsity))
+        noise = None
+        if src["fits"]:
+            rmse = [f.diagnostics.get("rmse_log") for f in src["fits"]]
+            noise = max((float(r) for r in rmse if r is not None), default=None)
+        proposal = propose(
+            src["laws"],
+            C,
+            tier=tier,
+            n_sizes=runs_per_budget,
+            spread=spread,
+            sparsities=S,
+            level=ci_level,
+            noise=noise,
+            source=src["source"],
+        )
+        tpl_path = template if template is not None else TEMPLATES[proposal.proxy]
+        tpl: dict[str, Any] = {}
+        if tpl_path.exists() or template is not None:
+            tpl = _read_template(tpl_path)
+        else:
+            warn(f"no template plan at {tpl_path}: the plan has no [train] section (TrainConfig defaults)")
+        if runs_dir is None:
+            runs_dir = _rel(src["runs_dir"]) if src["runs_dir"] is not None else f"runs-{out.stem}"
+        doc = proposal.plan_dict(name=out.stem, runs_dir=runs_dir, template=tpl)
+        _check_round_trip(doc, proposal, None)
+        warnings = list(proposal.warnings) + [f"short run {s}" for s in _short_runs(proposal, tpl)]
+        plan_file = None
+        if not dry_run:
+            import tomli_w
+
+            header = (
+                f"# Proposed by `smelt-scale plan`: {proposal.n_runs} runs, "
+                f"{proposal.total_flops:.4g} FLOPs.\n"
+                f"# Laws: {src['source']}\n"
+                f"# Shape {proposal.shape} (d_model, expert_hidden scaled; width multiple "
+                f"{proposal.width_multiple}); each tier's SMELT twin is derived by the matcher.\n"
+                f"# Train/data/executor copied from {tpl_path if tpl else 'nothing (defaults)'}.\n"
+            )
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(header + tomli_w.dumps(doc))
+            plan = load_plan(out)
+            _check_round_trip(doc, proposal, out)
+            plan_file = str(out)
+            if not json_out:
+                stderr.print(f"wrote {out} ({len(plan.runs)} runs)", highlight=False)
+        for w in warnings:
+            warn(w)
+        if json_out:
+            emit_json(
+                {
+                    **proposal.to_dict(),
+                    "warnings": warnings,
+                    "plan_file": plan_file,
+                    "runs_dir": runs_dir,
+                    "template": str(tpl_path) if tpl else None,
+                    "sweep_command": None if plan_file is None else f"smelt-scale sweep {plan_file}",
+                }
+            )
+        else:
+            print_proposal(proposal, plan_file, runs_dir)
+
+    @app.command("simulate")
+    @run_cli
+    def simulate_cmd(
+        law_set: Optional[str] = typer.Option(
+            None, "--law-set", help=f"Known laws: {', '.join(LAW_SETS)} (default: paper, unless --fits)."
+        ),
+        fits: Optional[Path] = typer.Option(
+            None, "--fits", help="Known laws from `smelt-scale fit --out` (groups baseline and smelt)."
+        ),
+        sparsity: Optional[list[str]] = typer.Option(
+            None,
+            "--sparsity",
+            help="Sparsities the savings are "
+            "evaluated at (smelt-form laws; default: the law set's, or "
+            "the design's median).",
+        ),
+        noise: float = typer.Option(
+            0.01,
+            "--noise",
+            help="Standard deviation of log loss (multiplicative lognormal noise; 0.01 is about 1%).",
+        ),
+        design: Optional[Path] = typer.Option(
+            None,
+            "--design",
+            help="Sweep plan whose (N, D) points are "
+            "simulated (default: an IsoFLOP design over the laws' compute "
+            f"range, {DESIGN_BUDGETS} budgets x {DESIGN_SIZES} sizes).",
+        ),
+        trials: int = typer.Option(100, "--trials", help="Simulated studies."),
+        budget: Optional[str] = typer.Option(None, "--budget", help="Budget C (FLOPs) of the savings."),
+        budgets: Optional[str] = typer.Option(
+            None,
+            "--budgets",
+            help="Several budgets: 1e20,1e21 or lo:hi:n "
+            "(default: the law set's published budgets, else the design's "
+            "largest compute and 10x it).",
+        ),
+        n_bootstrap: int = typer.Option(
+            50, "--bootstrap", help="Bootstrap resamples per fit (0: no intervals)."
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed of the noise and the resamples."),
+        ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings intervals."),
+        starts: str = typer.Option(
+            "warm",
+            "--starts",
+            help=f"Fit starts per trial: {' | '.join(STARTS)} "
+            "(warm: from the noise-free fit's optimum; grid: the full grid, slow).",
+        ),
+        check_starts: int = typer.Option(
+            1,
+            "--check-starts",
+            help="With warm starts, refit this many trials from the full grid to check the warm start.",
+        ),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    ) -> None:
+        """Simulate a study: synthetic losses from known laws, real fits, and how well the savings are
+        recovered.
+
+        Losses are the known law times exp(noise * z) at the design's points, fitted with the real fitter.
+
+        Answers "is this sweep big enough?": sign recovery, bias and spread of the savings estimate, and
+        coverage of its bootstrap intervals over trials.
+        """
+        src = load_laws(None, fits, law_set, "chinchilla", 0, seed, default_law_set=True)
+        truth = {g: replace(fl, samples=None) for g, fl in src["laws"].items()}
+        smelt_form = uses_sparsity(truth[ARCHS[0]].law)
+        given_s = parse_sparsities(sparsity)
+        if given_s and not smelt_form:
+            raise UserError("--sparsity applies only to smelt-form laws; these are chinchilla-form")
+        if design is not None:
+            points = plan_design(load_plan(design))
+            design_source = f"plan {design}"
+            rec = [float(x) for x in points["sparsity"] if np.isfinite(x)]
+            design_s = (round(float(np.median(rec)), 4),) if rec else (None,)
+        else:
+            if src["law_set"] is not None and src["law_set"].compute_range is not None:
+                lo, hi = src["law_set"].compute_range
+            else:
+                lo = (
+                    min(fl.compute_min for fl in truth.values() if fl.compute_min)
+                    if all(fl.compute_min for fl in truth.values())
+                    else None
+                )
+                hi = (
+                    max(fl.compute_max for fl in truth.values() if fl.compute_max)
+                    if all(fl.compute_max for fl in truth.values())
+                    else None
+                )
+                if lo is None or hi is None:
+                    raise UserError(
+                        "the fits record no compute range for a default design: pass --design PLAN"
+                    )
+            if smelt_form:
+                if src["law_set"] is not None:
+                    design_s = tuple(src["law_set"].sparsities)
+                else:
+                    seen = _recorded_sparsities(src["fits"])
+                    if not seen:
+                        raise UserError("the smelt-form fits record no sparsities: pass --design PLAN")
+                    design_s = tuple(sorted({round(float(q), 4) for q in np.quantile(seen, [0.0, 0.5, 1.0])}))
+            else:
+                design_s = (None,)
+            design_budgets = np.logspace(np.log10(lo), np.log10(hi), DESIGN_BUDGETS)
+            points = isoflop_design(truth, design_budgets, n_sizes=DESIGN_SIZES, sparsities=design_s)
+            design_source = (
+                f"IsoFLOP design, {DESIGN_BUDGETS} budgets {lo:.3g}–{hi:.3g} FLOPs x {DESIGN_SIZES} "
+                f"sizes over ±{SPREAD_DECADES:g} decade around each law's optimum"
+            )
+        if smelt_form:
+            S = given_s or (
+                tuple(src["law_set"].sparsities)
+                if src["law_set"] is not None and design is None
+                else design_s
+            )
+            if any(s is None for s in S):
+                raise UserError("the design records no sparsity for the smelt-form law: pass --sparsity")
+        else:
+            S = (None,)
+        if budget is None and budgets is None:
+            pub = src["law_set"].published.get("savings_range", {}) if src["law_set"] is not None else {}
+            if pub:
+                C = np.array(sorted(float(k) for k in pub))
+            else:
+                top = float(points["flops"].max())
+                C = np.array([top, 10.0 * top])
+        else:
+            C = parse_budgets(budget, budgets)
+        bar = None
+        progress = None
+        if show_progress(json_out):
+            from rich.progress import Progress
+
+            bar = Progress(console=stderr, transient=True)
+            task = bar.add_task("trials", total=trials)
+            bar.start()
+            progress = lambda done, total: bar.update(task, completed=done)  # noqa: E731
+        try:
+            res = simulate(
+                truth,
+                points,
+                C,
+                sparsities=S,
+                noise=noise,
+                trials=trials,
+                n_bootstrap=n_bootstrap,
+                seed=seed,
+                level=ci_level,
+                starts=starts,
+                check_starts=check_starts,
+                design_source=design_source,
+                source=src["source"],
+                progress=progress,
+            )
+        finally:
+            if bar is not None:
+                bar.stop()
+        for w in res.warnings:
+            warn(w)
+        if json_out:
+            emit_json(res.to_dict())
+        else:
+            print_simulation(res)

@@ -1,0 +1,196 @@
+"""`smelt-scale savings`: training compute the candidate saves over the reference on the optimal frontier."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from scaling.cli._util import emit_json, run_cli, stdout, warn
+from scaling.common.errors import UserError
+from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSet, fit_law
+from scaling.fitting.reference_laws import LAW_SETS, load_law_set
+from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
+from scaling.fitting.tables import load_points
+
+DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
+_AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"{what} must be a number, got {text!r}") from None
+
+
+def parse_budgets(budget: Optional[str], budgets: Optional[str]) -> np.ndarray:
+    """``--budget C`` or ``--budgets a,b,c`` / ``--budgets lo:hi:n`` (n log-spaced values, ends included)."""
+    if budget is not None and budgets is not None:
+        raise UserError("give --budget or --budgets, not both")
+    if budget is None and budgets is None:
+        raise UserError("give a training budget in FLOPs: --budget 1e21, --budgets 1e20,1e21 "
+                        "or --budgets 1e18:1e24:7")
+    if budget is not None:
+        return check_budgets([_number(budget.strip(), "budget")])
+    text = budgets.strip()
+    m = re.fullmatch(rf"\s*({_NUM})\s*:\s*({_NUM})\s*:\s*(\d+)\s*", text)
+    if m:
+        lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
+        check_budgets([lo, hi])
+        if n < 1 or (n == 1 and lo != hi):
+            raise UserError(f"--budgets {text}: need at least 2 points between two different ends")
+        return np.logspace(np.log10(lo), np.log10(hi), n)
+    if ":" in text:
+        raise UserError(f"--budgets {text!r}: expected lo:hi:n, e.g. 1e18:1e24:7")
+    return check_budgets([_number(t.strip(), "budget") for t in text.split(",") if t.strip()])
+
+
+def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
+    out = []
+    for v in values or []:
+        out += [_number(t.strip(), "sparsity") for t in v.split(",") if t.strip()]
+    return tuple(out)
+
+
+def fit_runs(path: Path, law: str, reference: str, candidate: str, n_bootstrap: int, seed: int,
+              is_default: bool) -> list:
+    """Fit the two groups of a runs folder or table: [FitResult of reference, of candidate]."""
+    hint = "train runs into it, or pass --runs PATH, --fits FILE or --law-set paper"
+    if is_default and (not path.is_dir() or not any(path.iterdir())):
+        raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
+    try:
+        points = load_points(path, warn=warn)
+    except UserError as exc:
+        raise UserError(f"{exc}; {hint}" if is_default else str(exc)) from None
+    groups = sorted(points["group"].unique(), key=str)
+    out = []
+    for g in (reference, candidate):
+        if g not in groups:
+            raise UserError(f"no runs of group {g!r} in {path}; groups: {', '.join(map(str, groups))}")
+        sub = points[points["group"] == g].reset_index(drop=True)
+        fit = fit_law(sub, law, group=g, n_bootstrap=n_bootstrap, seed=seed)
+        for w in fit.diagnostics.get("warnings", []):
+            warn(f"fit of {g}: {w}")
+        out.append(fit)
+    return out
+
+
+def _default_sparsities(ref: FittedLaw, cand: FittedLaw, summaries: list[dict]) -> tuple[float, ...]:
+    if not (uses_sparsity(ref.law) or uses_sparsity(cand.law)):
+        return (None,)
+    seen = sorted({float(s) for d in summaries for s in d.get("sparsities", [])})
+    if not seen:
+        raise UserError("a smelt-form law needs a sparsity and the fits record none: pass --sparsity")
+    return tuple(seen)
+
+
+def print_result(res: SavingsResult) -> None:
+    who = "candidate" if res.convention == "candidate-budget" else "reference"
+    stdout.print(f"[bold]Compute savings of {res.candidate} over {res.reference}[/bold] — convention "
+                 f"[bold]{res.convention}[/bold]: the budget is the {who}'s; savings = 1 − "
+                 f"C_{res.candidate} / C_{res.reference} at equal optimal loss.", highlight=False)
+    if res.source:
+        stdout.print(f"laws: {res.source}", highlight=False)
+    sparse = any(r.sparsity is not None for r in res.rows)
+    level = f"{100 * res.ci_level:.0f}% CI"
+    table = Table(title_justify="left")
+    cols = ["budget", *(["S"] if sparse else []), f"C {res.candidate}", f"C {res.reference}", "loss",
+            "savings", level, "loss gap", "D/param ref", "D/param cand", "extrap."]
+    for c in cols:
+        table.add_column(c, justify="right", no_wrap=True)
+    for r in res.rows:
+        ci = "—" if r.savings_ci is None else f"[{100 * r.savings_ci[0]:.1f}, {100 * r.savings_ci[1]:.1f}]%"
+        ex = "—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec"
+        table.add_row(f"{r.budget:.3g}", *([f"{r.sparsity:.3g}"] if sparse else []),
+                      f"{r.candidate_compute:.4g}", f"{r.reference_compute:.4g}", f"{r.candidate_loss:.4f}",
+                      f"{100 * r.savings:.2f}%", ci, f"{r.loss_gap:+.4f}", f"{r.tokens_per_param:.1f}",
+                      f"{r.candidate_tokens_per_param:.1f}", ex)
+    stdout.print(table)
+    lo, hi = res.savings_range
+    stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over {len(res.rows)} row(s). "
+                 f"loss gap = L*_{res.reference} − L*_{res.candidate} at equal compute (nats/token); "
+                 "D/param = optimal tokens per parameter at the budget (smelt form: D/(F/6)); "
+                 "extrap. = decades beyond the largest fitted compute.", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("savings")
+    @run_cli
+    def savings_cmd(
+        budget: Optional[str] = typer.Option(None, "--budget", help="Training budget C in FLOPs, e.g. 1e21."),
+        budgets: Optional[str] = typer.Option(None, "--budgets", help="Several budgets: 1e19,1e20,1e21 "
+                                              "or lo:hi:n log-spaced (1e18:1e24:7)."),
+        runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder or table to fit on the fly "
+                                            "(default: the shipped runs/ folder)."),
+        fits: Optional[Path] = typer.Option(None, "--fits",
+                                            help="Fits file written by `smelt-scale fit --out`."),
+        law_set: Optional[str] = typer.Option(None, "--law-set",
+                                              help=f"Published laws instead of fits: {', '.join(LAW_SETS)}."),
+        reference: str = typer.Option("baseline", "--reference", help="Group whose compute is saved on."),
+        candidate: str = typer.Option("smelt", "--candidate", help="Group that saves compute."),
+        at: str = typer.Option("candidate", "--at", help="Whose budget C is: candidate (the paper's "
+                               "convention) or reference."),
+        sparsity: Optional[list[str]] = typer.Option(
+            None, "--sparsity", help="Sparsity S in [0, 1) for smelt-form laws (repeatable or "
+            "comma-separated; default: those of the law set or the fitted data)."),
+        law: str = typer.Option("chinchilla", "--law",
+                                help="Law form for fitting --runs: chinchilla or smelt."),
+        n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", help="Bootstrap resamples when "
+                                        "fitting --runs (0: no interval)."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    ) -> None:
+        """Compute saved by the candidate over the reference at equal loss on the compute-optimal frontier.
+
+        Laws are minimised along C = F·D (smelt form) or C = k·N·D (chinchilla, k = median FLOPs/(N·D)).
+
+        Default (the SMELT paper's convention): the candidate trains with C and reaches L*_cand(C).
+
+        The reference needs C_ref to reach that loss: savings = 1 − C/C_ref.
+
+        --at reference puts the budget on the reference instead.
+
+        With bootstrapped fits the interval pairs the two groups' resamples by index.
+        """
+        C = parse_budgets(budget, budgets)
+        if at not in _AT:
+            raise UserError(f"--at must be candidate or reference, got {at!r}")
+        sources = (("--runs", runs), ("--fits", fits), ("--law-set", law_set))
+        given = [name for name, v in sources if v is not None]
+        if len(given) > 1:
+            raise UserError(f"give one source of laws, not {' and '.join(given)}")
+        if reference == candidate:
+            raise UserError(f"--reference and --candidate are the same group {reference!r}")
+        S = parse_sparsities(sparsity)
+        if law_set is not None:
+            ls = load_law_set(law_set)
+            ref, cand = ls.fitted(reference), ls.fitted(candidate)
+            S = S or ls.sparsities
+            source = f"law set {ls.name!r}: {ls.citation} {ls.provenance}"
+        else:
+            if fits is not None:
+                fs = FitSet.load(fits)
+                pair = [fs.get(g) for g in (reference, candidate)]
+                source = f"fits file {fits}"
+            else:
+                path = DEFAULT_RUNS if runs is None else runs
+                pair = fit_runs(path, law, reference, candidate, n_bootstrap, seed, is_default=runs is None)
+                source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
+            ref, cand = (FittedLaw.from_fit(f, name=g, source=source)
+                         for f, g in zip(pair, (reference, candidate)))
+            S = S or _default_sparsities(ref, cand, [f.data_summary for f in pair])
+        res = savings(ref, cand, C, sparsities=S or (None,), convention=_AT[at], level=ci_level,
+                      source=source)
+        for w in res.warnings:
+            warn(w)
+        if json_out:
+            emit_json(res.to_dict())
+        else:
+            print_result(res)

@@ -1,0 +1,141 @@
+"""`smelt-scale sweep PLAN`: dry-run estimates or dispatch of a sweep plan through submitit."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout
+from scaling.training.sweep import estimate, run_status, submit
+from scaling.training.sweep_plan import load_plan
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    @run_cli
+    def sweep(
+        plan_file: Path = typer.Argument(..., help="Sweep plan (TOML), e.g. plans/cpu-proxy.toml."),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Print every run with FLOPs and estimates; train nothing."
+        ),
+        probe: bool = typer.Option(
+            True, "--probe/--no-probe", help="Measure tokens/s with a short probe (dry run)."
+        ),
+        executor: Optional[str] = typer.Option(None, help="local | slurm | debug (default: the plan's)."),
+        concurrency: Optional[int] = typer.Option(
+            None, help="Local: trainings at once (default: the plan's)."
+        ),
+        threads: Optional[int] = typer.Option(
+            None, help="Torch CPU threads per training (default: the plan's)."
+        ),
+        runs_dir: Optional[Path] = typer.Option(None, help="Override the plan's runs folder."),
+        wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for local jobs to finish."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Run a sweep plan: finished runs are skipped, interrupted ones resume."""
+        plan = load_plan(plan_file)
+        if runs_dir is not None:
+            plan = type(plan)(**{**plan.__dict__, "runs_dir": runs_dir})
+        if dry_run:
+            est = estimate(plan, probe=probe)
+            rows = [e.to_dict() for e in est]
+            total = {
+                "runs": len(rows),
+                "flops": sum(r["flops"] for r in rows),
+                "est_seconds_serial": sum(r["est_seconds"] or 0 for r in rows) or None,
+                "gpu_hours": sum(r["gpu_hours"] or 0 for r in rows) or None,
+                "mfu": float(plan.executor.get("mfu", 0.4)),
+                "gpu_peak_flops": float(plan.executor.get("gpu_peak_flops", 9.89e14)),
+            }
+            if json_out:
+                emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total})
+                return
+            table = Table(
+                title=f"plan {plan.name}: {len(rows)} runs -> {plan.runs_dir}", title_justify="left"
+            )
+            for col in (
+                "run",
+                "budgets (tokens)",
+                "status",
+                "train tokens",
+                "FLOPs",
+                "tok/s",
+                "est. time",
+                "GPU-h",
+            ):
+                table.add_column(
+                    col, justify="left" if col in ("run", "budgets (tokens)", "status") else "right"
+                )
+            for r in rows:
+                table.add_row(
+                    r["run"],
+                    ", ".join(f"{b:.3g}" for b in r["budgets"]),
+                    r["status"],
+                    f"{r['tokens']:.3g}",
+                    f"{r['flops']:.3g}",
+                    f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
+                    _fmt_s(r["est_seconds"]),
+                    f"{r['gpu_hours']:.0f}" if r["gpu_hours"] else "-",
+                )
+            stdout.print(table)
+            conc = concurrency or int(plan.executor.get("concurrency", 1))
+            if total["est_seconds_serial"]:
+                stdout.print(
+                    f"CPU estimate: {_fmt_s(total['est_seconds_serial'])} one at a time, about "
+                    f"{_fmt_s(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
+                    "uncontended; concurrent runs share cores).",
+                    highlight=False,
+                )
+            if total["gpu_hours"]:
+                stdout.print(
+                    f"GPU estimate: {total['gpu_hours']:.0f} GPU-hours at MFU {total['mfu']:.0%} of "
+                    f"{total['gpu_peak_flops']:.3g} FLOP/s per GPU.",
+                    highlight=False,
+                )
+            return
+        est = None
+        if (executor or plan.executor.get("kind", "local")) == "local" and probe:
+            est = estimate(plan, probe=True)
+        jobs, skipped = submit(plan, kind=executor, concurrency=concurrency, threads=threads, estimates=est)
+        if skipped and not json_out:
+            stderr.print(f"skipping {len(skipped)} finished run(s): {', '.join(skipped)}", highlight=False)
+        if wait:
+            names = [r.name for r in plan.runs]
+            if show_progress(json_out):
+                from rich.progress import Progress
+
+                with Progress(console=stderr) as bar:
+                    task = bar.add_task("runs finished", total=len(names))
+                    while not all(j.done() for j in jobs):
+                        bar.update(task, completed=sum(run_status(plan.runs_dir, n) == "done" for n in names))
+                        time.sleep(5)
+            for j in jobs:
+                j.result()  # re-raises a failed job's error
+        status = {r.name: run_status(plan.runs_dir, r.name) for r in plan.runs}
+        if json_out:
+            emit_json(
+                {
+                    "plan": plan.name,
+                    "runs_dir": str(plan.runs_dir),
+                    "skipped": skipped,
+                    "jobs": [str(j.job_id) for j in jobs],
+                    "status": status,
+                }
+            )
+        else:
+            done = sum(v == "done" for v in status.values())
+            stdout.print(
+                f"{done}/{len(status)} runs finished in {plan.runs_dir}"
+                + ("" if wait else f"; submitted jobs {', '.join(str(j.job_id) for j in jobs)}"),
+                highlight=False,
+            )

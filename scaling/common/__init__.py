@@ -1,0 +1,4 @@
+"""Helpers every subpackage may use: the user-facing error type and JSON serialisation.
+
+Imports nothing else from ``scaling``.
+"""

@@ -1,0 +1,479 @@
+"""Training-compute savings of a candidate law over a reference law on the compute-optimal frontier.
+
+Compute (total training FLOPs):
+
+- ``smelt`` form, L(F, S, D) = E + A (1-S)^b / F^a + K / D^c: C = F * D, F per-token training
+  FLOPs, at a fixed sparsity S (SMELT paper, arXiv 2609.01343).
+- ``chinchilla`` form, L(N, D) = E + A / N^alpha + B / D^beta: C = k * N * D, where k is the
+  median recorded flops / (N * D) of the fitted runs (6 by Kaplan et al. 2020 when a table has
+  no FLOPs). A looped model spends more FLOPs per unique parameter, so its k is larger than 6.
+
+Frontier: both forms are L = E + P x^-p + Q y^-q with x * y = C / k (x = N or F, y = D); the
+minimum along C is closed form (Lagrange; Hoffmann et al. 2022, eq. 4):
+
+    x* = (p P / (q Q))^(1/(p+q)) (C/k)^(q/(p+q)),   y* = C / (k x*),
+    L*(C) = E + P x*^-p (p+q)/q  =  E + G C^-(p q/(p+q)).
+
+Tokens per parameter at the optimum: D*/N* (chinchilla); D*/(F*/6) for the smelt form, i.e.
+tokens per dense-equivalent parameter, a dense model spending 6 FLOPs per parameter per token.
+
+Savings at a budget C, two conventions (both give 1 - C_candidate / C_reference):
+
+- ``candidate-budget`` (the paper's, default): the candidate trains with C and reaches L*_cand(C);
+  the reference needs C_ref with L*_ref(C_ref) = L*_cand(C); savings = 1 - C / C_ref.
+- ``reference-budget``: the reference trains with C; the candidate needs C' with
+  L*_cand(C') = L*_ref(C); savings = 1 - C' / C.
+
+With g = L*_ref^-1 o L*_cand (the reference compute that matches the candidate at C), the
+candidate-budget savings at C equal the reference-budget savings at g(C). The matching compute is
+found by bisection in log C within ``span`` decades either side of C (the frontier is strictly
+decreasing), so the maths works for any frontier, closed-form inverse or not.
+
+Intervals: the fitter's bootstrap resamples of the two laws are paired by resample index and
+pushed through the same computation, vectorised over resamples; the interval is their percentile
+interval. Resamples whose matching compute falls outside the bracket are clamped to its edge
+(their savings are bounds); quantiles are unchanged by that unless the quantile touches them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+from scaling.common.errors import UserError
+from scaling.fitting.laws import Law, get_law, two_term_optimum
+
+CONVENTIONS = ("candidate-budget", "reference-budget")
+SPAN_DECADES = 6.0
+EXTRAPOLATION_WARN_DECADES = 1.0
+_BISECT_STEPS = 64  # 2*span*ln(10) / 2^64: far below float64 resolution of log C
+
+
+# -- frontier --------------------------------------------------------------------------------
+def _terms(law: Law, theta: np.ndarray, k: float | np.ndarray,
+           S: float | None) -> tuple[np.ndarray, ...]:
+    """(E, P, p, Q, q, k) of L = E + P x^-p + Q y^-q, x y = C/k, for theta (..., P)."""
+    t = {name: theta[..., i] for i, name in enumerate(law.params)}
+    if law.name == "chinchilla":
+        return t["E"], t["A"], t["alpha"], t["B"], t["beta"], np.asarray(k, dtype=float)
+    if law.name == "smelt":
+        if S is None:
+            raise UserError("the smelt-form law needs a sparsity: pass --sparsity")
+        return t["E"], t["A"] * (1.0 - S) ** t["b"], t["a"], t["K"], t["c"], np.asarray(1.0)
+    raise UserError(f"savings supports the chinchilla and smelt law forms, not {law.name!r}")
+
+
+def uses_sparsity(law: Law) -> bool:
+    return "S" in law.inputs
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """Compute-optimal point(s) of one law: arrays broadcast from theta (..., P) and C.
+
+    size is N* (chinchilla) or F* (smelt, FLOPs/token), tokens is D*, loss is L* (nats/token),
+    tokens_per_param is D*/N* or D*/(F*/6).
+    """
+
+    size_name: str
+    compute: np.ndarray
+    size: np.ndarray
+    tokens: np.ndarray
+    loss: np.ndarray
+    tokens_per_param: np.ndarray
+
+
+def frontier(law: Law, theta: np.ndarray | Mapping[str, float], C: np.ndarray | float, *,
+             k: float = 6.0, S: float | None = None) -> Optimum:
+    """Closed-form compute-optimal allocation and loss L*(C) (see the module docstring)."""
+    theta = law.theta_array(theta)
+    C = np.asarray(C, dtype=float)
+    E, P, p, Q, q, kk = _terms(law, theta, k, S)
+    x, y, L = two_term_optimum(E, P, p, Q, q, C / kk)
+    if law.name == "smelt":
+        return Optimum("F", C, x, y, L, y / (x / 6.0))
+    return Optimum("N", C, x, y, L, y / x)
+
+
+def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float, *,
+                     k: float = 6.0, S: float | None = None) -> tuple[float, float, float]:
+    """(size*, D*, L*) by minimising ``law.predict`` along the budget numerically (a cross-check).
+
+    Scans log x over [0, log(C/k)] (x = N or F, at least one token), then refines the best
+    grid cell with a bounded Brent search. Independent of the closed form and of ``_terms``.
+    """
+    theta = law.theta_array(theta)
+    scale = k if law.name == "chinchilla" else 1.0
+    top = np.log(C / scale)
+
+    def loss(logx: np.ndarray) -> np.ndarray:
+        x = np.exp(logx)
+        y = C / (scale * x)
+        if law.name == "chinchilla":
+            return law.predict(theta, N=x, D=y)
+        if law.name == "smelt":
+            return law.predict(theta, F=x, S=np.full_like(x, S), D=y)
+        raise UserError(f"no numeric frontier for law {law.name!r}")
+
+    grid = np.linspace(0.0, top, 2001)
+    i = int(np.argmin(loss(grid)))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
+    res = minimize_scalar(lambda z: float(loss(np.array([z]))[0]), bounds=(lo, hi), method="bounded",
+                          options={"xatol": 1e-12})
+    x = float(np.exp(res.x))
+    return x, C / (scale * x), float(res.fun)
+
+
+def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np.ndarray, *,
+                     k: float = 6.0, S: float | None = None,
+                     span: float = SPAN_DECADES) -> tuple[np.ndarray, np.ndarray]:
+    """Compute C with L*(C) = target, by bisection in log C on [around 10^-span, around 10^span].
+
+    Returns (C, status): status 0 where the root lies inside the bracket, +1 where the law never
+    gets down to the target within the bracket (C clamped to the top edge), -1 where it is
+    already below the target at the bottom edge (C clamped to the bottom edge). Vectorised:
+    theta (..., P), target and around broadcast together.
+    """
+    theta = law.theta_array(theta)
+    target = np.asarray(target, dtype=float)
+    lo = np.log(np.asarray(around, dtype=float)) - span * np.log(10.0)
+    hi = lo + 2.0 * span * np.log(10.0)
+    shape = np.broadcast_shapes(theta.shape[:-1], target.shape, lo.shape)
+    lo, hi, target = (np.broadcast_to(v, shape).copy() for v in (lo, hi, target))
+
+    def excess(logc: np.ndarray) -> np.ndarray:
+        return frontier(law, theta, np.exp(logc), k=k, S=S).loss - target
+
+    never = excess(hi) > 0.0      # still above the target with 10^span more compute
+    already = excess(lo) < 0.0    # below the target even with 10^-span of the compute
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (lo + hi)
+        above = excess(mid) > 0.0  # L* decreasing in C: the root lies above mid
+        lo = np.where(above, mid, lo)
+        hi = np.where(above, hi, mid)
+    logc = 0.5 * (lo + hi)
+    status = np.where(never, 1, np.where(already, -1, 0))
+    return np.exp(logc), status
+
+
+# -- fitted laws -----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class FittedLaw:
+    """One fitted law as the savings maths needs it.
+
+    theta: (P,) natural parameters in ``law.params`` order. samples: (K, P) bootstrap resamples
+    in the same order (row i pairs with row i of the other law), or None. flops_per_param: k in
+    C = k N D for the chinchilla form (unused by the smelt form, whose C = F D). compute_min /
+    compute_max: total training FLOPs of the smallest / largest fitted point, None if unknown.
+    """
+
+    name: str
+    law: Law
+    theta: np.ndarray
+    samples: np.ndarray | None = None
+    flops_per_param: float = 6.0
+    compute_min: float | None = None
+    compute_max: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "theta", self.law.theta_array(self.theta).astype(float))
+        if self.samples is not None:
+            s = np.asarray(self.samples, dtype=float)
+            if s.ndim != 2 or s.shape[1] != self.law.n_params:
+                raise UserError(f"{self.name}: bootstrap samples must be (K, {self.law.n_params}), "
+                                f"got {s.shape}")
+            object.__setattr__(self, "samples", s if s.shape[0] else None)
+        if not (np.isfinite(self.flops_per_param) and self.flops_per_param > 0):
+            raise UserError(f"{self.name}: FLOPs per parameter-token must be positive, "
+                            f"got {self.flops_per_param}")
+
+    @property
+    def params(self) -> dict[str, float]:
+        return self.law.as_dict(self.theta)
+
+    @classmethod
+    def from_fit(cls, fit: Any, name: str | None = None, source: str = "") -> "FittedLaw":
+        """From a ``scaling.fitting.fit.FitResult`` (law, group, params, bootstrap, data_summary)."""
+        law = fit.law if isinstance(fit.law, Law) else get_law(str(fit.law))
+        summary = dict(getattr(fit, "data_summary", None) or {})
+        boot = getattr(fit, "bootstrap", None)
+        return cls(
+            name=name or str(fit.group),
+            law=law,
+            theta=law.theta_array(dict(fit.params)),
+            samples=None if boot is None else np.asarray(boot, dtype=float).reshape(-1, law.n_params),
+            flops_per_param=float(summary.get("flops_per_param_k") or 6.0),
+            compute_min=_positive_or_none(summary.get("compute_min")),
+            compute_max=_positive_or_none(summary.get("compute_max")),
+            source=source,
+        )
+
+
+def _positive_or_none(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if np.isfinite(f) and f > 0 else None
+
+
+# -- result ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SavingsRow:
+    """One budget (and sparsity). Computes in FLOPs, losses in nats/token, savings as fractions.
+
+    candidate_compute / reference_compute: the compute each side spends to reach the same loss
+    (one of them is the budget, by the convention); candidate_loss: that loss.
+    savings = 1 - candidate_compute / reference_compute. loss_gap = L*_ref(C) - L*_cand(C) at
+    equal compute C = budget (positive: the candidate is better). tokens_per_param: the
+    reference's optimum at the budget; candidate_tokens_per_param: the candidate's.
+    extrapolation_decades: log10(compute / compute_max) of the furthest point either law is
+    evaluated at (None if no law knows its data range).
+    """
+
+    budget: float
+    sparsity: float | None
+    candidate_compute: float
+    reference_compute: float
+    candidate_loss: float
+    savings: float
+    savings_ci: tuple[float, float] | None
+    loss_gap: float
+    loss_gap_ci: tuple[float, float] | None
+    tokens_per_param: float
+    candidate_tokens_per_param: float
+    extrapolation_decades: float | None
+    ci_resamples: int = 0
+    ci_clamped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget, "sparsity": self.sparsity,
+            "candidate_loss": self.candidate_loss, "reference_compute": self.reference_compute,
+            "savings": self.savings,
+            "savings_ci": None if self.savings_ci is None else list(self.savings_ci),
+            "tokens_per_param": self.tokens_per_param,
+            "extrapolation_decades": self.extrapolation_decades,
+            "candidate_compute": self.candidate_compute,
+            "loss_gap": self.loss_gap,
+            "loss_gap_ci": None if self.loss_gap_ci is None else list(self.loss_gap_ci),
+            "candidate_tokens_per_param": self.candidate_tokens_per_param,
+            "ci_resamples": self.ci_resamples, "ci_clamped": self.ci_clamped,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SavingsRow":
+        def pair(v: Any) -> tuple[float, float] | None:
+            return None if v is None else (float(v[0]), float(v[1]))
+
+        return cls(
+            budget=float(d["budget"]),
+            sparsity=None if d.get("sparsity") is None else float(d["sparsity"]),
+            candidate_compute=float(d.get("candidate_compute", d["budget"])),
+            reference_compute=float(d["reference_compute"]),
+            candidate_loss=float(d["candidate_loss"]),
+            savings=float(d["savings"]), savings_ci=pair(d.get("savings_ci")),
+            loss_gap=float(d.get("loss_gap", float("nan"))), loss_gap_ci=pair(d.get("loss_gap_ci")),
+            tokens_per_param=float(d["tokens_per_param"]),
+            candidate_tokens_per_param=float(d.get("candidate_tokens_per_param", float("nan"))),
+            extrapolation_decades=(None if d.get("extrapolation_decades") is None
+                                   else float(d["extrapolation_decades"])),
+            ci_resamples=int(d.get("ci_resamples", 0)), ci_clamped=int(d.get("ci_clamped", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class SavingsResult:
+    """Savings of ``candidate`` over ``reference`` at each budget, with the convention used."""
+
+    reference: str
+    candidate: str
+    convention: str
+    rows: tuple[SavingsRow, ...]
+    ci_level: float = 0.95
+    warnings: tuple[str, ...] = ()
+    laws: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def savings_range(self) -> tuple[float, float]:
+        s = [r.savings for r in self.rows]
+        return (min(s), max(s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference, "candidate": self.candidate, "convention": self.convention,
+            "rows": [r.to_dict() for r in self.rows],
+            "savings_range": list(self.savings_range),
+            "ci_level": self.ci_level, "laws": dict(self.laws), "source": self.source,
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SavingsResult":
+        return cls(
+            reference=str(d["reference"]), candidate=str(d["candidate"]), convention=str(d["convention"]),
+            rows=tuple(SavingsRow.from_dict(r) for r in d["rows"]),
+            ci_level=float(d.get("ci_level", 0.95)), warnings=tuple(d.get("warnings", ())),
+            laws=dict(d.get("laws", {})), source=str(d.get("source", "")),
+        )
+
+    def summary(self) -> str:
+        who = "candidate" if self.convention == "candidate-budget" else "reference"
+        lines = [
+            f"Compute savings of {self.candidate} over {self.reference} ({self.convention}: the budget is "
+            f"the {who}'s; savings = 1 - C_{self.candidate} / C_{self.reference} at equal optimal loss)",
+            f"{'budget':>10} {'S':>5} {'C_cand':>10} {'C_ref':>10} {'loss':>7} {'savings':>8} {'CI':>17} "
+            f"{'gap':>8} {'D/N':>6} {'extrap':>6}",
+        ]
+        for r in self.rows:
+            ci = ("" if r.savings_ci is None
+                  else f"[{100 * r.savings_ci[0]:.1f}, {100 * r.savings_ci[1]:.1f}]%")
+            s = "-" if r.sparsity is None else f"{r.sparsity:.2f}"
+            ex = "-" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f}"
+            lines.append(f"{r.budget:>10.3g} {s:>5} {r.candidate_compute:>10.4g} "
+                         f"{r.reference_compute:>10.4g} {r.candidate_loss:>7.4f} {100 * r.savings:>7.2f}% "
+                         f"{ci:>17} {r.loss_gap:>8.4f} {r.tokens_per_param:>6.1f} {ex:>6}")
+        lo, hi = self.savings_range
+        lines.append(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}%")
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+# -- savings ---------------------------------------------------------------------------------
+def _matched(ref: FittedLaw, cand: FittedLaw, theta_r: np.ndarray, theta_c: np.ndarray, C: np.ndarray,
+             S: float | None, convention: str, span: float) -> dict[str, np.ndarray]:
+    """The matched computes and losses; theta (..., P) and C broadcast."""
+    fr = frontier(ref.law, theta_r, C, k=ref.flops_per_param, S=S)
+    fc = frontier(cand.law, theta_c, C, k=cand.flops_per_param, S=S)
+    if convention == "candidate-budget":
+        c_ref, status = compute_for_loss(ref.law, theta_r, fc.loss, C, k=ref.flops_per_param, S=S, span=span)
+        c_cand, loss = np.broadcast_to(C, c_ref.shape), np.broadcast_to(fc.loss, c_ref.shape)
+    else:
+        c_cand, status = compute_for_loss(cand.law, theta_c, fr.loss, C, k=cand.flops_per_param, S=S,
+                                          span=span)
+        c_ref, loss = np.broadcast_to(C, c_cand.shape), np.broadcast_to(fr.loss, c_cand.shape)
+    return {"c_cand": c_cand, "c_ref": c_ref, "loss": loss, "status": status,
+            "savings": 1.0 - c_cand / c_ref, "gap": fr.loss - fc.loss,
+            "tpp_ref": fr.tokens_per_param, "tpp_cand": fc.tokens_per_param}
+
+
+def _interval(x: np.ndarray, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(x, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def _decades(compute: float, top: float | None) -> float | None:
+    return None if top is None else float(np.log10(compute / top))
+
+
+def check_budgets(budgets: Iterable[float]) -> np.ndarray:
+    """Budgets as a float array; one-line error unless every one is a finite positive number."""
+    b = np.atleast_1d(np.asarray(list(budgets), dtype=float))
+    if b.size == 0:
+        raise UserError("no budget given")
+    bad = [v for v in b if not (np.isfinite(v) and v > 0)]
+    if bad:
+        raise UserError(f"budget must be a positive number of FLOPs, got {bad[0]:g}")
+    return b
+
+
+def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float] | float, *,
+            sparsities: Sequence[float | None] = (None,), convention: str = "candidate-budget",
+            level: float = 0.95, span: float = SPAN_DECADES, source: str = "") -> SavingsResult:
+    """Savings of ``candidate`` over ``reference`` at each budget (FLOPs) and sparsity.
+
+    Raises UserError for a bad budget, sparsity or convention, and when the point estimate's
+    matching compute lies outside ``span`` decades of the budget (never reached).
+    """
+    if convention not in CONVENTIONS:
+        raise UserError(f"unknown convention {convention!r}; choose one of: {', '.join(CONVENTIONS)}")
+    if not 0.0 < level < 1.0:
+        raise UserError(f"interval level must lie in (0, 1), got {level}")
+    C = check_budgets(np.atleast_1d(budgets))
+    needs_s = uses_sparsity(reference.law) or uses_sparsity(candidate.law)
+    sparsities = tuple(sparsities) or (None,)
+    if needs_s:
+        if any(s is None for s in sparsities):
+            raise UserError("a smelt-form law needs a sparsity: pass --sparsity")
+        for s in sparsities:
+            if not (np.isfinite(s) and 0.0 <= s < 1.0):
+                raise UserError(f"sparsity must lie in [0, 1), got {s:g}")
+    elif any(s is not None for s in sparsities):
+        raise UserError("--sparsity applies only to smelt-form laws; these are chinchilla-form")
+
+    warnings: list[str] = []
+    paired = None
+    if reference.samples is not None and candidate.samples is not None:
+        K = min(len(reference.samples), len(candidate.samples))
+        if len(reference.samples) != len(candidate.samples):
+            warnings.append(f"bootstrap sizes differ ({len(reference.samples)} vs {len(candidate.samples)}); "
+                            f"pairing the first {K} resamples")
+        sr, sc = reference.samples[:K], candidate.samples[:K]
+        ok = np.isfinite(sr).all(axis=1) & np.isfinite(sc).all(axis=1)
+        if not ok.all():
+            warnings.append(f"dropped {int((~ok).sum())} bootstrap resamples with non-finite parameters")
+        paired = (sr[ok], sc[ok]) if ok.any() else None
+    elif (reference.samples is None) != (candidate.samples is None):
+        lacking = reference.name if reference.samples is None else candidate.name
+        warnings.append(f"no bootstrap samples for {lacking}: no savings interval")
+
+    solved = "reference" if convention == "candidate-budget" else "candidate"
+    rows: list[SavingsRow] = []
+    for c in C:
+        for s in sparsities:
+            m = _matched(reference, candidate, reference.theta, candidate.theta, np.array(c), s,
+                         convention, span)
+            st = int(m["status"])
+            where = f"budget {c:.3g}" + ("" if s is None else f", S={s:g}")
+            if st == 1:
+                who = reference.name if solved == "reference" else candidate.name
+                raise UserError(f"the {solved} ({who}) never reaches the other's loss {float(m['loss']):.4f} "
+                                f"within {span:g} decades of compute above {where}")
+            if st == -1:
+                raise UserError(f"the {solved} already beats the other's loss {float(m['loss']):.4f} with "
+                                f"{span:g} decades less compute than {where}")
+            s_ci = g_ci = None
+            n_res = n_clamped = 0
+            if paired is not None:
+                mb = _matched(reference, candidate, paired[0], paired[1], np.array(c), s, convention, span)
+                n_res, n_clamped = int(mb["savings"].size), int(np.count_nonzero(mb["status"]))
+                s_ci = _interval(mb["savings"], level)
+                g_ci = _interval(mb["gap"], level)
+                if n_clamped:
+                    warnings.append(f"{where}: in {n_clamped} of {n_res} resamples the {solved} does not "
+                                    f"reach the matched loss within {span:g} decades; their savings are "
+                                    "clamped to the bracket edge (the interval is a bound where it touches "
+                                    "them)")
+            c_cand, c_ref = float(m["c_cand"]), float(m["c_ref"])
+            ex = [d for d in (_decades(max(c, c_cand), candidate.compute_max),
+                              _decades(max(c, c_ref), reference.compute_max)) if d is not None]
+            rows.append(SavingsRow(
+                budget=float(c), sparsity=None if s is None else float(s),
+                candidate_compute=c_cand, reference_compute=c_ref, candidate_loss=float(m["loss"]),
+                savings=float(m["savings"]), savings_ci=s_ci, loss_gap=float(m["gap"]), loss_gap_ci=g_ci,
+                tokens_per_param=float(m["tpp_ref"]), candidate_tokens_per_param=float(m["tpp_cand"]),
+                extrapolation_decades=max(ex) if ex else None, ci_resamples=n_res, ci_clamped=n_clamped,
+            ))
+
+    far = [r for r in rows
+           if r.extrapolation_decades is not None and r.extrapolation_decades > EXTRAPOLATION_WARN_DECADES]
+    if far:
+        worst = max(r.extrapolation_decades for r in far)
+        warnings.append(f"{len({r.budget for r in far})} budget(s) extrapolate more than "
+                        f"{EXTRAPOLATION_WARN_DECADES:g} decade beyond the largest fitted compute "
+                        f"(up to {worst:.2f} decades): treat those savings as extrapolations")
+    lows = [(law.name, law.compute_min) for law in (reference, candidate) if law.compute_min is not None]
+    low = [c for c in C if any(np.log10(cm / c) > EXTRAPOLATION_WARN_DECADES for _, cm in lows)]
+    if low:
+        warnings.append(f"{len(low)} budget(s) lie more than {EXTRAPOLATION_WARN_DECADES:g} decade below the "
+                        "smallest fitted compute")
+    return SavingsResult(
+        reference=reference.name, candidate=candidate.name, convention=convention, rows=tuple(rows),
+        ci_level=level, warnings=tuple(warnings),
+        laws={reference.name: reference.law.name, candidate.name: candidate.law.name}, source=source,
+    )

@@ -1,0 +1,514 @@
+"""Decoder-only MoE Transformer with an optional SMELT loop, in one readable file (nanoGPT style).
+
+Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.config.ModelConfig``)::
+
+    x = embed(ids)
+    for (layer, pass) in cfg.schedule():          # the looped block runs r times, same weights
+        s = cfg.residual_scale(layer)             # 1/r inside the loop (SMELT), else 1
+        x = x + s * Attn(RMSNorm(x))              # each pass computes its own K/V
+        x = x + s * MoE(RMSNorm(x))
+    logits = lm_head(RMSNorm(x))                  # lm_head tied to embed when cfg.tie_embeddings
+
+* Attention: q/k/v/o projections with head size ``h`` decoupled from ``d_model``; GQA with
+  ``n_kv_heads``; RoPE (rotate-half layout, as Llama/Mixtral) on the first ``cfg.rotary_dim``
+  dims of q and k; causal ``F.scaled_dot_product_attention``. Only when ``return_attn`` is
+  asked is softmax(QK^T/sqrt(h) + mask) formed explicitly, so the normal path stays SDPA.
+* MoE: router ``W_r`` (d -> E), softmax, top-k, the k weights renormalised to sum to 1
+  (Mixtral, Jiang et al. 2024); SwiGLU experts stored stacked (``w_gate_up`` [E, d, 2f],
+  ``w_down`` [E, f, d]); optional always-on shared SwiGLU expert (no gate).
+  Dispatch is batched and drops nothing: the N*k (token, slot) assignments are stably sorted
+  by expert, the tokens gathered once with ``index_select``, each expert runs on its contiguous
+  slice (``F.grouped_mm`` with int32 offsets: fp32 on CPU, bf16 under CUDA autocast; odd
+  sizes zero-padded to multiples of 4; else a loop over ``split``), the outputs are scaled by
+  their gates and summed back with ``index_add_``. (``x[idx]`` advanced indexing is avoided:
+  its backward was ~50x slower than ``index_select``'s on CPU.)
+* Auxiliary losses, returned separately and averaged over layer passes (the caller weights
+  them): load balance ``E * sum_e f_e * P_e`` (Switch Transformer, Fedus et al. 2021, eq. 4-6,
+  with top-k counting as in Hugging Face's Mixtral ``load_balancing_loss_func``: ``f_e`` =
+  assignments to expert e / tokens, so sum_e f_e = k and a uniform router gives k;
+  ``P_e`` = mean router probability of e), and router z-loss ``mean_tokens logsumexp(logits)^2``
+  (ST-MoE, Zoph et al. 2022, eq. 5).
+
+The parameter count equals ``scaling.accounting.costs.total_params(cfg)`` exactly (tested).
+
+CPU speed: call ``tune_cpu_allocator()`` once per training process (~1.2x per step here). The model compiles
+with ``torch.compile(model, fullgraph=True)`` (grouped_mm is wrapped
+as a custom op for that), but on CPU fp32 that measured no faster than eager (~1%): the step
+is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scaling.accounting.config import ModelConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """What ``MoETransformer.forward`` returns.
+
+    logits          [B, T, V] float
+    loss            mean cross-entropy (nats/token) over targets != -100; None without targets
+    aux_loss        load-balancing loss, mean over layer passes (scalar; k for a uniform router)
+    z_loss          router z-loss, mean over layer passes (scalar)
+    per_token_loss  [B, T] cross-entropy per position (0 where target == -100), if asked
+    attn            if asked: one dict per layer pass, in execution order,
+                    {"layer": physical layer, "pass": pass from 1, "probs": [B, H, T, T]}
+    expert_counts   [n_layer_passes, E] int64: (token, slot) assignments per expert per pass,
+                    in execution order (detached statistics; sums to B*T*k per row)
+    """
+
+    logits: Tensor
+    loss: Tensor | None = None
+    aux_loss: Tensor | None = None
+    z_loss: Tensor | None = None
+    per_token_loss: Tensor | None = None
+    attn: list[dict] | None = None
+    expert_counts: Tensor | None = None
+
+
+# ----- building blocks -------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """y = g * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+def rope_tables(rotary_dim: int, length: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin tables [length, rotary_dim] in rotate-half layout (both halves share a frequency).
+
+    inv_freq_i = theta^(-2i / rotary_dim), i < rotary_dim / 2 (Su et al. 2021; Llama layout).
+    The sin table carries the rotate-half sign: its first half is negated, so that
+    rope(x) = x * cos + swap_halves(x) * sin.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    freqs = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
+    cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1)
+    sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
+    return cos.float(), sin.float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first cos.shape[-1] dims of x [..., T, h]; the remaining dims pass through."""
+    rd = cos.shape[-1]
+    if rd == 0:
+        return x
+    if rd == x.shape[-1]:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([x2, x1], dim=-1) * sin
+    rot, rest = x[..., :rd], x[..., rd:]
+    r1, r2 = rot.chunk(2, dim=-1)
+    return torch.cat([rot * cos + torch.cat([r2, r1], dim=-1) * sin, rest], dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal GQA self-attention with RoPE; q/k/v share one fused projection matrix.
+
+    ``wqkv`` rows are [q (H*h) | k (H_kv*h) | v (H_kv*h)]; ``wo`` maps H*h -> d.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.wqkv = nn.Linear(cfg.d_model, qkv, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, return_probs: bool = False):
+        B, T, _ = x.shape
+        H, Hkv, h = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, h).transpose(1, 2)  # [B, H+2Hkv, T, h]
+        # split, not slicing: a slice's backward zero-fills the whole input per slice
+        qk, v = qkv.split([H + Hkv, Hkv], dim=1)
+        cos, sin = cos.to(qk.dtype), sin.to(qk.dtype)  # bf16 under autocast: keep q, k, v alike
+        q, k = apply_rope(qk, cos, sin).split([H, Hkv], dim=1)  # q and k rotated in one pass
+        probs = None
+        if return_probs:
+            if Hkv != H:
+                k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(h)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+            y = probs @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+        y = self.wo(y.transpose(1, 2).reshape(B, T, H * h))
+        return y, probs
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+if hasattr(F, "grouped_mm"):
+    # F.grouped_mm wrapped as an opaque custom op: torch.compile's fake-tensor rule for it
+    # accepts bf16 only, so without the wrapper a CPU fp32 model cannot be compiled.
+    @torch.library.custom_op("smelt_scale::grouped_mm", mutates_args=())
+    def grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+        """out[rows of group g] = a[rows of group g] @ b[g]; a [S, K], b [G, K, N], offs int32 [G]."""
+        return F.grouped_mm(a, b, offs=offs)
+
+    @grouped_mm.register_fake
+    def _(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+        return a.new_empty(a.shape[0], b.shape[2])
+
+    def _grouped_mm_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def _grouped_mm_backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        grad = grad.contiguous()  # the CPU kernel needs 16-byte-aligned row strides
+        grad_a = grouped_mm(grad, b.transpose(-2, -1), offs)
+        grad_b = _grouped_mm_weight_grad(a, grad, offs)  # [G, K, N]; empty groups give zeros
+        return grad_a, grad_b, None
+
+    @torch.library.custom_op("smelt_scale::grouped_mm_weight_grad", mutates_args=())
+    def _grouped_mm_weight_grad(a: Tensor, grad: Tensor, offs: Tensor) -> Tensor:
+        return F.grouped_mm(a.t(), grad, offs=offs)
+
+    @_grouped_mm_weight_grad.register_fake
+    def _(a: Tensor, grad: Tensor, offs: Tensor) -> Tensor:
+        return a.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
+
+    grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts (+ optional shared expert), batched dispatch, no dropped tokens.
+
+    Parameters: ``router`` [E, d]; ``w_gate_up`` [E, d, 2f] (columns [gate | up]);
+    ``w_down`` [E, f, d]; shared expert ``shared_gate_up`` (d -> 2 f_s), ``shared_down`` (f_s -> d).
+    Expert e computes (silu(x W_gate_e) * (x W_up_e)) W_down_e.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, E, f = cfg.d_model, cfg.n_experts, cfg.expert_hidden
+        self.n_experts, self.top_k, self.hidden = E, cfg.top_k, f
+        self.router = nn.Linear(d, E, bias=False)
+        self.w_gate_up = nn.Parameter(torch.empty(E, d, 2 * f))
+        self.w_down = nn.Parameter(torch.empty(E, f, d))
+        self.shared_gate_up = self.shared_down = None
+        if cfg.shared_expert_hidden > 0:
+            self.shared_gate_up = nn.Linear(d, 2 * cfg.shared_expert_hidden, bias=False)
+            self.shared_down = nn.Linear(cfg.shared_expert_hidden, d, bias=False)
+        # "grouped_mm" | "loop": how the experts run on their slices. grouped_mm measured
+        # faster on CPU fp32 (benchmarks/train_throughput.py --dispatch); the loop is the
+        # fallback where grouped_mm cannot run (old torch; CUDA without bf16).
+        self.dispatch = "grouped_mm" if hasattr(F, "grouped_mm") else "loop"
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x [N, d] -> router logits, probs [N, E] (fp32), top-k expert ids [N, k], gates [N, k]."""
+        logits = self.router(x).float()
+        probs = logits.softmax(dim=-1)
+        top_p, top_i = probs.topk(self.top_k, dim=-1)
+        gates = top_p / top_p.sum(dim=-1, keepdim=True)
+        return logits, probs, top_i, gates
+
+    def _grouped_dtype(self, xs: Tensor) -> torch.dtype | None:
+        """dtype to run F.grouped_mm in, or None to use the loop (CUDA kernels take bf16 only)."""
+        if self.dispatch != "grouped_mm" or not hasattr(F, "grouped_mm"):
+            return None
+        if xs.device.type == "cpu":
+            return xs.dtype
+        autocast_bf16 = (
+            torch.is_autocast_enabled(xs.device.type)
+            and torch.get_autocast_dtype(xs.device.type) == torch.bfloat16
+        )
+        return torch.bfloat16 if autocast_bf16 or xs.dtype == torch.bfloat16 else None
+
+    def _grouped(self, xs: Tensor, counts: Tensor, dtype: torch.dtype) -> Tensor:
+        """Both expert matmuls as F.grouped_mm over the expert-sorted rows of xs.
+
+        The kernel needs 16-byte-aligned strides, i.e. sizes % 4 == 0 in fp32; odd d or f
+        (the SMELT twins have them) are zero-padded to multiples of 4: padded rows and columns
+        of the weights are zero, so silu(0) * 0 = 0 and the result is exact.
+        """
+        d, f = xs.shape[1], self.hidden
+        d4, f4 = _round4(d), _round4(f)
+        w_gu, w_d = self.w_gate_up, self.w_down
+        if (d4, f4) != (d, f):
+            gate_w, up_w = w_gu.split(f, dim=2)
+            w_gu = torch.cat([F.pad(gate_w, (0, f4 - f, 0, d4 - d)), F.pad(up_w, (0, f4 - f, 0, d4 - d))], 2)
+            w_d = F.pad(w_d, (0, d4 - d, 0, f4 - f))
+            xs = F.pad(xs, (0, d4 - d))
+        offs = counts.cumsum(0).to(torch.int32)
+        hidden = grouped_mm(xs.to(dtype), w_gu.to(dtype), offs)
+        gate, up = hidden.chunk(2, dim=-1)
+        out = grouped_mm(F.silu(gate) * up, w_d.to(dtype), offs)
+        return out[:, :d] if d4 != d else out
+
+    def experts(self, xs: Tensor, counts: Tensor) -> Tensor:
+        """Run expert e on rows [offs_{e-1}, offs_e) of xs (sorted by expert) -> [S, d]."""
+        dtype = self._grouped_dtype(xs)
+        if dtype is not None:
+            return self._grouped(xs, counts, dtype)
+        outs = []
+        # unbind once: per-expert w[e] indexing would make autograd build a full-size zero
+        # gradient for every expert (SelectBackward); unbind's backward is one stack
+        w_gu, w_d = self.w_gate_up.unbind(0), self.w_down.unbind(0)
+        for e, chunk in enumerate(xs.split(counts.tolist())):
+            if chunk.shape[0] == 0:
+                continue
+            gate, up = (chunk @ w_gu[e]).chunk(2, dim=-1)
+            outs.append((F.silu(gate) * up) @ w_d[e])
+        return torch.cat(outs) if outs else xs.new_zeros(0, xs.shape[1])
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x [B, T, d] -> (y [B, T, d], aux_loss, z_loss, expert counts [E])."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        N, E, k = x.shape[0], self.n_experts, self.top_k
+        logits, probs, top_i, gates = self.route(x)
+
+        flat_e = top_i.reshape(-1)  # [N*k], assignment a = token*k + slot
+        order = torch.argsort(flat_e, stable=True)  # stable: ties keep token order
+        token = torch.div(order, k, rounding_mode="floor")
+        counts = torch.bincount(flat_e, minlength=E)
+        xs = x.index_select(0, token)  # gather once: [N*k, d]
+        ys = self.experts(xs, counts)
+        ys = ys * gates.reshape(-1).index_select(0, order).unsqueeze(1).to(ys.dtype)
+        y = torch.zeros_like(x).index_add_(0, token, ys)
+
+        if self.shared_gate_up is not None:
+            g, u = self.shared_gate_up(x).chunk(2, dim=-1)
+            y = y + self.shared_down(F.silu(g) * u)
+
+        frac = counts.to(probs.dtype) / N  # f_e: sums to k
+        aux = E * torch.sum(frac * probs.mean(dim=0))
+        z = torch.logsumexp(logits, dim=-1).square().mean()
+        return y.view(shape), aux, z, counts
+
+
+class Block(nn.Module):
+    """One physical layer: pre-norm attention and MoE, each residual branch scaled by ``scale``."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.scale = cfg.residual_scale(layer)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.moe_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.moe = MoE(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, return_probs: bool = False):
+        a, probs = self.attn(self.attn_norm(x), cos, sin, return_probs)
+        x = x + a if self.scale == 1.0 else x + self.scale * a
+        m, aux, z, counts = self.moe(self.moe_norm(x))
+        x = x + m if self.scale == 1.0 else x + self.scale * m
+        return x, aux, z, counts, probs
+
+
+# ----- the model --------------------------------------------------------------------------
+
+
+class MoETransformer(nn.Module):
+    """Baseline or SMELT MoE decoder built from a ModelConfig; weights initialised from ``seed``."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.schedule = cfg.schedule()
+        cos, sin = rope_tables(cfg.rotary_dim, cfg.seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights(seed)
+
+    # -- parameters ------------------------------------------------------------------------
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Exact parameter count (tied head counted once); = scaling.accounting.costs.total_params(cfg).
+
+        non_embedding=True excludes the token embedding and the untied LM head
+        (= scaling.accounting.costs.non_embedding_params(cfg)).
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= self.embed.weight.numel()
+            if self.lm_head is not None:
+                total -= self.lm_head.weight.numel()
+        return total
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """N(0, 0.02) for every matrix (embedding, router, projections, experts); RMSNorm gains 1.
+
+        Matrices that write into the residual stream (attention ``wo``, expert ``w_down``, shared
+        expert down) use 0.02 / sqrt(2 L) as GPT-2 does (Radford et al. 2019; nanoGPT), with L the
+        physical layers: the loop's 1/r residual scale keeps the looped block's total write
+        comparable to one pass. Deterministic given ``seed`` (own generator, fixed order).
+        """
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        std, resid_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.ndim == 1:
+                p.fill_(1.0)
+                continue
+            s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(s).to(p))
+
+    # -- forward ---------------------------------------------------------------------------
+    def _rope(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        if T > self.rope_cos.shape[0]:  # longer than cfg.seq_len: extend the tables
+            cos, sin = rope_tables(self.cfg.rotary_dim, T, self.cfg.rope_theta)
+            self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        return self.rope_cos[:T], self.rope_sin[:T]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        targets: Tensor | None = None,
+        return_attn: bool = False,
+        return_per_token_loss: bool = False,
+    ) -> ModelOutput:
+        """input_ids, targets: LongTensor [B, T] (targets -100 = ignored). See ModelOutput."""
+        B, T = input_ids.shape
+        cos, sin = self._rope(T, input_ids.device)
+        x = self.embed(input_ids)
+        aux_total = z_total = 0.0
+        counts, attn = [], [] if return_attn else None
+        for layer, pass_ in self.schedule:
+            x, aux, z, c, probs = self.layers[layer](x, cos, sin, return_attn)
+            aux_total, z_total = aux_total + aux, z_total + z
+            counts.append(c)
+            if return_attn:
+                attn.append({"layer": layer, "pass": pass_, "probs": probs})
+        n = len(self.schedule)
+        x = self.norm(x)
+        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+
+        loss = per_token = None
+        if targets is not None:
+            flat = F.cross_entropy(
+                logits.view(B * T, -1).float(),
+                targets.reshape(B * T),
+                ignore_index=IGNORE_INDEX,
+                reduction="none",
+            )
+            loss = flat.sum() / (targets != IGNORE_INDEX).sum()
+            if return_per_token_loss:
+                per_token = flat.view(B, T)
+        return ModelOutput(
+            logits=logits,
+            loss=loss,
+            aux_loss=aux_total / n,
+            z_loss=z_total / n,
+            per_token_loss=per_token,
+            attn=attn,
+            expert_counts=torch.stack(counts).detach(),
+        )
+
+
+# ----- CPU allocator and reference model ------------------------------------------------------
+
+
+def tune_cpu_allocator(max_cached_bytes: int = 1 << 30) -> bool:
+    """Keep large freed blocks in glibc's heap instead of returning them to the OS (Linux only).
+
+    glibc serves allocations above M_MMAP_THRESHOLD (dynamic, at most 32 MiB) with fresh
+    mmap pages, so every step's multi-MiB activations page-fault again on first touch. On this
+    project's 2-core VM that made elementwise ops on a 64 MiB tensor ~4x slower (a clone 35 ms
+    vs 8.7 ms) and a d=128 proxy training step ~1.2x slower (5.2k vs 6.0-6.4k tokens/s, one
+    thread, benchmarks/train_throughput.py --no-tune-malloc). mallopt(M_MMAP_THRESHOLD) and
+    mallopt(M_TRIM_THRESHOLD) set to ``max_cached_bytes`` make glibc reuse that memory
+    (the effect LD_PRELOAD=jemalloc/tcmalloc is usually used for). Process-wide; call once,
+    early, in a training process. Returns False where it does not apply (non-glibc).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+        return bool(
+            libc.mallopt(m_mmap_threshold, int(max_cached_bytes))
+            and libc.mallopt(m_trim_threshold, int(max_cached_bytes))
+        )
+    except (OSError, AttributeError):
+        return False
+
+
+def to_hf_mixtral(model: MoETransformer, experts_implementation: str | None = None):
+    """An equivalent Hugging Face ``MixtralForCausalLM`` holding a copy of ``model``'s weights.
+
+    Needs ``transformers`` (a test extra) and an unlooped model without shared expert and with an
+    even head_dim (Mixtral rotates the whole head). Used by the parity test and the throughput
+    benchmark. Weight layout (transformers 5): ``experts.gate_up_proj`` [E, 2f, d] (rows gate|up),
+    ``experts.down_proj`` [E, d, f], ``gate.weight`` [E, d]; q/k/v/o_proj [out, in].
+    """
+    from scaling.common.errors import UserError
+
+    try:
+        from transformers import MixtralConfig, MixtralForCausalLM
+    except ImportError:
+        raise UserError("transformers is not installed (pip install -e '.[test]')") from None
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise UserError(
+            f"transformers >= 5 is needed (fused expert weights), found {transformers.__version__}"
+        )
+    cfg = model.cfg
+    if cfg.is_looped or cfg.shared_expert_hidden or cfg.head_dim % 2:
+        raise UserError("Mixtral has no loop, no shared expert and rotates the whole (even) head")
+    hf_cfg = MixtralConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.expert_hidden,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        sliding_window=None,
+        num_local_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.top_k,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    kwargs = {"attn_implementation": "sdpa"}
+    if experts_implementation is not None:
+        kwargs["experts_implementation"] = experts_implementation
+    hf_cfg._attn_implementation = "sdpa"
+    ref = MixtralForCausalLM._from_config(hf_cfg, **kwargs)
+    H, Hkv, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    with torch.no_grad():
+        ref.model.embed_tokens.weight.copy_(model.embed.weight)
+        ref.model.norm.weight.copy_(model.norm.weight)
+        if model.lm_head is not None:
+            ref.lm_head.weight.copy_(model.lm_head.weight)
+        for ours, theirs in zip(model.layers, ref.model.layers):
+            q, k, v = ours.attn.wqkv.weight.split([H * h, Hkv * h, Hkv * h])
+            theirs.self_attn.q_proj.weight.copy_(q)
+            theirs.self_attn.k_proj.weight.copy_(k)
+            theirs.self_attn.v_proj.weight.copy_(v)
+            theirs.self_attn.o_proj.weight.copy_(ours.attn.wo.weight)
+            theirs.input_layernorm.weight.copy_(ours.attn_norm.weight)
+            theirs.post_attention_layernorm.weight.copy_(ours.moe_norm.weight)
+            theirs.mlp.gate.weight.copy_(ours.moe.router.weight)
+            theirs.mlp.experts.gate_up_proj.copy_(ours.moe.w_gate_up.transpose(1, 2))
+            theirs.mlp.experts.down_proj.copy_(ours.moe.w_down.transpose(1, 2))
+    return ref

@@ -1,0 +1,189 @@
+"""Run-folder I/O: crash-safe appends and rewrites, run metadata, checkpoints.
+
+A run folder ``runs/<name>/`` holds ``config.json`` (written once at start),
+``metrics.jsonl`` (one JSON object per line, each appended with write + flush + fsync, so a
+crash loses at most the line being written, and a reader skips a torn last line) and
+``final.json`` (rewritten whole, via a temporary file + ``os.replace``, which is atomic on
+POSIX: a reader sees the old or the new file, never a mix). Checkpoints are written the
+same way (``torch.save`` to a temporary file in the target folder, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterable
+
+from scaling.common.errors import UserError
+from scaling.common.serialize import to_json
+
+CONFIG, METRICS, FINAL, WEIGHTS = "config.json", "metrics.jsonl", "final.json", "final_weights.safetensors"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(fh)`` on a tmp file in the same folder, fsync, then os.replace onto ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    """Atomic JSON write (NaN/inf as null, numpy scalars converted)."""
+    atomic_write_bytes(path, (to_json(obj) + "\n").encode())
+
+
+def read_json(path: Path | str) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def append_jsonl(path: Path | str, record: dict) -> None:
+    """Append one line and make it durable (write, flush, fsync) before returning."""
+    line = to_json(record, indent=None) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path | str) -> list[dict]:
+    """All complete lines of a JSONL file ([] if missing); a torn last line is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # the process died mid-write
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
+    """Replace a JSONL file atomically with ``records``."""
+    text = "".join(to_json(r, indent=None) + "\n" for r in records)
+    atomic_write_bytes(path, text.encode())
+
+
+# ----- run folder -------------------------------------------------------------------------
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
+    """Create or reuse the run folder; True if it already held a run (to resume).
+
+    Raises UserError for an existing run without ``resume``/``overwrite``, both flags at once,
+    or a folder that cannot be written.
+    """
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    exists = (run_dir / CONFIG).exists() or (run_dir / METRICS).exists()
+    if exists and not (resume or overwrite):
+        raise UserError(f"run folder {run_dir} already holds a run; pass --resume to continue it "
+                        "or --overwrite to start again")
+    if exists and overwrite:
+        for name in (CONFIG, METRICS, FINAL, WEIGHTS):
+            (run_dir / name).unlink(missing_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise UserError(f"run folder {run_dir} is not writable: {exc.strerror or exc}") from None
+    return exists and resume
+
+
+def prepare_ckpt_dir(ckpt_dir: Path, overwrite: bool) -> None:
+    ckpt_dir = Path(ckpt_dir)
+    if overwrite and ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    try:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"checkpoint folder {ckpt_dir} is not writable: {exc.strerror or exc}") from None
+    for stale in ckpt_dir.glob(".*.tmp"):  # a save killed mid-write
+        stale.unlink(missing_ok=True)
+
+
+def code_version() -> dict:
+    """Package version and, when the source is a git checkout, its commit and dirty flag."""
+    from scaling import __version__
+
+    info: dict[str, Any] = {"package": "smelt-scale", "version": __version__, "git_commit": None,
+                            "git_dirty": None}
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10)
+        if commit.returncode == 0:
+            info["git_commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)
+            info["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def environment() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "hostname": platform.node(),
+            "cuda": torch.version.cuda, "cpu_count": os.cpu_count()}
+
+
+# ----- checkpoints ------------------------------------------------------------------------
+
+def save_checkpoint(path: Path | str, state: dict) -> None:
+    """torch.save ``state`` atomically (a kill leaves the previous checkpoint intact)."""
+    import torch
+
+    atomic_write(path, lambda fh: torch.save(state, fh))  # streamed: no copy of a large state
+
+
+def load_checkpoint(path: Path | str, map_location: Any = "cpu") -> dict:
+    import torch
+
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+def save_weights(path: Path | str, model, metadata: dict[str, str] | None = None) -> None:
+    """Model weights as safetensors (tied tensors stored once), written atomically."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write_bytes(path, save(tensors, metadata=metadata or {}))

@@ -1,0 +1,234 @@
+"""Run a sweep plan through submitit: local processes here, Slurm on a cluster.
+
+Local executor: the runs are packed into ``concurrency`` lanes (longest estimated run first,
+each to the least-loaded lane), and each lane is one submitit job that trains its runs in
+order, so at most ``concurrency`` trainings share the machine. Slurm executor: one job per
+run, submitted as an array. Every run goes through ``scaling.training.trainer.train(resume=True)``:
+a finished run is skipped, an interrupted one resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scaling.accounting.config import ModelConfig
+from scaling.common.errors import UserError
+from scaling.training.sweep_plan import Plan, PlannedRun
+
+DEFAULT_DECAY_FRACTION = 0.2
+# [train] keys that are options of train() rather than TrainConfig fields
+RUN_OPTIONS = {"save_final_weights"}
+
+
+def run_status(runs_dir: Path, name: str) -> str:
+    """'done' (final.json complete), 'partial' (started), or 'new'."""
+    folder = runs_dir / name
+    final = folder / "final.json"
+    if final.exists():
+        try:
+            if json.loads(final.read_text()).get("complete"):
+                return "done"
+        except (OSError, json.JSONDecodeError, AttributeError):
+            return "partial"
+    return "partial" if (folder / "config.json").exists() else "new"
+
+
+def train_config(run: PlannedRun, threads: int | None = None):
+    from scaling.training.trainer import TrainConfig
+
+    fields = {k: v for k, v in run.train.items() if k not in RUN_OPTIONS}
+    unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise UserError(f"run {run.name}: unknown [train] keys: {', '.join(sorted(unknown))}")
+    fields.update(tokens=run.budgets, seed=run.seed)
+    if threads is not None:
+        fields["threads"] = threads
+    return TrainConfig.from_dict(fields)
+
+
+def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
+                ckpt_dir: str | None = None) -> dict:
+    """Train (or resume, or skip) one planned run; returns its final.json document."""
+    from scaling.training.trainer import train
+
+    return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
+                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir, resume=True,
+                 save_final_weights=bool(run.train.get("save_final_weights", False)))
+
+
+def execute_lane(runs: list[PlannedRun], runs_dir: str, threads: int | None = None,
+                 ckpt_dir: str | None = None) -> list[dict]:
+    """One submitit job of the local executor: its runs, one after the other."""
+    return [execute_run(r, runs_dir, threads, ckpt_dir) for r in runs]
+
+
+# ----- estimates ------------------------------------------------------------------------
+
+def probe_tokens_per_s(
+    cfg: ModelConfig, batch_size: int, threads: int | None = None, steps: int = 3
+) -> float:
+    """Measured training tokens/s of ``cfg`` on this machine (random tokens, AdamW, fp32 CPU).
+
+    One warm-up update, then ``steps`` timed updates; a rough estimate for planning only.
+    """
+    import torch
+
+    from scaling.training.model import MoETransformer
+
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        model = MoETransformer(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len + 1))
+
+        def step() -> None:
+            out = model(x[:, :-1], targets=x[:, 1:])
+            (out.loss + 0.01 * out.aux_loss).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return steps * batch_size * cfg.seq_len / (time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    run: PlannedRun
+    status: str
+    tokens: float
+    flops: float
+    tokens_per_s: float | None
+    seconds: float | None
+    gpu_hours: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run.name,
+            "tier": self.run.tier,
+            "arch": self.run.arch,
+            "seed": self.run.seed,
+            "budgets": list(self.run.budgets),
+            "status": self.status,
+            "tokens": self.tokens,
+            "flops": self.flops,
+            "tokens_per_s": self.tokens_per_s,
+            "est_seconds": self.seconds,
+            "gpu_hours": self.gpu_hours,
+        }
+
+
+def estimate(plan: Plan, probe: bool = True) -> list[RunEstimate]:
+    """FLOPs of every run, time on this machine from a measured probe (proxy tiers) and
+    GPU-hours at the plan's stated MFU (paper tiers): hours = FLOPs / (mfu * peak) / 3600."""
+    ex = plan.executor
+    mfu = float(ex.get("mfu", 0.4))
+    peak = float(ex.get("gpu_peak_flops", 9.89e14))
+    threads = ex.get("threads_per_job")
+    speed: dict[tuple, float] = {}
+    out = []
+    for run in plan.runs:
+        decay = float(run.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))
+        tokens, flops = run.tokens_trained(decay), run.flops(decay)
+        tps = secs = gpu_h = None
+        if run.proxy:
+            if probe:
+                key = (run.tier, run.arch, run.train.get("batch_size", 16))
+                if key not in speed:
+                    speed[key] = probe_tokens_per_s(run.model, int(key[2]), threads)
+                tps = speed[key]
+                secs = tokens / tps
+        else:
+            gpu_h = flops / (mfu * peak) / 3600.0
+        out.append(RunEstimate(run, run_status(plan.runs_dir, run.name), tokens, flops, tps, secs, gpu_h))
+    return out
+
+
+# ----- dispatch -------------------------------------------------------------------------
+
+
+def lanes(runs: list[PlannedRun], weights: dict[str, float], n: int) -> list[list[PlannedRun]]:
+    """Longest-processing-time-first packing of runs into n lanes (balanced total weight)."""
+    buckets: list[list[PlannedRun]] = [[] for _ in range(max(1, n))]
+    load = [0.0] * len(buckets)
+    for run in sorted(runs, key=lambda r: -weights.get(r.name, 0.0)):
+        i = load.index(min(load))
+        buckets[i].append(run)
+        load[i] += weights.get(run.name, 0.0)
+    return [b for b in buckets if b]
+
+
+def make_executor(plan: Plan, log_dir: Path, kind: str | None = None):
+    import submitit
+
+    ex = plan.executor
+    kind = kind or ex.get("kind", "local")
+    if kind == "local":
+        executor = submitit.LocalExecutor(folder=str(log_dir))
+        executor.update_parameters(timeout_min=int(ex.get("time_limit_min", 24 * 60)))
+    elif kind == "debug":  # in-process, for tests and pdb
+        executor = submitit.DebugExecutor(folder=str(log_dir))
+    elif kind == "slurm":
+        executor = submitit.SlurmExecutor(folder=str(log_dir))
+        gpus = int(ex.get("gpus_per_job", 8))
+        params = dict(
+            time=int(ex.get("time_limit_min", 24 * 60)),
+            gpus_per_node=gpus,
+            ntasks_per_node=gpus,
+            cpus_per_task=int(ex.get("cpus_per_job", 8)),
+            array_parallelism=int(ex.get("concurrency", 64)),
+            job_name=f"smelt-{plan.name}",
+        )
+        if "partition" in ex:
+            params["partition"] = ex["partition"]
+        if "mem_gb" in ex:
+            params["mem"] = f"{int(ex['mem_gb'])}G"
+        executor.update_parameters(**params)
+    else:
+        raise UserError(f"unknown executor kind {kind!r}; choose local, slurm or debug")
+    return executor, kind
+
+
+def submit(
+    plan: Plan,
+    *,
+    kind: str | None = None,
+    concurrency: int | None = None,
+    threads: int | None = None,
+    log_dir: Path | None = None,
+    estimates: list[RunEstimate] | None = None,
+):
+    """Submit the plan's unfinished runs; returns (jobs, skipped run names)."""
+    todo = [r for r in plan.runs if run_status(plan.runs_dir, r.name) != "done"]
+    skipped = [r.name for r in plan.runs if r not in todo]
+    plan.runs_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = log_dir or plan.runs_dir / ".submitit"
+    executor, kind = make_executor(plan, log_dir, kind)
+    threads = threads if threads is not None else plan.executor.get("threads_per_job")
+    if not todo:
+        return [], skipped
+    runs_dir = str(plan.runs_dir)
+    if kind == "slurm":
+        with executor.batch():
+            jobs = [executor.submit(execute_run, r, runs_dir, threads) for r in todo]
+        return jobs, skipped
+    n = concurrency or int(plan.executor.get("concurrency", 1))
+    weights = {e.run.name: (e.seconds or e.flops) for e in (estimates or [])}
+    if not weights:
+        weights = {
+            r.name: r.flops(float(r.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))) for r in todo
+        }
+    jobs = [executor.submit(execute_lane, lane, runs_dir, threads) for lane in lanes(todo, weights, n)]
+    return jobs, skipped

@@ -1,0 +1,205 @@
+"""Sweep plans: a TOML file listing tiers, architectures, token budgets, seeds and data.
+
+Format (see ``plans/cpu-proxy.toml``)::
+
+    [sweep]
+    name = "cpu-proxy"
+    tiers = ["proxy-xs", "proxy-s"]        # names from scaling.accounting.tiers
+    archs = ["baseline", "smelt"]
+    seeds = [0]
+    budgets = [2.5e5, 5e5, 1e6, 2e6]       # tokens; one WSD cooldown branch per budget
+    runs_dir = "runs"                      # relative to the working directory
+
+    [train]                                # TrainConfig fields shared by every run
+    batch_size = 16
+    lr = 3e-3
+
+    [data]                                 # DataSpec fields (scaling.training.corpus)
+    vocab_size = 4096
+
+    [tier."proxy-l"]                       # per-tier overrides: budgets and any [train] key
+    budgets = [1e6, 2e6]
+    lr = 2e-3
+
+    [model."my-tier"]                      # a custom Baseline tier (ModelConfig keys); list it
+    vocab_size = 4096                      # in [sweep] tiers; its SMELT twin is derived by the
+    d_model = 80                           # matcher (width_multiple: 1 = exact integers)
+    ...
+    width_multiple = 1
+    proxy = true
+
+    [executor]                             # how `smelt-scale sweep` dispatches (submitit)
+    kind = "local"                         # "local" | "slurm" | "debug"
+    concurrency = 2
+    threads_per_job = 1
+    partition = "gpu"                      # slurm only
+    gpus_per_job = 8
+    time_limit_min = 1440
+    mfu = 0.4                              # assumed model FLOPs utilisation for GPU-hour estimates
+    gpu_peak_flops = 9.89e14               # per GPU (H100 SXM dense bf16)
+
+One run = (tier, arch, seed); it trains a WSD trunk to the largest budget and branches a
+cooldown at each smaller one, so each run yields one (N, D) point per budget.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import costs
+from scaling.accounting.matching import smelt_twin
+from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
+from scaling.common.errors import UserError
+
+_SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
+_EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition", "gpus_per_job",
+                  "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training run of a sweep: a tier, an architecture, a seed and its token budgets."""
+
+    name: str
+    tier: str
+    arch: str
+    seed: int
+    budgets: tuple[int, ...]
+    train: dict[str, Any]
+    data: dict[str, Any]
+    model: ModelConfig
+    proxy: bool
+
+    def tokens_trained(self, decay_fraction: float) -> float:
+        """Trunk to the largest budget plus one cooldown of decay_fraction*D_i per smaller budget."""
+        return self.budgets[-1] + decay_fraction * sum(self.budgets[:-1])
+
+    def flops(self, decay_fraction: float) -> float:
+        """Total training FLOPs of the run (branches included)."""
+        return costs(self.model).flops_per_token * self.tokens_trained(decay_fraction)
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    path: Path | None
+    runs_dir: Path
+    runs: tuple[PlannedRun, ...]
+    executor: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+def _as_budgets(values: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{where}: budgets must be a non-empty list of token counts")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise UserError(f"{where}: budget {v!r} is not a positive number of tokens")
+        out.append(int(v))
+    if len(set(out)) != len(out):
+        raise UserError(f"{where}: budgets repeat")
+    return tuple(sorted(out))
+
+
+def run_name(tier: str, arch: str, seed: int) -> str:
+    return f"{tier}-{arch}-s{seed}"
+
+
+def parse_plan(data: dict[str, Any], path: Path | None = None) -> Plan:
+    """Validate a plan dict (as read from TOML) into a Plan; UserError on any problem."""
+    where = str(path) if path else "plan"
+    sweep = data.get("sweep")
+    if not isinstance(sweep, dict):
+        raise UserError(f"{where}: missing [sweep] table")
+    unknown = set(sweep) - _SWEEP_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown [sweep] keys: {', '.join(sorted(unknown))}")
+    tiers = sweep.get("tiers")
+    if not isinstance(tiers, list) or not tiers:
+        raise UserError(f"{where}: [sweep] tiers must be a non-empty list")
+    custom = {name: _custom_tier(name, spec, where) for name, spec in data.get("model", {}).items()}
+    for t in tiers:
+        if t not in TIERS and t not in custom:
+            raise UserError(f"{where}: unknown tier {t!r}; known tiers: {', '.join([*TIERS, *custom])}")
+    archs = sweep.get("archs", list(ARCHS))
+    for a in archs:
+        if a not in ARCHS:
+            raise UserError(f"{where}: unknown arch {a!r}; choose from {', '.join(ARCHS)}")
+    seeds = sweep.get("seeds", [0])
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise UserError(f"{where}: seeds must be a list of integers")
+    train = dict(data.get("train", {}))
+    data_spec = dict(data.get("data", {}))
+    per_tier = data.get("tier", {})
+    unknown_tiers = set(per_tier) - set(tiers)
+    if unknown_tiers:
+        raise UserError(f"{where}: [tier.*] overrides for tiers not in the sweep: "
+                        f"{', '.join(sorted(unknown_tiers))}")
+    executor = dict(data.get("executor", {}))
+    unknown = set(executor) - _EXECUTOR_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown [executor] keys: {', '.join(sorted(unknown))}")
+    runs_dir = Path(sweep.get("runs_dir", "runs"))  # relative paths are relative to the working dir
+    runs = []
+    for tier in tiers:
+        override = dict(per_tier.get(tier, {}))
+        budgets = _as_budgets(override.pop("budgets", sweep.get("budgets")), f"{where} [{tier}]")
+        for arch in archs:
+            if tier in custom:
+                model, proxy = custom[tier][arch], custom[tier]["proxy"]
+            else:
+                model, proxy = get_config(tier, arch), is_proxy(tier)
+            for seed in seeds:
+                runs.append(
+                    PlannedRun(
+                        name=run_name(tier, arch, seed),
+                        tier=tier,
+                        arch=arch,
+                        seed=seed,
+                        budgets=budgets,
+                        train={**train, **override},
+                        data=data_spec,
+                        model=model,
+                        proxy=proxy,
+                    )
+                )
+    return Plan(
+        name=str(sweep.get("name", path.stem if path else "sweep")),
+        path=path,
+        runs_dir=runs_dir,
+        runs=tuple(runs),
+        executor=executor,
+        description=str(sweep.get("description", "")),
+    )
+
+
+def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
+    """A [model."name"] table: a Baseline ModelConfig plus matcher options -> both configs."""
+    if not isinstance(spec, dict):
+        raise UserError(f"{where}: [model.{name}] must be a table of ModelConfig keys")
+    spec = dict(spec)
+    proxy = bool(spec.pop("proxy", True))
+    options = {k: spec.pop(k) for k in ("width_multiple", "width_ratio", "tolerance", "n_loops") if k in spec}
+    base = ModelConfig.from_dict({**spec, "name": name})
+    match = smelt_twin(base, **options)
+    return {"baseline": match.baseline, "smelt": match.smelt, "proxy": proxy}
+
+
+def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
+    """A TOML file as a dict; UserError (one line) when missing or malformed."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{what} file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}") from None
+
+
+def load_plan(path: Path | str) -> Plan:
+    return parse_plan(read_toml(path), Path(path))
