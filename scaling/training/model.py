@@ -332,7 +332,8 @@ class MoETransformer(nn.Module):
         cos, sin = rope_tables(cfg.rotary_dim, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights(seed)
+        if self.embed.weight.device.type != "meta":  # a meta build is filled after sharding
+            self.init_weights(seed)
 
     # -- parameters ------------------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:
@@ -349,22 +350,33 @@ class MoETransformer(nn.Module):
         return total
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init_weights(self, seed: int, write=None) -> None:
         """N(0, 0.02) for every matrix (embedding, router, projections, experts); RMSNorm gains 1.
 
         Matrices that write into the residual stream (attention ``wo``, expert ``w_down``, shared
         expert down) use 0.02 / sqrt(2 L) as GPT-2 does (Radford et al. 2019; nanoGPT), with L the
         physical layers: the loop's 1/r residual scale keeps the looped block's total write
         comparable to one pass. Deterministic given ``seed`` (own generator, fixed order).
+
+        ``write(param, full_value)`` stores one parameter's full fp32 initial value (default: a
+        copy). ``scaling.training.parallel.materialize`` passes one that keeps only the local
+        shard of a sharded parameter, so a sharded model gets bitwise these values.
         """
+        write = write or (lambda p, value: p.copy_(value.to(p)))
         gen = torch.Generator(device="cpu").manual_seed(seed)
         std, resid_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             if p.ndim == 1:
-                p.fill_(1.0)
+                write(p, torch.ones(p.shape))
                 continue
             s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(s).to(p))
+            write(p, torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(s))
+
+    def init_buffers(self) -> None:
+        """Recompute the RoPE tables where the model lives (after ``to_empty`` from the meta device:
+        they are non-persistent buffers, so no state dict carries them)."""
+        cos, sin = rope_tables(self.cfg.rotary_dim, self.cfg.seq_len, self.cfg.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
     # -- forward ---------------------------------------------------------------------------
     def _rope(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,299 @@
+"""Data parallelism for the MoE Transformer with PyTorch's own parts: DDP, FSDP2, HSDP.
+
+One way to build a model for training on ``DistEnv`` (see :mod:`scaling.training.distributed`)::
+
+    dist = setup_distributed(device, mode)                  # process group + DeviceMesh
+    model = build_model(cfg, seed, dist, mode, activation_checkpointing=..., compile=...)
+    ... train_step(model, opt, params, x, y, ...) ...       # accumulation, sync, clipping
+
+Modes:
+
+* ``none``: one process, the plain module.
+* ``ddp``: ``DistributedDataParallel``, every rank holds everything (~16 bytes/parameter with
+  fp32 weights, gradients and AdamW states); fine for small models.
+* ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``) on the 1-D mesh ``("dp_shard",)``:
+  one shard group per *physical* layer, then the root (embedding, final norm, LM head) last.
+* ``hsdp``: the same on the 2-D mesh ``("dp_replicate", "dp_shard")``: parameters sharded within
+  a node and replicated across nodes (reduce-scatter in the node, all-reduce across nodes).
+
+**The looped layers.** A SMELT layer in the loop block is one module that runs twice per
+forward (prelude, pass 1 of the block, pass 2 of the block, coda). It is wrapped once and keeps
+FSDP2's ``reshard_after_forward=True``: it is all-gathered before each of its passes and freed
+after, in forward and again in backward. Keeping the block unsharded between its two passes
+would hold the whole loop block (half the layers) unsharded: at the 1.6B tier that is ~27B
+parameters, 54 GB in bf16 per GPU, which does not fit next to the rest. Resharding costs one
+extra all-gather per looped layer and pass: per step (L + L_loop) all-gathers in forward and
+again in backward instead of 2 L, i.e. 1.5x a Baseline's traffic for SMELT's 1.5x layer passes,
+so the communication per FLOP stays that of the Baseline. The root keeps FSDP2's default
+(no reshard after forward: its parameters are needed first in backward).
+
+**Mixed precision.** On CUDA ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the
+sharded fp32 parameters are the master weights (AdamW updates them in fp32), the all-gathered
+copies used for compute are bf16, gradients are reduced in fp32. On the CPU everything is fp32.
+
+**Activation checkpointing** wraps each physical layer in ``checkpoint_wrapper`` (non-reentrant).
+The wrapper checkpoints each *call*, so a looped layer stores its input once per pass and
+recomputes each pass in backward: per layer pass, as the memory planner counts.
+**torch.compile** compiles each block in place (``Module.compile(fullgraph=True)``, as
+torchtitan does per block) before sharding, so the FSDP2 hooks stay outside the graphs.
+
+**Meta-device build.** For fsdp/hsdp the model is built under ``torch.device("meta")`` (no
+storage), sharded, then ``to_empty`` allocates only each rank's shards and ``materialize`` fills
+them: ``MoETransformer.init_weights`` draws each parameter's *full* fp32 value from its seeded
+CPU generator in the eager order, and the writer keeps this rank's ``torch.chunk`` slice of it
+(FSDP2's ``Shard(0)`` layout; HSDP's ``(Replicate, Shard(0))`` alike). Every rank draws the same
+sequence, so the shards are bitwise the eager values with no communication; the peak extra
+memory is one full parameter in host RAM (at the 1.6B tier the largest is an expert stack
+``w_gate_up`` [336, 2304, 1536] = 1.19e9 floats, 4.8 GB), never the model. The cost is that
+each rank draws every parameter's random numbers (the CPU generator cannot skip ahead).
+
+**Gradient accumulation** reduces gradients once, on the last micro-batch (DDP ``no_sync``;
+FSDP2 ``set_requires_gradient_sync(False)`` before the others). FSDP2 then keeps *unsharded*
+gradients of every layer between micro-batches (4 bytes/parameter of the whole model), which
+defeats sharding for the big tiers: ``grad_sync="every"`` reduce-scatters after every micro-batch
+instead (gradients stay sharded; HSDP still all-reduces across replicas only on the last one).
+**Gradient clipping** takes the global norm of the (sharded, DTensor) gradients:
+``get_total_norm`` gives a partial DTensor, ``full_tensor()`` reduces it across ranks, and
+``clip_grads_with_norm_`` scales the shards, as ``clip_grad_norm_`` does in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch import nn
+
+from scaling.accounting.config import ModelConfig
+from scaling.common.errors import UserError
+from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode
+
+GRAD_SYNC = ("last", "every")
+
+
+def split_batch(batch_size: int, world: int, micro_batch_size: int | None = None) -> tuple[int, int, int]:
+    """(rows per rank, micro-batch rows, micro-batches per step) of a global batch of sequences."""
+    if batch_size % world:
+        raise UserError(f"batch size {batch_size} is not divisible by the {world} ranks")
+    per_rank = batch_size // world
+    micro = micro_batch_size or per_rank
+    if per_rank % micro:
+        raise UserError(f"micro batch {micro} does not divide the per-rank batch {per_rank}")
+    return per_rank, micro, per_rank // micro
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The MoETransformer inside a DDP wrapper (FSDP2 and compile-in-place keep the module)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def parallelize(
+    model: nn.Module,
+    mode: str,
+    mesh=None,
+    *,
+    mixed_precision: bool | None = None,
+    activation_checkpointing: bool = False,
+    compile: bool = False,
+) -> nn.Module:
+    """Apply activation checkpointing, torch.compile and the data-parallel wrapping of ``mode``.
+
+    ``model`` is a ``MoETransformer`` (on the meta device for fsdp/hsdp, on its device for
+    ddp/none). ``mesh`` is the DeviceMesh of fsdp/hsdp. ``mixed_precision`` (fsdp/hsdp): bf16
+    compute with fp32 reduce and master weights; None = on CUDA only. Returns the module to
+    train (DDP's wrapper for ddp; the same module, changed in place, otherwise).
+    """
+    if mode not in PARALLEL_MODES:
+        raise UserError(f"parallel mode must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
+    if mode in ("fsdp", "hsdp") and mesh is None:
+        raise UserError(f"parallel mode {mode} needs a device mesh (a process group of >1 rank)")
+    if mode == "hsdp" and mesh.ndim != 2:
+        raise UserError(f"HSDP needs a 2-D (replicate, shard) mesh, got {mesh.ndim}-D")
+    layers = model.layers
+    for i in range(len(layers)):
+        block = layers[i]
+        if activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                CheckpointImpl,
+                checkpoint_wrapper,
+            )
+
+            # the forward looks layers up in the container at call time, so replacing works
+            block = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            layers[i] = block
+        if compile:
+            block.compile(fullgraph=True)
+    if mode in ("fsdp", "hsdp"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if mixed_precision is None:
+            mixed_precision = mesh.device_type == "cuda"
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if mixed_precision else MixedPrecisionPolicy())
+        for block in layers:  # one group per physical layer; looped ones reshard between passes
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, mp_policy=mp)  # root last: embedding, norm, LM head
+        return model
+    if mode == "ddp":
+        device = next(model.parameters()).device
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        )
+    return model
+
+
+def _write_local_shard(p: torch.Tensor, value: torch.Tensor) -> None:
+    """Store this rank's part of a parameter's full value: all of it, or its DTensor shard.
+
+    A ``Shard(d)`` placement on mesh dimension i holds ``value.chunk(size_i, d)[coord_i]`` (the
+    ``torch.chunk`` split DTensor and FSDP2 use; ranks past the last chunk hold an empty one).
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        p.copy_(value.to(p))
+        return
+    mesh, coord = p.device_mesh, p.device_mesh.get_coordinate()
+    for i, placement in enumerate(p.placements):
+        if placement.is_shard():
+            chunks = value.chunk(mesh.size(i), dim=placement.dim)
+            value = chunks[coord[i]] if coord[i] < len(chunks) else value.narrow(placement.dim, 0, 0)
+    local = p.to_local()
+    if local.shape != value.shape:
+        raise RuntimeError(f"shard of shape {tuple(value.shape)} does not fit local {tuple(local.shape)}")
+    local.copy_(value)
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate a meta-built (possibly sharded) model on ``device`` and give it the eager init."""
+    model.to_empty(device=device)
+    raw = unwrap(model)
+    raw.init_weights(seed, write=_write_local_shard)
+    raw.init_buffers()
+
+
+def build_model(
+    cfg: ModelConfig,
+    seed: int,
+    dist: DistEnv,
+    mode: str,
+    *,
+    mixed_precision: bool | None = None,
+    activation_checkpointing: bool = False,
+    compile: bool = False,
+) -> nn.Module:
+    """The model to train on ``dist`` in ``mode``, initialised exactly as ``MoETransformer(cfg, seed)``.
+
+    fsdp/hsdp build on the meta device and materialise shard by shard (no rank ever holds the
+    whole model); none/ddp build on the device. One rank runs unwrapped.
+    """
+    from scaling.training.model import MoETransformer
+
+    mode = resolve_mode(mode, dist.world)
+    if mode in ("fsdp", "hsdp"):
+        with torch.device("meta"):
+            model = MoETransformer(cfg, seed=seed)
+        model = parallelize(model, mode, dist.mesh, mixed_precision=mixed_precision,
+                            activation_checkpointing=activation_checkpointing, compile=compile)
+        materialize(model, dist.device, seed)
+        return model
+    model = MoETransformer(cfg, seed=seed).to(dist.device)
+    return parallelize(model, mode, None, activation_checkpointing=activation_checkpointing, compile=compile)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, is_last: bool, grad_sync: str = "last"):
+    """Around one micro-batch's forward and backward: reduce gradients only where due.
+
+    ``grad_sync="last"``: only the last micro-batch reduces (DDP ``no_sync``, FSDP2
+    ``set_requires_gradient_sync``). ``"every"`` (FSDP2/HSDP): reduce-scatter every micro-batch
+    so that gradients stay sharded; HSDP's cross-replica all-reduce still waits for the last.
+    """
+    if grad_sync not in GRAD_SYNC:
+        raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNC)}, got {grad_sync!r}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        with contextlib.nullcontext() if is_last or grad_sync == "every" else model.no_sync():
+            yield
+        return
+    if _is_fsdp(model):
+        if grad_sync == "last":
+            model.set_requires_gradient_sync(is_last)
+        else:
+            model.set_requires_gradient_sync(True)
+            model.set_requires_all_reduce(is_last)
+    yield
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """Global L2 norm of the gradients (all ranks' shards), clipped to ``max_norm`` when > 0."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return float(norm)
+
+
+def train_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    n_micro: int,
+    grad_clip: float,
+    aux_coef: float,
+    z_coef: float,
+    grad_sync: str = "last",
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> tuple[torch.Tensor, float]:
+    """One optimizer update on this rank's rows ``x, y`` [rows, T] split into ``n_micro`` micro-batches.
+
+    Objective per micro-batch: ``CE + aux_coef * load_balance + z_coef * router_z``, divided by
+    ``n_micro`` so that the accumulated gradient is the mean (ranks are averaged by the
+    all-reduce / reduce-scatter). Returns this rank's mean [CE, aux, z] (float64, not yet
+    averaged over ranks) and the global gradient norm before clipping.
+    """
+    micro = x.shape[0] // n_micro
+    sums = torch.zeros(3, dtype=torch.float64, device=x.device)
+    for m in range(n_micro):
+        sl = slice(m * micro, (m + 1) * micro)
+        with gradient_sync(model, m == n_micro - 1, grad_sync):
+            with autocast():
+                out = model(x[sl], y[sl])
+            objective = out.loss + aux_coef * out.aux_loss + z_coef * out.z_loss
+            (objective / n_micro).backward()
+        sums += torch.stack([out.loss.detach(), out.aux_loss.detach(), out.z_loss.detach()]).double()
+    gnorm = clip_grad_norm(params, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return sums / n_micro, gnorm
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on CPU in rank 0 (empty elsewhere), plain parameter names.
+
+    Gathers shard by shard (``torch.distributed.checkpoint.state_dict``): for export to one
+    safetensors file and for tests; a checkpoint of a sharded model should use DCP instead.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not torch.distributed.is_initialized():
+        return {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if next(model.parameters()).device.type == "cpu":
+        # a snapshot: on the CPU a gathered tensor can alias the parameter (a 1-rank shard group)
+        sd = {k: v.clone() for k, v in sd.items()}
+    return sd
