@@ -197,7 +197,8 @@ def build_model(
     """
     from scaling.training.model import MoETransformer
 
-    mode = resolve_mode(mode, dist.world)
+    if dist.mesh is None:  # with a mesh (even of one rank) fsdp/hsdp are taken as asked
+        mode = resolve_mode(mode, dist.world)
     if mode in ("fsdp", "hsdp"):
         with torch.device("meta"):
             model = MoETransformer(cfg, seed=seed)

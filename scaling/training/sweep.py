@@ -5,6 +5,14 @@ each to the least-loaded lane), and each lane is one submitit job that trains it
 order, so at most ``concurrency`` trainings share the machine. Slurm executor: one job per
 run, submitted as an array. Every run goes through ``scaling.training.trainer.train(resume=True)``:
 a finished run is skipped, an interrupted one resumes from its last checkpoint.
+
+One distributed training per job: a Slurm job has ``nodes`` x ``gpus_per_node`` tasks, one per
+GPU (``ntasks_per_node = gpus_per_node``); a local job has ``tasks_per_node`` processes (gloo on
+the CPU, or one per GPU of a workstation). submitit starts every task with the same function;
+``scaling.training.distributed.setup_distributed`` exports the torch distributed variables from
+submitit's job environment (``submitit.helpers.TorchDistributedEnvironment``), so the tasks form
+one process group and only rank 0 writes the run folder. ``nodes`` may be set per tier
+(``[tier."1.6B"] nodes = 4``); runs are submitted as one array per node count.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ from scaling.common.errors import UserError
 from scaling.training.sweep_plan import Plan, PlannedRun
 
 DEFAULT_DECAY_FRACTION = 0.2
-# [train] keys that are options of train() rather than TrainConfig fields
-RUN_OPTIONS = {"save_final_weights"}
+# [train] keys that are options of train() or of the job rather than TrainConfig fields
+RUN_OPTIONS = {"save_final_weights", "nodes"}
 
 
 def run_status(runs_dir: Path, name: str) -> str:
@@ -170,34 +178,59 @@ def lanes(runs: list[PlannedRun], weights: dict[str, float], n: int) -> list[lis
     return [b for b in buckets if b]
 
 
-def make_executor(plan: Plan, log_dir: Path, kind: str | None = None):
+def gpus_per_node(ex: dict) -> int:
+    """GPUs (= Slurm tasks) per node; ``gpus_per_job`` is the key's older name."""
+    return int(ex.get("gpus_per_node", ex.get("gpus_per_job", 8)))
+
+
+def run_nodes(run: PlannedRun, ex: dict) -> int:
+    """Nodes of one run's job: its tier's ``nodes`` override, else the executor's (default 1)."""
+    n = run.train.get("nodes", ex.get("nodes", 1))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UserError(f"run {run.name}: nodes must be a positive integer, got {n!r}")
+    return n
+
+
+def executor_parameters(plan: Plan, kind: str, nodes: int = 1) -> dict[str, Any]:
+    """submitit parameters of one job: Slurm one task per GPU on ``nodes`` nodes; local
+    ``tasks_per_node`` processes (the plan's, default 1)."""
+    ex = plan.executor
+    time_min = int(ex.get("time_limit_min", 24 * 60))
+    if kind == "local":
+        tasks = int(ex.get("tasks_per_node", 1))
+        if tasks < 1:
+            raise UserError(f"tasks_per_node must be >= 1, got {tasks}")
+        return {"timeout_min": time_min, "tasks_per_node": tasks}
+    gpus = gpus_per_node(ex)
+    params: dict[str, Any] = dict(
+        time=time_min,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        ntasks_per_node=gpus,  # one task per GPU; each becomes one rank
+        cpus_per_task=int(ex.get("cpus_per_job", 8)),
+        array_parallelism=int(ex.get("concurrency", 64)),
+        job_name=f"smelt-{plan.name}",
+    )
+    if "partition" in ex:
+        params["partition"] = ex["partition"]
+    if "mem_gb" in ex:
+        params["mem"] = f"{int(ex['mem_gb'])}G"
+    return params
+
+
+def make_executor(plan: Plan, log_dir: Path, kind: str | None = None, nodes: int = 1):
     import submitit
 
-    ex = plan.executor
-    kind = kind or ex.get("kind", "local")
+    kind = kind or plan.executor.get("kind", "local")
     if kind == "local":
         executor = submitit.LocalExecutor(folder=str(log_dir))
-        executor.update_parameters(timeout_min=int(ex.get("time_limit_min", 24 * 60)))
     elif kind == "debug":  # in-process, for tests and pdb
-        executor = submitit.DebugExecutor(folder=str(log_dir))
+        return submitit.DebugExecutor(folder=str(log_dir)), kind
     elif kind == "slurm":
         executor = submitit.SlurmExecutor(folder=str(log_dir))
-        gpus = int(ex.get("gpus_per_job", 8))
-        params = dict(
-            time=int(ex.get("time_limit_min", 24 * 60)),
-            gpus_per_node=gpus,
-            ntasks_per_node=gpus,
-            cpus_per_task=int(ex.get("cpus_per_job", 8)),
-            array_parallelism=int(ex.get("concurrency", 64)),
-            job_name=f"smelt-{plan.name}",
-        )
-        if "partition" in ex:
-            params["partition"] = ex["partition"]
-        if "mem_gb" in ex:
-            params["mem"] = f"{int(ex['mem_gb'])}G"
-        executor.update_parameters(**params)
     else:
         raise UserError(f"unknown executor kind {kind!r}; choose local, slurm or debug")
+    executor.update_parameters(**executor_parameters(plan, kind, nodes))
     return executor, kind
 
 
@@ -221,8 +254,12 @@ def submit(
         return [], skipped
     runs_dir = str(plan.runs_dir)
     if kind == "slurm":
-        with executor.batch():
-            jobs = [executor.submit(execute_run, r, runs_dir, threads) for r in todo]
+        jobs = []
+        for nodes in sorted({run_nodes(r, plan.executor) for r in todo}):
+            executor.update_parameters(nodes=nodes)
+            with executor.batch():
+                jobs += [executor.submit(execute_run, r, runs_dir, threads)
+                         for r in todo if run_nodes(r, plan.executor) == nodes]
         return jobs, skipped
     n = concurrency or int(plan.executor.get("concurrency", 1))
     weights = {e.run.name: (e.seconds or e.flops) for e in (estimates or [])}

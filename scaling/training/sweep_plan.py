@@ -33,7 +33,9 @@ Format (see ``plans/cpu-proxy.toml``)::
     concurrency = 2
     threads_per_job = 1
     partition = "gpu"                      # slurm only
-    gpus_per_job = 8
+    gpus_per_node = 8                      # slurm: one task (rank) per GPU; older name gpus_per_job
+    nodes = 1                              # slurm: nodes per run (also per tier: [tier.X] nodes)
+    tasks_per_node = 1                     # local: processes per run (a gloo/NCCL process group)
     time_limit_min = 1440
     mfu = 0.4                              # assumed model FLOPs utilisation for GPU-hour estimates
     gpu_peak_flops = 9.89e14               # per GPU (H100 SXM dense bf16)
@@ -57,7 +59,8 @@ from scaling.common.errors import UserError
 
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition", "gpus_per_job",
-                  "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
+                  "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb",
+                  "gpus_per_node", "nodes", "tasks_per_node"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,275 @@
+"""GPU check: the 100M tier, Baseline and SMELT, trained with FSDP2 in bf16 over the local GPUs.
+
+    python benchmarks/gpu_check.py                 # on a CUDA machine; < 8 min on one H200
+    python benchmarks/gpu_check.py --json          # only the final JSON line on stdout
+
+Without CUDA it prints one line saying it was skipped and exits 0. What it does on CUDA:
+
+1. Spawns one process per local GPU (nccl; one GPU still gets a 1-rank FSDP2 mesh, so the
+   mixed-precision FSDP path is the one exercised), builds each architecture on the meta
+   device, shards it (``scaling.training.parallel.build_model``), and trains ``--steps``
+   AdamW updates (or until ``--max-seconds`` per architecture) on synthetic tokens (a pool of
+   64 steps' rows, cycled): each next token is a fixed random successor of the previous one
+   with probability 0.9 and uniform otherwise, so the loss can fall from ln V (10.4 at V =
+   32768) towards 0.1 ln V + H(0.9), about 1.4 nats.
+2. Reports per architecture: tokens/s over the timed steps (the first ``--warmup`` excluded),
+   MFU = tokens/s x FLOPs/token / (world x peak), with FLOPs/token from
+   ``scaling.accounting.costs.flops_per_token`` (6 x matmul parameters per token + attention,
+   PaLM convention) and peak = 989.4e12 dense bf16 FLOP/s per H100/H200 SXM GPU (NVIDIA H100
+   and H200 datasheets: 1,979 TFLOPS bf16 Tensor Core *with sparsity*, half of it dense);
+   peak CUDA memory (``torch.cuda.max_memory_allocated``) against the memory planner's
+   prediction (``scaling.accounting.memory.estimate_memory`` when that module exists); and the
+   first and last losses (the check asks that the mean of the last 10 be below the first).
+3. Builds the 1.6B tier on the meta device and compares its parameter count with
+   ``scaling.accounting.costs.total_params``.
+
+The last stdout line is one JSON document with all of it and ``ok``. Every function here is
+also run on the CPU at a tiny size by tests/test_parallel_gpu_check.py (``--device cpu``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import torch
+
+PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12}  # dense, per GPU (datasheets, see above)
+
+
+def synthetic_tokens(vocab: int, rows: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    """[rows, seq_len + 1] ids: each next token is a fixed random successor of the previous one
+    with probability 0.9, uniform otherwise (the chain continues from the drawn token)."""
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randperm(vocab, generator=gen)
+    ids = torch.empty(rows, seq_len + 1, dtype=torch.long)
+    ids[:, 0] = torch.randint(0, vocab, (rows,), generator=gen)
+    noise = torch.rand(rows, seq_len, generator=gen) < 0.1
+    rand = torch.randint(0, vocab, (rows, seq_len), generator=gen)
+    for t in range(seq_len):
+        ids[:, t + 1] = torch.where(noise[:, t], rand[:, t], table[ids[:, t]])
+    return ids
+
+
+def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: bool,
+                      grad_sync: str, device_type: str) -> float | None:
+    """The memory planner's per-GPU peak (GB = 1e9 bytes), or None if the planner is absent."""
+    try:
+        from scaling.accounting.memory import Layout, estimate_memory
+    except ImportError:
+        return None
+    compute = "bf16" if device_type == "cuda" else "fp32"
+    layout = Layout(mode=mode if world > 1 or mode != "ddp" else "none", gpus_per_node=world,
+                    micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
+                    grad_sync=grad_sync, compute_dtype=compute)
+    return estimate_memory(cfg, layout).total / 1e9
+
+
+def meta_build(tier: str) -> dict:
+    """Parameter counts of both architectures of ``tier`` built on the meta device vs the accounting."""
+    from scaling.accounting.costs import total_params
+    from scaling.accounting.tiers import get_config
+    from scaling.training.model import MoETransformer
+
+    out = {}
+    for arch in ("baseline", "smelt"):
+        cfg = get_config(tier, arch)
+        with torch.device("meta"):
+            model = MoETransformer(cfg)
+        built = sum(p.numel() for p in model.parameters())
+        out[arch] = {"built": built, "accounting": total_params(cfg), "equal": built == total_params(cfg),
+                     "all_meta": all(p.is_meta for p in model.parameters())}
+    return out
+
+
+def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_micro: int, lr: float,
+               activation_checkpointing: bool, compile: bool, grad_sync: str, max_seconds: float,
+               peak_flops: float | None) -> dict:
+    """Train ``cfg`` on synthetic tokens on ``dist`` (this rank); the measurements as a dict."""
+    from scaling.accounting.costs import flops_per_token
+    from scaling.training.parallel import build_model, train_step
+
+    cuda = dist.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dist.device)
+    model = build_model(cfg, 0, dist, mode, activation_checkpointing=activation_checkpointing,
+                        compile=compile)
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda)
+    rows = micro * n_micro
+    pool = synthetic_tokens(cfg.vocab_size, 64 * rows * dist.world, cfg.seq_len).to(dist.device)
+    losses, t_timed, n_timed = [], 0.0, 0
+    t_start = time.perf_counter()
+    for step in range(steps):
+        first = (step % 64) * rows * dist.world + dist.rank * rows  # this rank's rows of the step
+        x, y = pool[first:first + rows, :-1], pool[first:first + rows, 1:]
+        if cuda:
+            torch.cuda.synchronize(dist.device)
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / max(1, warmup))
+        stats, _ = train_step(model, opt, params, x, y, n_micro=n_micro, grad_clip=1.0, aux_coef=0.01,
+                              z_coef=1e-3, grad_sync=grad_sync)
+        if dist.world > 1:
+            torch.distributed.all_reduce(stats)
+            stats = stats / dist.world
+        loss = float(stats[0])  # syncs the device
+        if step >= warmup:
+            t_timed += time.perf_counter() - t0
+            n_timed += 1
+        losses.append(loss)
+        if time.perf_counter() - t_start > max_seconds and n_timed >= 1:
+            break
+    tokens_per_s = n_timed * rows * dist.world * cfg.seq_len / t_timed if n_timed else None
+    fpt = flops_per_token(cfg)
+    peak_mem = torch.cuda.max_memory_allocated(dist.device) / 1e9 if cuda else None
+    planned = planned_memory_gb(cfg, mode, dist.world, micro, n_micro, activation_checkpointing, grad_sync,
+                                dist.device.type)
+    tail = losses[-10:]
+    return {
+        "arch": cfg.arch,
+        "steps": len(losses),
+        "timed_steps": n_timed,
+        "tokens_per_step": rows * dist.world * cfg.seq_len,
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": fpt,
+        "mfu": (tokens_per_s * fpt / (dist.world * peak_flops)) if tokens_per_s and peak_flops else None,
+        "peak_memory_gb": peak_mem,
+        "planned_memory_gb": planned,
+        "memory_ratio": (peak_mem / planned) if peak_mem and planned else None,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "loss_fell": sum(tail) / len(tail) < losses[0],
+        "finite": all(math.isfinite(v) for v in losses),
+    }
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from scaling.accounting.tiers import get_config
+    from scaling.training.distributed import build_mesh, setup_distributed
+
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    dist = setup_distributed(args.device, args.mode)
+    if dist.mesh is None and args.mode in ("fsdp", "hsdp"):  # one rank: a 1-rank FSDP2 mesh all the same
+        torch.distributed.init_process_group(dist.backend, rank=0, world_size=1)
+        dist = dataclasses.replace(dist, mesh=build_mesh("fsdp", 1, dist.device.type), initialized_here=True)
+    mode = "fsdp" if args.mode == "hsdp" and dist.world == 1 else args.mode
+    results = []
+    try:
+        for arch in args.archs:
+            cfg = get_config(args.tier, arch)
+            if args.seq_len:
+                cfg = cfg.replace(seq_len=args.seq_len)
+            results.append(train_arch(
+                cfg, dist, mode=mode, steps=args.steps, warmup=args.warmup, micro=args.micro_batch,
+                n_micro=args.grad_accum, lr=args.lr, activation_checkpointing=args.activation_checkpointing,
+                compile=args.compile, grad_sync=args.grad_sync, max_seconds=args.max_seconds,
+                peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
+            if dist.device.type == "cuda":
+                torch.cuda.empty_cache()
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(results, f)
+    finally:
+        dist.barrier()
+        dist.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Spawn the ranks, train every architecture, build the meta tier; the whole report."""
+    import torch.multiprocessing as mp
+
+    world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        mp.spawn(_worker, args=(world, _free_port(), args, out), nprocs=world, join=True)
+        with open(out) as f:
+            archs = json.load(f)
+    meta = meta_build(args.meta_tier)
+    ok = all(a["finite"] and a["loss_fell"] for a in archs) and all(m["equal"] and m["all_meta"]
+                                                                    for m in meta.values())
+    return {
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "world": world,
+        "mode": args.mode,
+        "tier": args.tier,
+        "seq_len": args.seq_len,
+        "micro_batch_size": args.micro_batch,
+        "grad_accum_steps": args.grad_accum,
+        "activation_checkpointing": args.activation_checkpointing,
+        "compile": args.compile,
+        "peak_flops_per_gpu": args.peak_flops,
+        "archs": archs,
+        "meta_build": {"tier": args.meta_tier, **meta},
+        "wall_s": time.perf_counter() - t0,
+        "torch": torch.__version__,
+        "ok": ok,
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tier", default="100M")
+    ap.add_argument("--archs", default="baseline,smelt", type=lambda s: s.split(","))
+    ap.add_argument("--mode", default="fsdp", choices=("fsdp", "hsdp", "ddp"))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=10, help="untimed first steps (and LR warmup)")
+    ap.add_argument("--max-seconds", type=float, default=150.0, help="per architecture")
+    ap.add_argument("--micro-batch", type=int, default=2, help="sequences per forward per GPU")
+    ap.add_argument("--grad-accum", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=None, help="override the tier's")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--grad-sync", default="last", choices=("last", "every"))
+    ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block")
+    ap.add_argument("--peak-flops", type=float, default=PEAK_BF16_FLOPS["H200"], help="per GPU")
+    ap.add_argument("--meta-tier", default="1.6B")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: the same code at a tiny size, for the tests")
+    ap.add_argument("--nproc", type=int, default=None, help="processes [default: the GPUs; cpu: 2]")
+    ap.add_argument("--json", action="store_true", help="only the JSON line on stdout")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: skipped, no CUDA device")
+        return 0
+    doc = run(args)
+    if not args.json:
+        for a in doc["archs"]:
+            mem = (f"peak {a['peak_memory_gb']:.1f} GB vs planned {a['planned_memory_gb']:.1f} GB"
+                   if a["peak_memory_gb"] and a["planned_memory_gb"] else
+                   f"peak {a['peak_memory_gb']} GB (planner: {a['planned_memory_gb']})")
+            tps = f"{a['tokens_per_s']:,.0f}" if a["tokens_per_s"] else "-"
+            mfu = f"{a['mfu']:.3f}" if a["mfu"] else "-"
+            print(f"{doc['tier']} {a['arch']}: {a['steps']} steps, {tps} tokens/s, MFU {mfu}, {mem}, "
+                  f"loss {a['first_loss']:.3f} -> {a['last_loss']:.3f}")
+        for arch in ("baseline", "smelt"):
+            m = doc["meta_build"][arch]
+            print(f"meta build {doc['meta_build']['tier']} {arch}: {m['built']:,} parameters, "
+                  f"accounting {m['accounting']:,}, equal {m['equal']}")
+    print(json.dumps(doc))
+    return 0 if doc["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
