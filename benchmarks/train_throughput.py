@@ -1,7 +1,9 @@
-"""Training throughput of our model vs Hugging Face transformers' Mixtral, and MFU, on this machine.
+"""Training throughput of our model (eager and compiled) vs Hugging Face transformers' Mixtral, MFU,
+and FSDP2 vs DDP step time on 2 gloo ranks, on this machine.
 
     python benchmarks/train_throughput.py [--tier proxy-l --arch baseline | --d-model 128 ...]
-                                          [--steps 10] [--threads 2] [--json]
+                                          [--steps 10] [--threads 2] [--no-compile] [--no-parallel]
+                                          [--json]
 
 Both models start from the same weights (``scaling.training.model.to_hf_mixtral``) and train on the same
 fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
@@ -11,15 +13,22 @@ the load average are reported beside them).
 A step is forward, loss, backward, AdamW step, zero_grad:
 
 - ours: ``MoETransformer``; loss = CE + 0.01 * aux + 0.001 * z (the trainer's coefficients)
+- compiled: the same model (a copy of its weights) under ``torch.compile(fullgraph=True)``
 - reference: ``MixtralForCausalLM`` (sdpa attention; experts ``--reference-experts``, default
   transformers' own choice: grouped_mm, or eager where grouped_mm cannot take the sizes);
   loss = CE + 0.01 * aux (``output_router_logits=True``, router_aux_loss_coef = 0.01; no z-loss)
 
-- ratio = ours_tokens_per_s / reference_tokens_per_s
+- ratio = ours_tokens_per_s / reference_tokens_per_s, ours = the faster of eager and compiled
 - matmul_peak_flops: best FLOP/s of a square fp32 ``torch.mm`` (2 n^3 FLOPs, n = 1024, 2048, 3072)
   with the same thread count, measured before and after the training steps (best of both)
 - mfu = ours_tokens_per_s * flops_per_token / matmul_peak_flops, flops_per_token from
   ``scaling.accounting.costs.flops_per_token`` (6 x matmul weights per token + attention, PaLM convention)
+
+FSDP vs DDP (``--no-parallel`` skips it): 2 spawned processes, gloo, ``threads // 2`` threads each
+(at least 1), the same global batch split across the ranks, one update = forward, backward,
+gradient reduction, clipping, AdamW (``scaling.training.parallel.train_step``); DDP and FSDP2
+(``build_model``: meta build, one shard group per layer) alternate step by step, the fastest
+step of each counts; fsdp_over_ddp = fsdp_step_s / ddp_step_s.
 
 ``--tune-malloc`` (default on) calls ``scaling.training.model.tune_cpu_allocator`` first; it applies to
 both models alike. A looped (SMELT) config has no Mixtral equivalent: its reference fields are null.
@@ -94,6 +103,78 @@ def reference_step(model, opt, ids):
     return (out.loss - model.router_aux_loss_coef * out.aux_loss).item()
 
 
+def _parallel_worker(rank: int, world: int, port: int, cfg: ModelConfig, batch: int, threads: int,
+                     warmup: int, steps: int, out: str) -> None:
+    """One rank of the FSDP-vs-DDP timing: alternate single DDP and FSDP2 updates, keep the times."""
+    import dataclasses
+    import json
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(threads)
+    tune_cpu_allocator()
+    from scaling.training.distributed import setup_distributed
+    from scaling.training.parallel import build_model, train_step
+
+    dist = setup_distributed("cpu", "fsdp")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), generator=gen)
+    rows = batch // world
+    x = ids[rank * rows:(rank + 1) * rows, :-1].contiguous()
+    y = ids[rank * rows:(rank + 1) * rows, 1:].contiguous()
+    setups = {}
+    for mode, env in (("ddp", dataclasses.replace(dist, mesh=None)), ("fsdp", dist)):
+        model = build_model(cfg, 0, env, mode)
+        params = list(model.parameters())
+        setups[mode] = (model, make_optimizer(model, "fused"), params)
+    times = {m: [] for m in setups}
+    for i in range(warmup + steps):
+        for mode, (model, opt, params) in setups.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            train_step(model, opt, params, x, y, n_micro=1, grad_clip=1.0, aux_coef=AUX_COEF, z_coef=Z_COEF)
+            t = torch.tensor([time.perf_counter() - t0])
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)  # the slower rank's time
+            if i >= warmup:
+                times[mode].append(t.item())
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(times, f)
+    dist.barrier()
+    dist.close()
+
+
+def fsdp_vs_ddp(cfg: ModelConfig, batch: int, threads: int, warmup: int, steps: int) -> dict:
+    """Best step time of DDP and of FSDP2 on 2 gloo ranks (see the module docstring)."""
+    import json
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if batch % 2:
+        raise ValueError("the FSDP/DDP comparison needs an even --batch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    per_rank_threads = max(1, threads // 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        mp.spawn(_parallel_worker, args=(2, port, cfg, batch, per_rank_threads, warmup, steps, out), nprocs=2)
+        with open(out) as f:
+            times = json.load(f)
+    best = {m: min(v) for m, v in times.items()}
+    return {
+        "ranks": 2,
+        "threads_per_rank": per_rank_threads,
+        "ddp_step_s": best["ddp"],
+        "fsdp_step_s": best["fsdp"],
+        "ddp_median_step_s": statistics.median(times["ddp"]),
+        "fsdp_median_step_s": statistics.median(times["fsdp"]),
+        "fsdp_over_ddp": best["fsdp"] / best["ddp"],
+    }
+
+
 def run(args) -> dict:
     if args.tune_malloc:
         tune_cpu_allocator()
@@ -108,6 +189,13 @@ def run(args) -> dict:
             layer.moe.dispatch = args.dispatch
     contenders = {"ours": (ours, make_optimizer(ours, args.optimizer))}
     steps = {"ours": lambda: ours_step(ours, contenders["ours"][1], x, y)}
+    if args.compile:
+        twin = MoETransformer(cfg, seed=0)
+        for layer in twin.layers:
+            layer.moe.dispatch = ours.layers[0].moe.dispatch
+        compiled = torch.compile(twin, fullgraph=True)
+        contenders["compiled"] = (compiled, make_optimizer(twin, args.optimizer))
+        steps["compiled"] = lambda: ours_step(compiled, contenders["compiled"][1], x, y)
     ref_impl = None
     if not cfg.is_looped and not args.no_reference:
         impl = None if args.reference_experts == "auto" else args.reference_experts
@@ -135,16 +223,27 @@ def run(args) -> dict:
     peak = max(peak, matmul_peak_flops())
 
     tokens = args.batch * cfg.seq_len
-    ours_tps = tokens / best["ours"]
+    eager_tps = tokens / best["ours"]
+    compiled_tps = tokens / best["compiled"] if "compiled" in best else None
+    ours_tps = max(eager_tps, compiled_tps or 0.0)
     ref_tps = tokens / best["reference"] if "reference" in best else None
     fpt = flops_per_token(cfg)
+    parallel = (fsdp_vs_ddp(cfg, args.batch, args.threads, args.warmup, args.steps)
+                if args.parallel else None)
     return {
         "config": cfg.to_dict(),
         "ours_tokens_per_s": ours_tps,
+        "eager_tokens_per_s": eager_tps,
+        "compiled_tokens_per_s": compiled_tps,
         "reference_tokens_per_s": ref_tps,
         "ratio": ours_tps / ref_tps if ref_tps else None,
         "matmul_peak_flops": peak,
         "mfu": ours_tps * fpt / peak,
+        "eager_mfu": eager_tps * fpt / peak,
+        "compiled_mfu": compiled_tps * fpt / peak if compiled_tps else None,
+        "reference_mfu": ref_tps * fpt / peak if ref_tps else None,
+        "fsdp_over_ddp": parallel["fsdp_over_ddp"] if parallel else None,
+        "parallel": parallel,
         "ours_flops_per_s": ours_tps * fpt,
         "flops_per_token": fpt,
         "tokens_per_step": tokens,
@@ -154,6 +253,7 @@ def run(args) -> dict:
         "reference_experts_implementation": ref_impl,
         "timed_steps": args.steps,
         "ours_median_tokens_per_s": tokens / median["ours"],
+        "compiled_median_tokens_per_s": tokens / median["compiled"] if "compiled" in median else None,
         "reference_median_tokens_per_s": tokens / median["reference"] if "reference" in median else None,
         "first_loss": first_loss,
         "last_loss": last_loss,
@@ -173,9 +273,13 @@ def print_table(doc: dict) -> None:
     for col in ("model", "tokens/s", "GFLOP/s", "first loss", "last loss"):
         t.add_column(col, justify="right" if col != "model" else "left")
     fpt = doc["flops_per_token"]
-    t.add_row(f"ours ({doc['dispatch']})", f"{doc['ours_tokens_per_s']:,.0f}",
-              f"{doc['ours_tokens_per_s'] * fpt / 1e9:.1f}", f"{doc['first_loss']['ours']:.4f}",
+    t.add_row(f"ours eager ({doc['dispatch']})", f"{doc['eager_tokens_per_s']:,.0f}",
+              f"{doc['eager_tokens_per_s'] * fpt / 1e9:.1f}", f"{doc['first_loss']['ours']:.4f}",
               f"{doc['last_loss']['ours']:.4f}")
+    if doc["compiled_tokens_per_s"]:
+        t.add_row("ours compiled", f"{doc['compiled_tokens_per_s']:,.0f}",
+                  f"{doc['compiled_tokens_per_s'] * fpt / 1e9:.1f}", f"{doc['first_loss']['compiled']:.4f}",
+                  f"{doc['last_loss']['compiled']:.4f}")
     if doc["reference_tokens_per_s"]:
         t.add_row(f"transformers Mixtral ({doc['reference_experts_implementation']})",
                   f"{doc['reference_tokens_per_s']:,.0f}", f"{doc['reference_tokens_per_s'] * fpt / 1e9:.1f}",
@@ -184,6 +288,11 @@ def print_table(doc: dict) -> None:
     ratio = f"{doc['ratio']:.2f}" if doc["ratio"] else "n/a"
     stdout.print(f"ratio {ratio}   matmul peak {doc['matmul_peak_flops'] / 1e9:.1f} GFLOP/s   "
                  f"MFU {doc['mfu']:.3f}   load average {doc['load_average_1m']:.2f}")
+    if doc["parallel"]:
+        p = doc["parallel"]
+        stdout.print(f"2 gloo ranks x {p['threads_per_rank']} threads: "
+                     f"DDP step {p['ddp_step_s'] * 1e3:.1f} ms, FSDP2 step {p['fsdp_step_s'] * 1e3:.1f} ms, "
+                     f"fsdp_over_ddp {p['fsdp_over_ddp']:.2f}")
 
 
 def main(argv=None) -> int:
@@ -206,6 +315,10 @@ def main(argv=None) -> int:
                     choices=("auto", "eager", "grouped_mm", "batched_mm"),
                     help="transformers' experts_implementation")
     ap.add_argument("--no-reference", action="store_true", help="time our model only")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time torch.compile(fullgraph=True) of our model")
+    ap.add_argument("--parallel", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time FSDP2 vs DDP on 2 gloo ranks")
     ap.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
                     help="scaling.training.model.tune_cpu_allocator() first (both models)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,0 +1,137 @@
+"""Launching a 2-rank FSDP2 run: torchrun by hand, and submitit's local executor with 2 tasks.
+
+All three runs train the looped SMELT proxy-tiny model on the same batches (global batch 8,
+micro-batch 2): one process (4 accumulation steps), torchrun with ``--parallel fsdp`` (2 ranks x
+2 micro-batches), and a sweep plan through submitit's LocalExecutor with ``tasks_per_node = 2``,
+where ``setup_distributed`` exports the torch variables from submitit's job environment. The
+two launchers run the same code on the same world size, so their logs must be identical; FSDP
+vs one process differ in float summation order only (1e-6 relative, the issue's tolerance).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaling.accounting.tiers import get_config
+from scaling.training import runlog
+from scaling.training.sweep import submit
+from scaling.training.sweep_plan import load_plan
+from scaling.training.trainer import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TIER, ARCH = "proxy-tiny", "smelt"
+TOKENS = (10 * 8 * 64, 20 * 8 * 64)
+TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "rss_gb", "peak_memory_gb", "mfu", "step_s"}
+TRAIN = dict(batch_size=8, micro_batch_size=2, data_max_bytes=100_000, eval_every=5, ckpt_every=4,
+             threads=1, val_windows=16, warmup=2, device="cpu")
+
+PLAN = """
+[sweep]
+name = "launch"
+tiers = ["proxy-tiny"]
+archs = ["smelt"]
+budgets = [{b0}, {b1}]
+runs_dir = "{runs}"
+
+[train]
+batch_size = 8
+micro_batch_size = 2
+data_max_bytes = 100000
+eval_every = 5
+ckpt_every = 4
+val_windows = 16
+warmup = 2
+device = "cpu"
+parallel = "fsdp"
+
+[executor]
+kind = "local"
+concurrency = 1
+threads_per_job = 1
+tasks_per_node = 2
+"""
+
+
+@pytest.fixture()
+def cache(tmp_path_factory, monkeypatch):
+    cache = str(tmp_path_factory.getbasetemp() / "smelt-cache")
+    monkeypatch.setenv("SMELT_CACHE", cache)
+    return cache
+
+
+def torchrun(args: list[str], cache: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "scaling.cli", "train", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def cli_args(name: str, runs: Path, batch_size: int = 8) -> list[str]:
+    return ["--tier", TIER, "--arch", ARCH, "--tokens", ",".join(map(str, TOKENS)),
+            "--batch-size", str(batch_size), "--micro-batch-size", "2", "--data-max-bytes", "100000",
+            "--eval-every", "5", "--ckpt-every", "4", "--threads", "1", "--val-windows", "16",
+            "--warmup", "2", "--device", "cpu", "--parallel", "fsdp", "--run-name", name,
+            "--runs-dir", str(runs), "--json"]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def test_torchrun_and_submitit_fsdp_runs_equal_one_process(tmp_path, cache):
+    single = train(get_config(TIER, ARCH), TrainConfig(tokens=TOKENS, **TRAIN), tier=TIER, run_name="single",
+                   runs_dir=tmp_path / "single")
+
+    proc = torchrun(cli_args("fsdp", tmp_path / "torchrun"), cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_torchrun = json.loads(proc.stdout)  # one JSON document: rank 1 prints nothing
+
+    plan_path = tmp_path / "launch.toml"
+    plan_path.write_text(PLAN.format(b0=TOKENS[0], b1=TOKENS[1], runs=tmp_path / "submitit"))
+    jobs, skipped = submit(load_plan(plan_path))
+    assert len(jobs) == 1 and not skipped
+    per_task = jobs[0].results()  # one list of run documents per task (both ranks return)
+    assert len(per_task) == 2 and per_task[0][0]["points"] == per_task[1][0]["points"]
+
+    # one run folder, written once, by rank 0: no duplicated or missing metric lines
+    runs = tmp_path / "submitit"
+    assert sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) == ["proxy-tiny-smelt-s0"]
+    sub_dir = runs / "proxy-tiny-smelt-s0"
+    meta = runlog.read_json(sub_dir / "config.json")
+    assert meta["resolved"]["world_size"] == 2 and meta["train"]["parallel"] == "fsdp"
+    sub, tr = metrics(sub_dir), metrics(tmp_path / "torchrun" / "fsdp")
+    iters = [r["iter"] for r in sub]
+    assert iters == sorted(set(iters)) and iters[-1] == len(iters)
+
+    # the two launchers: the same run, bit for bit
+    assert sub == tr
+    final = runlog.read_json(sub_dir / "final.json")
+
+    def same(points):  # run names differ; wall time is not a result
+        return [{k: v for k, v in p.items() if k not in ("run", "wall_s")} for p in points]
+
+    assert final["complete"] and same(final["points"]) == same(by_torchrun["points"])
+
+    # FSDP on 2 ranks vs one process: the same losses up to float summation order
+    one = metrics(tmp_path / "single" / "single")
+    assert [(r["iter"], r["step"], r["branch"]) for r in tr] == [(r["iter"], r["step"], r["branch"]) for r in one]
+    for a, b in zip(one, tr):
+        for key in ("train_loss", "aux_loss", "z_loss", "val_loss", "grad_norm"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-6), (key, a["iter"])
+    for p, q in zip(single["points"], by_torchrun["points"]):
+        assert q["loss"] == pytest.approx(p["loss"], rel=1e-6)
+
+
+def test_world_size_that_does_not_divide_the_batch_is_refused(tmp_path, cache):
+    proc = torchrun(cli_args("bad", tmp_path / "runs", batch_size=7), cache)
+    # each rank exits 2 with the one-line message; torchrun then reports the failed workers itself
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors and set(errors) == {"error: batch size 7 is not divisible by the 2 ranks"}
+    assert "exitcode  : 2" in proc.stderr or "exit code: 2" in proc.stderr or "exitcode: 2" in proc.stderr
+    assert not (tmp_path / "runs" / "bad").exists()
