@@ -27,15 +27,16 @@ TIER, ARCH, SEED = "proxy-tiny", "smelt", 3
 STEPS, ROWS, N_MICRO = 6, 8, 2  # global batch 8 rows; per rank 4 rows = 2 micro-batches of 2
 CLIP = 0.05  # below the norms seen here, so clipping acts on every step
 LR = 3e-3
-# mode, replicate degree, activation checkpointing, grad_sync
+# mode, replicate degree, activation checkpointing, grad_sync, torch.compile per block
 SCENARIOS = {
-    "fsdp": ("fsdp", None, False, "last"),
-    "fsdp_ac": ("fsdp", None, True, "last"),
-    "fsdp_every": ("fsdp", None, False, "every"),
-    "hsdp_1x2": ("hsdp", 1, False, "last"),
-    "hsdp_2x1": ("hsdp", 2, False, "last"),
-    "ddp": ("ddp", None, False, "last"),
+    "fsdp": ("fsdp", None, False, "last", False),
+    "fsdp_ac": ("fsdp", None, True, "last", False),
+    "fsdp_every": ("fsdp", None, False, "every", False),
+    "hsdp_1x2": ("hsdp", 1, False, "last", False),
+    "hsdp_2x1": ("hsdp", 2, False, "last", False),
+    "ddp": ("ddp", None, False, "last", False),
 }
+SLOW_SCENARIOS = {"fsdp_ac_compile": ("fsdp", None, True, "last", True)}  # inductor: minutes on 2 cores
 
 
 def batches(cfg):
@@ -63,7 +64,7 @@ def run_steps(model, x, y, n_micro, reduce=None):
     return losses, norms
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, names: tuple[str, ...] = tuple(SCENARIOS)) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -80,10 +81,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         return t / world
 
     results, envs = {}, []
-    for name, (mode, rep, ac, sync) in SCENARIOS.items():
+    for name in names:
+        mode, rep, ac, sync, compile = {**SCENARIOS, **SLOW_SCENARIOS}[name]
         dist = setup_distributed("cpu", mode, replicate=rep)  # the first call creates the group
         envs.append(dist)
-        model = build_model(cfg, SEED, dist, mode, activation_checkpointing=ac)
+        model = build_model(cfg, SEED, dist, mode, activation_checkpointing=ac, compile=compile)
         init = full_state_dict(model)
         opt = make_opt(model)
         params = list(model.parameters())
@@ -153,6 +155,17 @@ def test_two_ranks_train_like_one_process(two_ranks, reference, name):
         assert torch.allclose(got["final"][k], want, rtol=0, atol=1e-6), k
         moved = max(moved, (want - reference["init"][k]).abs().max().item())
     assert moved > 1e-3  # the parameters did change, far beyond the tolerance
+
+
+@pytest.mark.slow
+def test_compiled_blocks_with_checkpointing_under_fsdp(tmp_path, reference):
+    out = str(tmp_path / "results.pt")
+    mp.spawn(_worker, args=(2, _free_port(), out, tuple(SLOW_SCENARIOS)), nprocs=2, join=True)
+    got = torch.load(out, weights_only=False)["fsdp_ac_compile"]
+    for a, b in zip(got["losses"], reference["losses"]):
+        assert a == pytest.approx(b, rel=1e-5)  # inductor may fuse differently: a looser bound
+    for k, want in reference["final"].items():
+        assert torch.allclose(got["final"][k], want, rtol=0, atol=1e-5), k
 
 
 def test_clip_grad_norm_equals_torch_in_one_process():

@@ -142,10 +142,15 @@ def parallelize(
         fully_shard(model, mesh=mesh, mp_policy=mp)  # root last: embedding, norm, LM head
         return model
     if mode == "ddp":
+        import inspect
+
         device = next(model.parameters()).device
-        return nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
-        )
+        # the only buffers are the RoPE tables, equal on every rank: never sync them per forward
+        # (torch 2.13 renamed broadcast_buffers to forward_sync_buffers)
+        ddp = nn.parallel.DistributedDataParallel
+        renamed = "forward_sync_buffers" in inspect.signature(ddp).parameters
+        no_sync = {"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False}
+        return ddp(model, device_ids=[device.index] if device.type == "cuda" else None, **no_sync)
     return model
 
 
