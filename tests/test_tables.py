@@ -40,9 +40,10 @@ def test_runs_directory_points_unfinished_and_corrupt(tmp_path):
     assert sorted(df["group"].unique()) == ["baseline", "smelt"]     # the arch column groups by default
     assert df.loc[df["run"] == "b1", "D"].tolist() == [1e7, 2e7]
     assert df["flops"].tolist()[0] == pytest.approx(6.5e13)
-    assert len(warnings) == 2
-    assert any("broken" in w for w in warnings) and any("badpoints" in w for w in warnings)
-    assert not any("pending" in w for w in warnings)
+    assert len(warnings) == 3                                       # every skipped run, with its reason
+    assert any("broken" in w and "unreadable" in w for w in warnings)
+    assert any("badpoints" in w for w in warnings)
+    assert any("pending" in w and "no final.json" in w for w in warnings)
 
 
 def test_runs_directory_without_finished_runs_is_an_error(tmp_path):
@@ -101,12 +102,22 @@ def test_parquet_needs_pyarrow(tmp_path):
 
 
 @pytest.mark.parametrize("table, cols, message", [
-    ({"N": [1e6], "loss": [3.0]}, Columns(), "no column 'D'.*--d-col.*--c-col"),
-    ({"D": [1e6], "loss": [3.0]}, Columns(), "no column 'N'.*--n-col"),
-    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(group="arch"), "no column 'arch'.*--group-col"),
-    ({"N": [1e6, "abc"], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "'N' is not numeric.*row 2.*abc"),
-    ({"N": [1e6, np.nan], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "N has 1 NaN/inf"),
-    ({"N": [1e6, 2e6], "D": [1e8, np.inf], "loss": [3.0, 2.9]}, Columns(), "D has 1 NaN/inf"),
+    ({"N": [1e6], "loss": [3.0]}, Columns(), "no token column 'D'.*compute C to derive D"),
+    ({"D": [1e6], "loss": [3.0]}, Columns(), "no parameter column 'N'"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(group="arch"), "no group column 'arch'"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(run="id"), "no run column 'id'"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(c="C"), "no compute column 'C'"),
+    ({"N": [1e6, "abc"], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(),
+     "'N' has a value that is not a finite number: row 2 reads 'abc'"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, "n/a"]}, Columns(),
+     "'loss' has a value that is not a finite number: row 2 reads 'n/a'"),
+    ({"N": [1e6, np.nan], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "N is missing .* in 1 rows .*row 2"),
+    ({"N": [1e6, 2e6], "D": [1e8, np.inf], "loss": [3.0, 2.9]}, Columns(), "'D' has a value that is not a fin"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(n="N:X"), "unknown unit 'X'"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(where=("nope > 1",)),
+     "cannot apply the row filter 'nope > 1'"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(where=("N > 1e9",)),
+     "no rows left after the row filters"),
     ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, -1.0]}, Columns(), "loss must be > 0.*row 2"),
     ({"N": [0.0, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.0]}, Columns(), "N must be > 0"),
 ])
@@ -132,7 +143,7 @@ def test_law_inputs_checks_sparsity_and_flops(tmp_path):
     base = {"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9], "flops_per_token": [6e6, 1.2e7]}
     pd.DataFrame(base).to_csv(p, index=False)
     df = load_points(p)
-    with pytest.raises(UserError, match="needs sparsity.*--sparsity-col"):
+    with pytest.raises(UserError, match="needs sparsity.*sparsity column"):
         law_inputs(df, ("F", "S", "D"))
     pd.DataFrame({**base, "S": [0.5, 1.0]}).to_csv(p, index=False)
     with pytest.raises(UserError, match=r"sparsity must lie in \[0, 1\)"):
@@ -142,7 +153,7 @@ def test_law_inputs_checks_sparsity_and_flops(tmp_path):
     np.testing.assert_allclose(X["S"], [0.5, 0.9])
     pd.DataFrame({k: v for k, v in base.items() if k != "flops_per_token"} | {"sparsity": [0.1, 0.2]}).to_csv(
         p, index=False)
-    with pytest.raises(UserError, match="needs flops_per_token.*--flops-col"):
+    with pytest.raises(UserError, match="needs flops_per_token.*FLOPs-per-token column"):
         law_inputs(load_points(p), ("F", "S", "D"))
 
 
