@@ -16,14 +16,15 @@ from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from scaling.common.errors import UserError
 from scaling.common.serialize import to_json
 
 # Tables stay readable when piped or captured (rich would fall back to 80 columns).
 _WIDTH = None if sys.stdout.isatty() else 200
-stdout = Console(soft_wrap=True, width=_WIDTH)
-stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+stdout = Console(soft_wrap=True, width=_WIDTH, emoji=False)
+stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200, emoji=False)
 
 
 def emit_json(obj: Any) -> None:
@@ -33,7 +34,7 @@ def emit_json(obj: Any) -> None:
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+    stderr.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -55,6 +56,8 @@ def run_cli(fn: Callable) -> Callable:
             fail(str(exc))
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             fail(f"{exc.strerror or exc}: {exc.filename}" if getattr(exc, "filename", None) else str(exc))
+        except UnicodeDecodeError:
+            fail("an input file is not UTF-8 text (a binary file, or another encoding)")
         except KeyboardInterrupt:
             fail("interrupted", code=130)
 
