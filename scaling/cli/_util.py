@@ -11,7 +11,9 @@ Conventions (every command follows them):
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import typer
@@ -67,3 +69,32 @@ def run_cli(fn: Callable) -> Callable:
 def show_progress(json_mode: bool = False, quiet: bool = False) -> bool:
     """Whether to draw rich progress bars (never into a pipe, never with --json)."""
     return not (json_mode or quiet) and sys.stderr.isatty()
+
+
+def _first_existing(path: Path) -> Path:
+    for parent in (path, *path.parents):
+        if parent.exists():
+            return parent
+    return Path(".")
+
+
+def check_output_dir(path: Path | str, what: str = "output folder") -> Path:
+    """Fail before any work if ``path`` cannot become a writable folder (it, or a parent, is a file)."""
+    path = Path(path)
+    base = _first_existing(path)
+    if not base.is_dir():
+        fail(f"{what} {path}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        fail(f"{what} {path}: {base} is not writable")
+    return path
+
+
+def check_output_file(path: Path | str, what: str = "output file") -> Path:
+    """Fail before any work if ``path`` cannot be written as a file (a folder, or below a file)."""
+    path = Path(path)
+    if path.is_dir():
+        fail(f"{what} {path} is a folder, not a file")
+    check_output_dir(path.parent, what=f"folder of the {what}")
+    if path.exists() and not os.access(path, os.W_OK):
+        fail(f"{what} {path} is not writable")
+    return path
