@@ -974,3 +974,52 @@ def saved_analyses(runs_dir: str | Path, kind: str) -> list[tuple[Path, Any]]:
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise UserError(f"cannot read {f}: {exc}") from None
     return out
+
+
+# -- held-out extrapolation check (scaling.fitting.holdout) ------------------------------------
+@_styled
+def holdout(result: Any) -> Figure:
+    """Predicted vs observed loss of held-out points (``scaling.fitting.holdout.HoldoutResult``).
+
+    Left: observed against predicted (nats), one marker per point coloured by group, with its
+    bootstrap prediction interval as a horizontal bar, and the diagonal y = x. Right: the error in
+    log loss, log(observed / predicted), against total compute, with the interval as bars; points
+    outside their interval are hollow.
+    """
+    df = result.heldout
+    groups = _order(df["group"])
+    colours = group_colours(groups)
+    fig, axes = _figure(1, 2, 7.2, 3.2)
+    ax, ax2 = axes[0]
+    for g in groups:
+        s = df[df["group"] == g]
+        col = colours[g]
+        has = np.isfinite(s["lo"].to_numpy(dtype=float))
+        if has.any():
+            ax.errorbar(s["predicted"], s["observed"],
+                        xerr=[s["predicted"] - s["lo"], s["hi"] - s["predicted"]],
+                        fmt="none", ecolor=col, elinewidth=0.8, alpha=0.6)
+            ax2.errorbar(s["compute"], np.zeros(len(s)),
+                         yerr=[np.log(s["predicted"] / s["lo"]), np.log(s["hi"] / s["predicted"])],
+                         fmt="none", ecolor=col, elinewidth=0.8, alpha=0.4)
+        inside = s["inside"].map(lambda v: v is not False).to_numpy(dtype=bool)
+        for mask, face in ((inside, col), (~inside, "none")):
+            if mask.any():
+                ax.plot(s["predicted"][mask], s["observed"][mask], ls="none", marker="o", ms=4.5, mfc=face,
+                        mec=col, label=group_label(g) if face == col else None)
+                ax2.plot(s["compute"][mask], s["error_log"][mask], ls="none", marker="o", ms=4.5, mfc=face,
+                         mec=col)
+    lo = float(np.nanmin(df[["observed", "predicted"]].to_numpy()))
+    hi = float(np.nanmax(df[["observed", "predicted"]].to_numpy()))
+    pad = 0.05 * (hi - lo or hi)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.4", lw=0.8, ls="--")
+    ax.set_xlabel("predicted loss (nats)")
+    ax.set_ylabel("observed loss (nats)")
+    ax.set_title(f"held out: {result.rule}", fontsize=9)
+    _legend(ax, fontsize=7)
+    ax2.axhline(0, color="0.4", lw=0.8, ls="--")
+    _log(ax2, "x")
+    ax2.set_xlabel("training compute C (FLOPs)")
+    ax2.set_ylabel("log(observed / predicted)")
+    ax2.set_title(f"{100 * result.level:.0f}% prediction intervals (hollow: outside)", fontsize=9)
+    return fig
