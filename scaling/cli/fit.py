@@ -42,17 +42,19 @@ def load_fit_table(path: Path, cols: "Columns"):
     except UserError as exc:
         raise UserError(with_flags(exc)) from None
     for m in table.messages():
-        warn(with_flags(m) if "derived" not in m else m)
+        warn(with_flags(m))
     return table
 
 
-def print_table_mapping(table) -> None:
+def print_table_mapping(table, json_out: bool = False) -> None:
+    """One line: which column was taken as what (stdout; stderr beside --json)."""
     m = table.mapping
     parts = [f"{k} <- {v}" for k, v in m.items()]
     kept = (f"; {table.rows_kept} of {table.rows_read} rows kept by --where"
             if table.settings.get("where") else "")
-    stdout.print(f"columns: {'; '.join(parts)}; k = {table.settings['flops_per_nd']:g} FLOPs per parameter "
-                 f"per token (--flops-per-nd){kept}", highlight=False, markup=False)
+    (stderr if json_out else stdout).print(
+        f"columns: {'; '.join(parts)}; k = {table.settings['flops_per_nd']:g} FLOPs per parameter per token "
+        f"(--flops-per-nd){kept}", highlight=False, markup=False)
 
 
 def print_holdout(result) -> None:
@@ -206,8 +208,7 @@ def register(app: typer.Typer) -> None:
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))
         table = load_fit_table(path, cols)
         points = table.points
-        if not json_out:
-            print_table_mapping(table)
+        print_table_mapping(table, json_out)
         if holdout_rule is not None:
             from scaling.fitting.holdout import holdout
 

@@ -372,7 +372,6 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
             mapping["C"] = "'flops' (guessed: column named flops)"
 
     def derive(target: str, other: np.ndarray, other_name: str) -> np.ndarray:
-        notes.append(f"{target} derived as C / ({k:g} {other_name}): k = {k:g} FLOPs per parameter per token")
         return compute / (k * other)
 
     if has_n:
