@@ -52,9 +52,10 @@ def print_table_mapping(table, json_out: bool = False) -> None:
     parts = [f"{k} <- {v}" for k, v in m.items()]
     kept = (f"; {table.rows_kept} of {table.rows_read} rows kept by --where"
             if table.settings.get("where") else "")
-    (stderr if json_out else stdout).print(
-        f"columns: {'; '.join(parts)}; k = {table.settings['flops_per_nd']:g} FLOPs per parameter per token "
-        f"(--flops-per-nd){kept}", highlight=False, markup=False)
+    k = (f"; k = {table.settings['flops_per_nd']:g} FLOPs per parameter per token (--flops-per-nd)"
+         if table.settings.get("flops_per_nd_used") else "")
+    (stderr if json_out else stdout).print(f"columns: {'; '.join(parts)}{k}{kept}", highlight=False,
+                                           markup=False)
 
 
 def print_holdout(result) -> None:

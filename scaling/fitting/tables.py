@@ -281,8 +281,9 @@ def _numeric(df: pd.DataFrame, col: str, source: str, rows: np.ndarray | None = 
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         row = int(rows[i]) if rows is not None else i + 1
+        n_bad = int(bad.sum())
         raise UserError(f"{source}: column {col!r} has a value that is not a finite number: row {row} "
-                        f"reads {s.iloc[i]!r} ({int(bad.sum())} such cells)")
+                        f"reads {s.iloc[i]!r} ({n_bad} such cell{'s' if n_bad > 1 else ''} in all)")
     return num.to_numpy(dtype=float)
 
 
@@ -428,7 +429,11 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
     for name in ("N", "D", "loss"):
         check_positive_finite(out[name].to_numpy(), name, source, rows=rownum)
     notes += plausibility(out["N"].to_numpy(), out["D"].to_numpy())
-    settings = {"columns": mapping, "where": list(c.where), "flops_per_nd": k,
+    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
+    mapping = {key: mapping[key] for key in order if key in mapping}
+    # k matters where it derived a column, or stands in for an unrecorded compute
+    k_used = not (has_n and has_d) or compute is None or k_given
+    settings = {"columns": mapping, "where": list(c.where), "flops_per_nd": k, "flops_per_nd_used": k_used,
                 "rows_read": rows_read, "rows_kept": len(out)}
     return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
                  rows_kept=len(out), settings=settings)
