@@ -10,7 +10,14 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, stdout, warn
 from scaling.common.errors import UserError
-from scaling.fitting.compare import CLUSTERS, CompareResult, PairStats, at_least_tokens, compare, length_buckets
+from scaling.fitting.compare import (
+    CLUSTERS,
+    CompareResult,
+    PairStats,
+    at_least_tokens,
+    compare,
+    length_buckets,
+)
 from scaling.fitting.tables import read_runs_dir
 
 
@@ -50,13 +57,14 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
             lt.add_column(c, justify="right", no_wrap=True)
         for b in res.by_length:
             hi = "∞" if b["hi"] is None else b["hi"]
-            lt.add_row(f"{b['tier']} s{b['seed']}", f"{b['by']} [{b['lo']}, {hi})", f"{b['diff']:+.4f}",
-                       "—" if b["se"] is None else f"{b['se']:.4f}", str(b["n_sequences"]), str(b["n_tokens"]))
+            se = "—" if b["se"] is None else f"{b['se']:.4f}"
+            lt.add_row(f"{b['tier']} s{b['seed']}", f"{b['by']} [{b['lo']}, {hi})", f"{b['diff']:+.4f}", se,
+                       str(b["n_sequences"]), str(b["n_tokens"]))
         stdout.print(lt)
     spread = "—" if res.seed_spread is None else f"{res.seed_spread:.4f}"
-    stdout.print(f"{res.candidate} better in {res.n_cells_candidate_better} of {len(res.cells)} (tier, budget) "
-                 f"cells (cell mean over seeds); seeds of one config differ by {spread} nats on average "
-                 f"({res.n_seeds} seeds).", highlight=False)
+    stdout.print(f"{res.candidate} better in {res.n_cells_candidate_better} of {len(res.cells)} "
+                 f"(tier, budget) cells (cell mean over seeds); seeds of one config differ by {spread} nats "
+                 "on average "                 f"({res.n_seeds} seeds).", highlight=False)
     for n in res.notes:
         stdout.print(f"note: {n}", highlight=False)
 
@@ -68,8 +76,8 @@ def register(app: typer.Typer) -> None:
         runs: Path = typer.Argument(..., help="Runs folder (run folders with final.json)."),
         reference: str = typer.Option("baseline", "--reference", help="Architecture subtracted."),
         candidate: str = typer.Option("smelt", "--candidate", help="Architecture compared."),
-        cluster: str = typer.Option("run", "--cluster", help="Clusters of the s.e.: run (the (tier, seed) run "
-                                    "pair: its budgets share a trunk), seed, or none (pairs independent)."),
+        cluster: str = typer.Option("run", "--cluster", help="Clusters of the s.e.: run (the (tier, seed) "
+                                    "run pair: its budgets share a trunk), seed, or none (independent)."),
         min_tokens: float = typer.Option(0.0, "--min-tokens", help="Only budgets of at least this many "
                                          "tokens (the requested budget, e.g. 5e5)."),
         cells: bool = typer.Option(False, "--cells", help="Also list every (tier, budget) cell."),

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, stdout, warn
 from scaling.common.errors import UserError
+from scaling.fitting.envelope import envelope_points, envelope_savings
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSet, fit_law
 from scaling.fitting.reference_laws import LAW_SETS, load_law_set
-from scaling.fitting.envelope import envelope_points, envelope_savings
 from scaling.fitting.savings import (
     WITHHOLD_DECADES,
     FittedLaw,
@@ -27,8 +27,7 @@ from scaling.fitting.savings import (
     uses_sparsity,
     withhold_unidentified,
 )
-from scaling.fitting.tables import read_runs_dir
-from scaling.fitting.tables import load_points
+from scaling.fitting.tables import load_points, read_runs_dir
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
@@ -120,8 +119,8 @@ def print_result(res: SavingsResult) -> None:
     sparse = any(r.sparsity is not None for r in res.rows)
     level = f"{100 * res.ci_level:.0f}% CI"
     table = Table(title_justify="left")
-    cols = ["budget", *(["S"] if sparse else []), "method", f"C {res.candidate}", f"C {res.reference}", "loss",
-            "savings", level, "loss gap", "D/param ref", "D/param cand", "extrap."]
+    cols = ["budget", *(["S"] if sparse else []), "method", f"C {res.candidate}", f"C {res.reference}",
+            "loss", "savings", level, "loss gap", "D/param ref", "D/param cand", "extrap."]
     for c in cols:
         table.add_column(c, justify="right", no_wrap=True)
     notes = []
@@ -135,7 +134,8 @@ def print_result(res: SavingsResult) -> None:
             continue
         ci = "—" if r.savings_ci is None else f"[{100 * r.savings_ci[0]:.1f}, {100 * r.savings_ci[1]:.1f}]%"
         mark = " (extrapolated!)" if r.extrapolated else ""
-        table.add_row(f"{r.budget:.3g}", *S, r.method, f"{r.candidate_compute:.4g}", f"{r.reference_compute:.4g}",
+        table.add_row(f"{r.budget:.3g}", *S, r.method, f"{r.candidate_compute:.4g}",
+                      f"{r.reference_compute:.4g}",
                       f"{r.candidate_loss:.4f}", f"{100 * r.savings:.2f}%{mark}", ci,
                       "—" if not np.isfinite(r.loss_gap) else f"{r.loss_gap:+.4f}", _num(r.tokens_per_param),
                       _num(r.candidate_tokens_per_param), ex)
@@ -230,7 +230,8 @@ def register(app: typer.Typer) -> None:
         if method not in ("auto", "envelope", "law"):
             raise UserError(f"--method must be auto, envelope or law, got {method!r}")
         if not (np.isfinite(max_extrapolation) and max_extrapolation >= 0):
-            raise UserError(f"--max-extrapolation must be a non-negative number of decades, got {max_extrapolation}")
+            raise UserError(f"--max-extrapolation must be a non-negative number of decades, "
+                            f"got {max_extrapolation}")
         C = parse_budgets(budget, budgets)
         if at not in _AT:
             raise UserError(f"--at must be candidate or reference, got {at!r}")
@@ -296,8 +297,9 @@ def register(app: typer.Typer) -> None:
             sources.append(f"law: {source}")
             for w in law_res.warnings:
                 warn_once(w)
-        res = SavingsResult(reference=reference, candidate=candidate, convention=_AT[at], rows=tuple(merge(rows)),
-                            ci_level=ci_level, warnings=tuple(shown), laws=laws, source="; ".join(sources))
+        res = SavingsResult(reference=reference, candidate=candidate, convention=_AT[at],
+                            rows=tuple(merge(rows)), ci_level=ci_level, warnings=tuple(shown), laws=laws,
+                            source="; ".join(sources))
         if json_out:
             emit_json(res.to_dict())
         else:

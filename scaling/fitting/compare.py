@@ -193,7 +193,7 @@ def paired_points(points: pd.DataFrame, reference: str, candidate: str) -> pd.Da
         return sub.set_index(list(_KEYS))[[c for c in cols if c in sub.columns]]
 
     ref, cand = side(reference), side(candidate)
-    joined = ref.join(cand, how="inner", lsuffix="_ref", rsuffix="_cand")
+    joined = ref.merge(cand, how="inner", left_index=True, right_index=True, suffixes=("_ref", "_cand"))
     if joined.empty:
         raise UserError(f"no (tier, budget, seed) has both a {reference} and a {candidate} run")
     out = pd.DataFrame({
@@ -287,7 +287,8 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
         if reference not in files or candidate not in files:
             continue
         try:
-            ref, cand = (json.loads(files[g].read_text())["result"]["buckets"] for g in (reference, candidate))
+            ref, cand = (json.loads(files[g].read_text())["result"]["buckets"]
+                         for g in (reference, candidate))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if warn is not None:
                 warn(f"skipping the length buckets of {tier} seed {seed}: unreadable ({exc})")

@@ -552,13 +552,15 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
     With ``extrapolate`` the numbers stay and the row is marked ``extrapolated`` instead.
     """
     if not np.isfinite(max_decades) or max_decades < 0:
-        raise UserError(f"the extrapolation limit must be a non-negative number of decades, got {max_decades}")
+        raise UserError(f"the extrapolation limit must be a non-negative number of decades, "
+                        f"got {max_decades}")
     why = [f"{law.name}: {law.unidentified}" for law in (reference, candidate) if law.unidentified]
     if not why:
         return result
     rows = []
     for r in result.rows:
-        far = r.method == "law" and r.extrapolation_decades is not None and r.extrapolation_decades > max_decades
+        far = (r.method == "law" and r.extrapolation_decades is not None
+               and r.extrapolation_decades > max_decades)
         if not far or r.savings is None:
             rows.append(r)
         elif extrapolate:
