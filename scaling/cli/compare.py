@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
                                             "(.png, .pdf or .svg)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
-        """Paired validation-loss difference candidate − reference at matched (tier, budget, seed).
+        """Paired loss difference candidate − reference at matched (tier, budget, seed).
 
         Per (tier, budget) cell, per tier, per budget and overall: mean, cluster-robust s.e. (CR1;
         default clusters: the run pair, because a run's budgets are cooldown branches of one trunk),
