@@ -125,6 +125,8 @@ def envelope_savings(points: pd.DataFrame, reference: str, candidate: str, budge
     if not 0.0 < level < 1.0:
         raise UserError(f"interval level must lie in (0, 1), got {level}")
     C = check_budgets(np.atleast_1d(budgets))
+    if n_bootstrap < 0:
+        raise UserError(f"the number of bootstrap resamples must be 0 or more, got {n_bootstrap}")
     names = (reference, candidate)
     for col in ("group", "compute", "loss", "unit"):
         if col not in points.columns:

@@ -33,6 +33,11 @@ Intervals: the fitter's bootstrap resamples of the two laws are paired by resamp
 pushed through the same computation, vectorised over resamples; the interval is their percentile
 interval. Resamples whose matching compute falls outside the bracket are clamped to its edge
 (their savings are bounds); quantiles are unchanged by that unless the quantile touches them.
+
+Rows carry their ``method`` (``law`` here; ``scaling.fitting.envelope`` gives law-free ``envelope``
+rows inside the data). ``withhold_unidentified`` removes the numbers of law rows that extrapolate
+more than a stated number of decades from a law that is not identified (a parameter of the best fit
+on its bound, or most bootstrap fits on one): such a row keeps only its budget and a ``reason``.
 """
 
 from __future__ import annotations
