@@ -1022,6 +1022,7 @@ def compare(result: Any) -> Figure:
     ax2.set_yticks(y, labels, fontsize=7)
     ax2.set_xlabel("mean difference ± 1 s.e. (nats/token)")
     ax2.set_title(f"s.e. clustered by {result.cluster}")
+    return fig
 
 
 # -- held-out extrapolation check (scaling.fitting.holdout) ------------------------------------
