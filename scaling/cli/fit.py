@@ -168,8 +168,9 @@ def register(app: typer.Typer) -> None:
         flops_per_nd: Optional[float] = typer.Option(None, help="k in C = k N D, used to derive N or D from "
                                                                 "C and for the compute of tables without a "
                                                                 "compute column. Default 6 (printed)."),
-        where: Optional[list[str]] = typer.Option(None, "--where", help="Keep only the rows matching this "
-                                                  "pandas query on the table's columns, e.g. 'loss < 4' or "
+        where: Optional[list[str]] = typer.Option(None, "--where", metavar="EXPR",
+                                                  help="Keep only the rows matching this pandas "
+                                                  "query on the table's columns, e.g. 'loss < 4' or "
                                                   "'`Model Size` > 1e8'; repeatable (all must hold). "
                                                   "Recorded in the fit's settings."),
         isoflop_estimator: str = typer.Option("window", help="Approach-2 IsoFLOP estimator: window (a "
@@ -177,10 +178,11 @@ def register(app: typer.Typer) -> None:
                                               "robust to wide sweeps) or parabola (the whole sweep)."),
         isoflop_window: float = typer.Option(1.0, help="Half-width in decades of N of the approach-2 "
                                                        "window."),
-        holdout_rule: Optional[str] = typer.Option(None, "--holdout", help="Held-out check instead of a "
-                                                   "plain fit: largest (each group's largest N), 'N>X' or "
-                                                   "'C>X'. Fits the rest, predicts the held-out points, "
-                                                   "reports errors and bootstrap prediction intervals."),
+        holdout_rule: Optional[str] = typer.Option(
+            None, "--holdout", metavar="RULE",
+            help="Held-out check instead of a plain fit: largest (each group's largest N), 'N>X' or 'C>X'. "
+                 "Fits the rest, predicts the held-out points, reports errors and bootstrap prediction "
+                 "intervals."),
         holdout_figure: Optional[Path] = typer.Option(None, help="With --holdout: also draw predicted vs "
                                                                  "observed into this .png/.pdf/.svg."),
     ) -> None:
@@ -202,8 +204,14 @@ def register(app: typer.Typer) -> None:
                             f"got {isoflop_estimator!r}")
         if not isoflop_window > 0:
             raise UserError(f"--isoflop-window must be > 0 decades, got {isoflop_window}")
-        if holdout_figure is not None and holdout_rule is None:
-            raise UserError("--holdout-figure needs --holdout")
+        if holdout_figure is not None:
+            from scaling.cli._util import check_output_file
+
+            if holdout_rule is None:
+                raise UserError("--holdout-figure needs --holdout")
+            if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
+                raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
+            check_output_file(holdout_figure, "holdout figure")
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))
