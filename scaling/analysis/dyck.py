@@ -269,3 +269,14 @@ def shot_counts(requested: Sequence[int] = SHOTS) -> list[int]:
 def fits(prompt: ICLPrompt, seq_len: int, max_new_tokens: int) -> bool:
     """Whether the prompt and ``max_new_tokens`` generated tokens fit in a context of ``seq_len``."""
     return len(prompt) + max_new_tokens <= seq_len
+
+
+def max_fitting_shots(encoder: PromptEncoder, trials, seq_len: int, max_new_tokens: int,
+                      shots: Sequence[int]) -> list[int]:
+    """The shot counts whose prompts, for every trial, fit the context with room to generate."""
+    ok = []
+    for k in shots:
+        if all(fits(encoder.build(d[:k], q), seq_len, max_new_tokens) for d, q in trials):
+            ok.append(k)
+    return ok
+
