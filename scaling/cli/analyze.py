@@ -185,7 +185,8 @@ def register(app: typer.Typer) -> None:
             if g is not None:
                 ratio = "-" if g.long_short_ratio is None else f"{g.long_short_ratio:.2f}x"
                 stdout.print(f"gain on documents >= {g.long_from} tokens {number(g.long_gain, '+.4f')}, "
-                             f"shorter {number(g.short_gain, '+.4f')}: long/short {ratio} (paper: about 1.52x)",
+                             f"shorter {number(g.short_gain, '+.4f')}: long/short {ratio} "
+                             "(paper: about 1.52x)",
                              highlight=False)
 
     @sub.command("icl")

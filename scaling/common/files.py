@@ -15,14 +15,15 @@ from typing import Any
 from scaling.common.errors import UserError
 
 
-def read_config(path: Path | str, what: str = "config") -> dict[str, Any]:
-    """A TOML (``.toml``) or JSON (any other suffix) document holding one object, as a dict.
+def read_config(path: Path | str, what: str = "config", *, fmt: str | None = None) -> dict[str, Any]:
+    """A TOML or JSON document holding one object, as a dict; ``fmt`` ("toml" or "json") or else
+    the suffix (``.toml``: TOML, any other: JSON) says which.
 
     UserError (one line) for a missing or unreadable file, malformed text, or a document that is
     not an object; ``what`` names the document in the message ("plan", "template plan", ...).
     """
     path = Path(path)
-    toml = path.suffix.lower() == ".toml"
+    toml = fmt == "toml" if fmt is not None else path.suffix.lower() == ".toml"
     try:
         text = path.read_text()
     except FileNotFoundError:
