@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
-from scaling.fitting.slices import flops_per_token_of_size
+from scaling.fitting.slices import flops_per_token_by_size, flops_per_token_of_size, optimal_size_along_flops
 from scaling.fitting.tables import law_inputs, total_flops
 from scaling.plots.style import (
     LEVEL_MARKERS,
@@ -235,9 +235,7 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
         gp = points[points["group"] == g]
         fit = None if fits is None else fits.get(g)
         cl = shades(colours[g], len(levels_))
-        sizes = (pd.Series(total_flops(gp) / gp["D"].to_numpy(), index=gp["N"].to_numpy())
-                 .groupby(level=0).median())
-        Nn, Fn = sizes.index.to_numpy(dtype=float), sizes.to_numpy(dtype=float)
+        Nn, Fn = flops_per_token_by_size(gp)
         ngrid = np.geomspace(Nn.min() / 2.5, Nn.max() * 2.5, 200)
         used, _ = isoflop_optima(s["N"].to_numpy(), s["compute"].to_numpy(), s["loss"].to_numpy(),
                                  width=1e-6, min_points=4)
@@ -276,9 +274,7 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
         cmin, cmax = float(total_flops(gp).min()), float(total_flops(gp).max())
         cgrid = np.geomspace(cmin / 3, cmax * 3, 40)
         if fit is not None and fit.law == "chinchilla":
-            wide = np.geomspace(Nn.min() / 100, Nn.max() * 100, 2000)
-            Fw = flops_per_token_of_size(wide, Nn, Fn)
-            nstar = [wide[int(np.argmin(fit.predict(N=wide, D=C / Fw)))] for C in cgrid]
+            nstar = optimal_size_along_flops(fit, cgrid, Nn, Fn)
             ax2 = nstar_ax
             ax2.plot(cgrid, nstar, color=c, label=f"{group_label(g)}: law along real FLOPs")
             ax2.plot(cgrid, fit.optimal(cgrid)["N"], color=c, ls="--", lw=1.0,
