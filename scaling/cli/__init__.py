@@ -97,6 +97,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "Train a Baseline or SMELT model into runs/<name>/."),
     "sweep": ("sweep", "Run a sweep plan: finished runs are skipped, interrupted ones resume."),
     "fit": ("fit", "Fit a scaling law per group, with bootstrap intervals and diagnostics."),
+    "compare": ("compare", "Paired loss difference candidate − reference at matched (tier, budget, seed)."),
     "savings": ("savings", "Compute saved by the candidate over the reference at equal loss."),
     "plan": ("plan", "Propose the next IsoFLOP set for both architectures, as a sweep plan."),
     "simulate": ("plan", "Simulate a study: how well would it recover the savings?"),
