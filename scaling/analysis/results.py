@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_config
 from scaling.common.serialize import Record, to_json
 from scaling.training import runlog
 
@@ -68,7 +69,7 @@ def load_result(run_dir: Path | str, kind: str):
     if not path.is_file():
         raise UserError(f"no saved {kind} analysis at {path}; run the {kind} analysis first "
                         "(smelt-scale analyze)")
-    return cls.from_dict(json.loads(path.read_text())["result"])
+    return cls.from_dict(read_config(path, f"{kind} analysis")["result"])
 
 
 def saved_analyses(runs_dir: str | Path, kind: str) -> list[tuple[Path, Any]]:
@@ -80,6 +81,6 @@ def saved_analyses(runs_dir: str | Path, kind: str) -> list[tuple[Path, Any]]:
     for f in files:
         try:
             out.append((f.parent.parent, load_result(f.parent.parent, kind)))
-        except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"cannot read {f}: {exc}") from None
     return out
