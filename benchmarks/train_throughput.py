@@ -5,8 +5,8 @@ and FSDP2 vs DDP step time on 2 gloo ranks, on this machine.
                                           [--steps 10] [--threads 2] [--no-compile] [--no-parallel]
                                           [--json]
 
-Both models start from the same weights (``scaling.training.model.to_hf_mixtral``) and train on the same
-fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
+Both models start from the same weights (``scaling.training.hf_reference.to_hf_mixtral``) and train on the
+same fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
 in one process; ``--steps`` timed steps alternate between them one at a time and each model's
 fastest step counts (the machine may be shared: a load spike then hits both alike; medians and
 the load average are reported beside them).
@@ -30,7 +30,7 @@ gradient reduction, clipping, AdamW (``scaling.training.parallel.train_step``); 
 (``build_model``: meta build, one shard group per layer) alternate step by step, the fastest
 step of each counts; fsdp_over_ddp = fsdp_step_s / ddp_step_s.
 
-``--tune-malloc`` (default on) calls ``scaling.training.model.tune_cpu_allocator`` first; it applies to
+``--tune-malloc`` (default on) calls ``scaling.training.cpu.tune_cpu_allocator`` first; it applies to
 both models alike. A looped (SMELT) config has no Mixtral equivalent: its reference fields are null.
 """
 
@@ -47,7 +47,9 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
 from scaling.cli._util import emit_json, stdout
-from scaling.training.model import MoETransformer, to_hf_mixtral, tune_cpu_allocator
+from scaling.training.cpu import tune_cpu_allocator
+from scaling.training.hf_reference import to_hf_mixtral
+from scaling.training.model import MoETransformer
 
 AUX_COEF, Z_COEF = 0.01, 0.001
 FIELDS = {"d_model": int, "n_layers": int, "n_heads": int, "n_kv_heads": int, "head_dim": int,
@@ -320,7 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", action=argparse.BooleanOptionalAction, default=True,
                     help="also time FSDP2 vs DDP on 2 gloo ranks")
     ap.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
-                    help="scaling.training.model.tune_cpu_allocator() first (both models)")
+                    help="scaling.training.cpu.tune_cpu_allocator() first (both models)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in ("batch", "steps", "threads"):

@@ -26,7 +26,7 @@ from typing import Any
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
-from scaling.training.sweep_plan import Plan, PlannedRun
+from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
 # [train] keys that are options of train() or of the job rather than TrainConfig fields
@@ -138,7 +138,7 @@ class RunEstimate:
         }
 
 
-def estimate(plan: Plan, probe: bool = True) -> list[RunEstimate]:
+def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
     """FLOPs of every run, time on this machine from a measured probe (proxy tiers) and
     GPU-hours at the plan's stated MFU (paper tiers): hours = FLOPs / (mfu * peak) / 3600."""
     ex = plan.executor
@@ -191,7 +191,7 @@ def run_nodes(run: PlannedRun, ex: dict) -> int:
     return n
 
 
-def executor_parameters(plan: Plan, kind: str, nodes: int = 1) -> dict[str, Any]:
+def executor_parameters(plan: SweepPlan, kind: str, nodes: int = 1) -> dict[str, Any]:
     """submitit parameters of one job: Slurm one task per GPU on ``nodes`` nodes; local
     ``tasks_per_node`` processes (the plan's, default 1)."""
     ex = plan.executor
@@ -218,7 +218,7 @@ def executor_parameters(plan: Plan, kind: str, nodes: int = 1) -> dict[str, Any]
     return params
 
 
-def make_executor(plan: Plan, log_dir: Path, kind: str | None = None, nodes: int = 1):
+def make_executor(plan: SweepPlan, log_dir: Path, kind: str | None = None, nodes: int = 1):
     import submitit
 
     kind = kind or plan.executor.get("kind", "local")
@@ -235,7 +235,7 @@ def make_executor(plan: Plan, log_dir: Path, kind: str | None = None, nodes: int
 
 
 def submit(
-    plan: Plan,
+    plan: SweepPlan,
     *,
     kind: str | None = None,
     concurrency: int | None = None,
