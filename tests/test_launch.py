@@ -139,3 +139,43 @@ def test_world_size_that_does_not_divide_the_batch_is_refused(tmp_path, cache):
     assert errors and set(errors) == {"error: batch size 7 is not divisible by the 2 ranks"}
     assert "exitcode  : 2" in proc.stderr or "exit code: 2" in proc.stderr or "exitcode: 2" in proc.stderr
     assert not (tmp_path / "runs" / "bad").exists()
+
+
+SLURM_PLAN = """
+[sweep]
+name = "gpus"
+tiers = ["100M", "1.6B"]
+archs = ["baseline"]
+budgets = [1e9]
+
+[tier."1.6B"]
+nodes = 4
+
+[train]
+batch_size = 64
+parallel = "hsdp"
+
+[executor]
+kind = "slurm"
+partition = "gpu"
+gpus_per_node = 8
+cpus_per_job = 12
+"""
+
+
+def test_slurm_jobs_have_one_task_per_gpu_and_the_tier_s_nodes(tmp_path):
+    from scaling.training.sweep import executor_parameters, make_executor, run_nodes, train_config
+
+    path = tmp_path / "gpus.toml"
+    path.write_text(SLURM_PLAN)
+    plan = load_plan(path)
+    small, big = plan.runs
+    assert (run_nodes(small, plan.executor), run_nodes(big, plan.executor)) == (1, 4)
+    assert "nodes" not in train_config(big).to_dict()  # a job option, not a TrainConfig field
+    params = executor_parameters(plan, "slurm", nodes=4)
+    assert params["nodes"] == 4 and params["gpus_per_node"] == 8 and params["ntasks_per_node"] == 8
+    executor, kind = make_executor(plan, tmp_path / "logs", "slurm", nodes=4)
+    assert kind == "slurm" and executor.parameters["ntasks_per_node"] == 8
+    assert executor.parameters["nodes"] == 4
+    local = executor_parameters(plan, "local")
+    assert local["tasks_per_node"] == 1  # local: one process unless the plan asks for more
