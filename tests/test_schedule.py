@@ -7,7 +7,6 @@ import pytest
 from scaling.training.branches import BranchPlan
 from scaling.training.schedule import (
     cosine_lr,
-    decay_steps_for,
     lr_at,
     warmup_factor,
     wsd_lr,

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
 from rich.markup import escape
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout

@@ -31,17 +31,20 @@ cannot be read (truncated or corrupt files).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from scaling.common.errors import UserError
@@ -167,11 +170,13 @@ class Checkpointer:
         if background:
             if self.world > 1 and self._async_group is None:
                 self._async_group = torch.distributed.new_group(backend="gloo")
-            future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp),
-                                    process_group=self._async_group)
+            with _quiet():
+                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp),
+                                        process_group=self._async_group, no_dist=self.world == 1)
             self._pending = (future, tmp, name, meta, rng)
         else:
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+            with _quiet():
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp), no_dist=self.world == 1)
             self._finish(tmp, name, meta, rng)
 
     def wait(self) -> None:
@@ -240,10 +245,14 @@ class Checkpointer:
         msd, osd = get_state_dict(model, optimizer)
         sd = {"model": msd, "optim": osd}
         try:
-            dcp.load(sd, checkpoint_id=str(path))
+            with _quiet():
+                dcp.load(sd, checkpoint_id=str(path), no_dist=self.world == 1)
             rng = torch.load(path / RNG, weights_only=False) if with_state else None
-        except Exception as exc:  # DCP wraps the failures of each rank in its own exception types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except (Exception, CheckpointException) as exc:  # DCP's own type is a BaseException
+            failures = getattr(exc, "failures", None)  # {rank: exception} of a CheckpointException
+            inner = next(iter(failures.values())) if failures else exc
+            inner = inner[0] if isinstance(inner, tuple) else inner  # (exception, traceback frames)
+            first = (str(inner).strip().splitlines() or [""])[0] or type(inner).__name__
             raise UserError(f"checkpoint {path} is unreadable ({first[:200]}); delete it to resume from "
                             "an earlier one or start the run again") from None
         set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
@@ -261,6 +270,14 @@ class Checkpointer:
     def _barrier(self) -> None:
         if self.world > 1:
             torch.distributed.barrier()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns on every single-process save/load that it assumes a single process: it is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _iter_of(path: Path) -> int:

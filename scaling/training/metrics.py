@@ -111,19 +111,14 @@ class MetricsSink:
         if not enabled:
             return
         self._fh = open(self.path, "a", encoding="utf-8")
+        require_trackers(log_to)
         if "tensorboard" in log_to:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise UserError("logging to tensorboard needs the tensorboard package "
-                                "(pip install 'smelt-scale[track]')") from None
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=start_iter + 1)
         if "wandb" in log_to:
-            try:
-                import wandb
-            except ImportError:
-                raise UserError("logging to wandb needs the wandb package "
-                                "(pip install 'smelt-scale[track]')") from None
+            import wandb
+
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "smelt-scale"), name=run_name,
                                      id=run_id or None, resume="allow", dir=str(run_dir),
                                      mode=os.environ.get("WANDB_MODE", "offline"), config=config or {})
@@ -161,6 +156,17 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def require_trackers(log_to) -> None:
+    """UserError if a mirror in ``log_to`` lacks its package (checked before a run starts)."""
+    for target, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if target in log_to:
+            try:
+                __import__(package)
+            except ImportError:
+                raise UserError(f"logging to {target} needs the {package} package "
+                                "(pip install 'smelt-scale[track]')") from None
 
 
 def check_log_to(log_to) -> None:

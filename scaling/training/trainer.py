@@ -55,7 +55,14 @@ from scaling.training.branches import BranchPlan, Position, TokenBudget
 from scaling.training.checkpoint import Checkpointer, identity_diff, run_identity
 from scaling.training.corpus import DataSpec, load_corpus
 from scaling.training.evaluate import Evaluator, autocast
-from scaling.training.metrics import MetricsSink, check_log_to, mfu, peak_memory_bytes, resolve_peak_flops
+from scaling.training.metrics import (
+    MetricsSink,
+    check_log_to,
+    mfu,
+    peak_memory_bytes,
+    require_trackers,
+    resolve_peak_flops,
+)
 from scaling.training.schedule import lr_at
 from scaling.training.state import TrainState
 
@@ -413,6 +420,7 @@ class Trainer:
             raise UserError(f"micro batch {self.micro} does not divide the per-rank batch {per_rank}")
         self.n_micro = per_rank // self.micro
         self.peak_flops = resolve_peak_flops(cfg.peak_flops)
+        require_trackers(cfg.log_to)
         self.run_name = run_name or default_run_name(tier, model_cfg.arch, cfg)
         if not self.run_name or "/" in self.run_name or self.run_name.startswith("."):
             raise UserError(f"bad run name {self.run_name!r}")
