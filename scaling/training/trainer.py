@@ -446,7 +446,7 @@ class Trainer:
                                 self.corpus.provenance, code)
         meta = self._meta(spec, code, device)
         old = _agreed(dist, lambda: self._previous(existed, meta, overwrite))
-        run_id = old["run_id"] if existed else uuid.uuid4().hex[:12]
+        run_id = _agreed(dist, lambda: old["run_id"] if existed else uuid.uuid4().hex[:12])
         ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else None
         def ckpt_folder(rid: str) -> Path:  # never the run name alone: see checkpoint.py
             return run_dir / CHECKPOINTS if ckpt_root is None else ckpt_root / f"{self.run_name}-{rid}"
