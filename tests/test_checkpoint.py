@@ -216,3 +216,26 @@ def test_missing_tracking_package_is_a_clear_error(tmp_path, env, monkeypatch):
     with pytest.raises(UserError, match=r"needs the wandb package .*smelt-scale\[track\]"):
         train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+
+
+def test_async_checkpoints_resume_exactly(tmp_path, env):
+    code, _, err = cli(cli_args(tmp_path / "ref"))
+    assert code == 0, err
+    args = cli_args(tmp_path / "runs") + ["--async-ckpt"]
+    killed(args, env, at=10)
+    # the save of 8 is renamed into place at the next save (12): the kill at 10 leaves 4
+    assert latest_iter(tmp_path / "runs" / "r" / "checkpoints") == 4
+    code, _, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert logs(tmp_path / "runs" / "r") == logs(tmp_path / "ref" / "r")
+
+
+def test_wandb_offline_mirror(tmp_path, env, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TrainConfig(tokens=(3 * STEP_TOKENS,), batch_size=8, data_max_bytes=100_000, threads=1,
+                      val_windows=8, log_to=("jsonl", "wandb"))
+    train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
+    assert len(runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl")) == 3
+    assert list((tmp_path / "runs" / "w" / "wandb").glob("offline-run-*"))
