@@ -204,6 +204,10 @@ class Checkpointer:
                 self._prune(TrainState.from_dict(meta["state"]))
         self._barrier()
 
+    def restore_branch_point(self, i: int, model, optimizer) -> None:
+        """Model and optimizer back to the trunk state saved where branch ``i`` started."""
+        self.load(self.branch_point(i), model, optimizer, with_state=False)
+
     def prune_branch_points(self, state: TrainState) -> None:
         """Delete branch points no longer needed: closed branches, or saved after ``state`` (a
         resume from an older checkpoint will save them again)."""

@@ -280,19 +280,19 @@ def _setup_dist(device_pref: str) -> _Dist:
     return _Dist(rank, world, local, device, here)
 
 
-def _parallelize_ddp(model: torch.nn.Module, dist: _Dist, *, mode: str = "none",
+def _parallelize_ddp(model: torch.nn.Module, mode: str, mesh=None, *, mixed_precision: bool | None = None,
                      activation_checkpointing: bool = False, compile: bool = False) -> torch.nn.Module:
-    """DDP over all ranks (or the bare module on one); the interim stand-in for
-    scaling.training.parallel.parallelize, which adds FSDP2/HSDP, activation checkpointing and
-    compilation behind the same call."""
+    """DDP over all ranks (mode "ddp") or the bare module ("none"): the interim stand-in, with the
+    same signature, for scaling.training.parallel.parallelize, which adds FSDP2/HSDP on ``mesh``,
+    mixed precision, activation checkpointing and compilation."""
     if mode in ("fsdp", "hsdp") or activation_checkpointing or compile:
         raise UserError("FSDP/HSDP, activation checkpointing and compile need scaling.training.parallel")
-    if dist.world == 1:
+    if mode == "none":
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ids = [dist.device.index] if dist.device.type == "cuda" else None
-    return DDP(model, device_ids=ids, broadcast_buffers=False)
+    device = next(model.parameters()).device
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
 
 
 try:  # FSDP2/HSDP from the parallel component when present
@@ -471,8 +471,9 @@ class Trainer:
         # -- model, optimizer, state -------------------------------------------------------------
         torch.manual_seed(cfg.seed)
         self.raw = MoETransformer(model_cfg, seed=cfg.seed).to(device)
-        self.model = parallelize(self.raw, dist, mode=cfg.parallel,
-                                 activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile)
+        mode = "none" if dist.world == 1 else ("ddp" if cfg.parallel == "none" else cfg.parallel)
+        self.model = parallelize(self.raw, mode, None, activation_checkpointing=cfg.activation_checkpointing,
+                                 compile=cfg.compile)
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")
@@ -601,49 +602,50 @@ class Trainer:
             if opened is not None:
                 self.checkpointer.save_branch_point(opened, self.model, self.optimizer, s)
                 self.save()
-        while not s.done:
-            t0 = time.perf_counter()
-            record, data_wait = self.train_step(s.position)
-            timer["train"] += time.perf_counter() - t0
-            timer["tokens"] += self.tokens_per_step
-            timer["data"] += data_wait
-            s.position, up = plan.advance(s.position, cfg.eval_every)
-            s.iter += 1
-            s.tokens_seen += self.tokens_per_step
-            if up.evaluate:
-                record.update(self.evaluator(self.model, self.corpus.bpb))
-                s.last_eval = {k: v for k, v in record.items() if k.startswith("val_") or k == "iter"}
-                s.best_val = min(record["val_loss"], s.best_val if s.best_val is not None else math.inf)
-            s.wall_s = wall_base + time.perf_counter() - t_start
-            if up.budget_end is not None:
-                record["budget_index"] = up.budget_end
-                s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg,
-                                       plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
-                                       record["train_loss"], cfg.seed, s.wall_s))
-            if up.closed is not None:
-                self.checkpointer.load(self.checkpointer.branch_point(up.closed), self.model, self.optimizer,
-                                       with_state=False)
-            if up.opened is not None:
-                self.checkpointer.save_branch_point(up.opened, self.model, self.optimizer, s)
-            tps = timer["tokens"] / timer["train"] if timer["train"] > 0 else None
-            record.update(tokens_per_s=tps, wall_s=s.wall_s, data_wait_s=timer["data"],
-                          peak_mem_bytes=peak_memory_bytes(self.dist.device))
-            if self.peak_flops is not None and tps is not None:
-                record["mfu"] = mfu(tps, fpt, self.peak_flops, self.dist.world)
-            if s.iter % cfg.log_every == 0 or up.evaluate or s.done:
-                self.metrics.log(record)
+        try:
+            while not s.done:
+                t0 = time.perf_counter()
+                record, data_wait = self.train_step(s.position)
+                timer["train"] += time.perf_counter() - t0
+                timer["tokens"] += self.tokens_per_step
+                timer["data"] += data_wait
+                s.position, up = plan.advance(s.position, cfg.eval_every)
+                s.iter += 1
+                s.tokens_seen += self.tokens_per_step
+                if up.evaluate:
+                    record.update(self.evaluator(self.model, self.corpus.bpb))
+                    s.last_eval = {k: v for k, v in record.items() if k.startswith("val_") or k == "iter"}
+                    s.best_val = min(record["val_loss"], s.best_val if s.best_val is not None else math.inf)
+                s.wall_s = wall_base + time.perf_counter() - t_start
                 if up.budget_end is not None:
-                    self.write_final()
-            report(Progress(self.run_name, s.iter * self.tokens_per_step, total, tps, record["train_loss"],
-                            record.get("val_loss")))
-            if s.iter == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if up.budget_end is not None or up.opened is not None or self.checkpointer.due(s):
-                self.save()
-            if s.iter % cfg.log_every == 0:
-                timer = {"train": 0.0, "tokens": 0, "data": 0.0}
-        self.checkpointer.close()
-        self.metrics.close()
+                    record["budget_index"] = up.budget_end
+                    s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg,
+                                           plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
+                                           record["train_loss"], cfg.seed, s.wall_s))
+                if up.closed is not None:  # back to the trunk at the branch point
+                    self.checkpointer.restore_branch_point(up.closed, self.model, self.optimizer)
+                if up.opened is not None:
+                    self.checkpointer.save_branch_point(up.opened, self.model, self.optimizer, s)
+                tps = timer["tokens"] / timer["train"] if timer["train"] > 0 else None
+                record.update(tokens_per_s=tps, wall_s=s.wall_s, data_wait_s=timer["data"],
+                              peak_mem_bytes=peak_memory_bytes(self.dist.device))
+                if self.peak_flops is not None and tps is not None:
+                    record["mfu"] = mfu(tps, fpt, self.peak_flops, self.dist.world)
+                if s.iter % cfg.log_every == 0 or up.evaluate or s.done:
+                    self.metrics.log(record)
+                    if up.budget_end is not None:
+                        self.write_final()
+                report(Progress(self.run_name, s.iter * self.tokens_per_step, total, tps,
+                                record["train_loss"], record.get("val_loss")))
+                if s.iter == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if up.budget_end is not None or up.opened is not None or self.checkpointer.due(s):
+                    self.save()
+                if s.iter % cfg.log_every == 0:
+                    timer = {"train": 0.0, "tokens": 0, "data": 0.0}
+            self.checkpointer.close()
+        finally:
+            self.metrics.close()
         return self.write_final()
 
     def save_weights(self) -> None:
