@@ -74,3 +74,19 @@ def test_cosine_is_one_trunk_and_no_torch():
     code = "import sys, scaling.training.branches; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip() == "False"
+
+
+def test_train_state_round_trips_through_json():
+    import json
+
+    from scaling.training.state import TrainState
+
+    plan = BranchPlan.build([10, 20], tokens_per_step=1)
+    pos, _ = plan.start()
+    for _ in range(9):
+        pos, _ = plan.advance(pos)
+    state = TrainState(iter=9, position=pos, tokens_seen=9 * 512, points=[{"D": 10}], wall_s=1.5,
+                       last_eval={"iter": 5, "val_loss": 3.0}, best_val=3.0)
+    assert pos.branch == 0 and pos.step == 9
+    back = TrainState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state and back.position == pos and not back.done

@@ -5,6 +5,7 @@ use the trainer's fault injection (SIGKILL right after an update's metrics line,
 checkpoint).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -118,6 +119,16 @@ def test_checkpointer_identity_and_run_id_units(tmp_path):
         Checkpointer(tmp_path, ident, "run-b").load(path, model, opt)
     with pytest.raises(UserError, match="already holds checkpoints"):
         Checkpointer(tmp_path, ident, "run-b").check_empty()
+    # a code change refuses an unfinished run's checkpoint, not a finished one's (nothing to train)
+    code_b = {**ident, "code": {"git_commit": "b"}}
+    ck = Checkpointer(tmp_path, {**ident, "code": {"git_commit": "a"}}, "run-a")
+    ck.save_latest(model, opt, TrainState(iter=2))
+    with pytest.raises(UserError, match=r"different code\.git_commit"):
+        Checkpointer(tmp_path, code_b, "run-a").load(ck.latest(), model, opt)
+    done = TrainState(iter=3)
+    done.position = dataclasses.replace(done.position, done=True)
+    ck.save_latest(model, opt, done)
+    assert Checkpointer(tmp_path, code_b, "run-a").load(ck.latest(), model, opt).done
 
 
 @pytest.mark.parametrize("damage", ["truncate-data", "garbage-meta"])

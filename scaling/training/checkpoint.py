@@ -25,7 +25,8 @@ Identity: ``meta.json`` records the run id (a random id written into the run's `
 when the run starts) and a hash of the model config, the train config without the keys a resume
 may change, the budgets, the data (corpus key and sha256 of its sources and tokenizer) and the
 code version (package version and git commit). Resume refuses, with a one-line UserError naming
-what differs, a checkpoint of another run, config, data or code version, and a checkpoint that
+what differs, a checkpoint of another run, config, data or code version (a finished run's last
+checkpoint is still read after a code change: nothing is trained with it), and a checkpoint that
 cannot be read (truncated or corrupt files).
 """
 
@@ -238,6 +239,9 @@ class Checkpointer:
                             f"this run {self.run_id}); refusing to resume from it")
         if meta["identity_hash"] != self.hash:
             diff = identity_diff(meta.get("identity", {}), self.identity)
+            finished = meta.get("state", {}).get("position", {}).get("done", False)
+            if finished and all(d.startswith("code.") for d in diff):
+                return meta  # nothing left to train: a finished run's result and weights stay usable
             what = ", ".join(diff[:6]) or "identity"
             raise UserError(f"checkpoint {path} was made with a different {what} "
                             "than this run; refusing to resume from it")
