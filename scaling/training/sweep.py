@@ -57,7 +57,8 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
     from scaling.training.trainer import train
 
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
-                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir, resume=True,
+                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
+                 resume=run_status(Path(runs_dir), run.name) != "new",
                  save_final_weights=bool(run.train.get("save_final_weights", False)))
 
 
