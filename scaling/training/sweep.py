@@ -183,16 +183,21 @@ def estimate(plan: Plan, probe: bool = True) -> list[RunEstimate]:
 
 
 def check_memory(estimates: list[RunEstimate]) -> None:
-    """UserError (one line) naming the first run whose per-GPU peak exceeds gpu_memory_gb."""
-    for e in estimates:
-        if e.fits is False:
-            lay, need, limit = e.memory.layout, e.memory.total / GB, e.run.gpu_memory_gb
-            raise UserError(
-                f"tier {e.run.tier} ({e.run.name}) needs {need:.1f} GB per GPU, {need - limit:.1f} GB "
-                f"more than gpu_memory_gb = {limit:g} ({lay.mode} on {lay.nodes} x {lay.gpus_per_node} "
-                f"GPUs, micro-batch {lay.micro_batch_size}, activation checkpointing "
-                f"{'on' if lay.activation_checkpointing else 'off'})"
-            )
+    """UserError (one line) naming the runs whose per-GPU peak exceeds gpu_memory_gb, first in full."""
+    over = [e for e in estimates if e.fits is False]
+    if not over:
+        return
+    e = over[0]
+    lay, need, limit = e.memory.layout, e.memory.total / GB, e.run.gpu_memory_gb
+    others = "".join(
+        f"; also {o.run.name} (+{o.memory.total / GB - o.run.gpu_memory_gb:.1f} GB)" for o in over[1:]
+    )
+    raise UserError(
+        f"tier {e.run.tier} ({e.run.name}) needs {need:.1f} GB per GPU, {need - limit:.1f} GB more "
+        f"than gpu_memory_gb = {limit:g} ({lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs, "
+        f"micro-batch {lay.micro_batch_size}, activation checkpointing "
+        f"{'on' if lay.activation_checkpointing else 'off'}){others}"
+    )
 
 
 # ----- dispatch -------------------------------------------------------------------------
