@@ -230,7 +230,8 @@ def _model(cfg, checkpointing=False):
 
 
 def _batch(cfg):
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, cfg.seq_len + 1), generator=gen)
     return ids[:, :-1], ids[:, 1:]
 
 

@@ -60,6 +60,7 @@ cooldown at each smaller one, so each run yields one (N, D) point per budget.
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,22 +110,22 @@ class PlannedRun:
         par = {k: v for k, v in self.parallel.items() if k != "gpu_memory_gb"}
         mode = par.get("mode", "none")
         par.setdefault("grad_sync", "every" if mode in ("fsdp", "hsdp") else "last")
-        world = int(par.get("gpus_per_node", 1)) * int(par.get("nodes", 1))
+        cpu = str(self.train.get("device", "auto")) == "cpu"
+        layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16")  # checks the values
+        world = layout.world
         batch = int(self.train.get("batch_size", 16))
-        if world < 1 or batch % world:
+        if batch % world:
             raise UserError(f"run {self.name}: the {world} GPUs do not divide batch_size {batch}")
         per_rank = batch // world
         micro = self.train.get("micro_batch_size") or per_rank
         if per_rank % micro:
             raise UserError(f"run {self.name}: micro_batch_size {micro} does not divide the per-GPU "
                             f"batch {per_rank} (batch_size {batch} over {world} GPUs)")
-        cpu = str(self.train.get("device", "auto")) == "cpu"
-        return Layout(
-            **par,
+        return dataclasses.replace(
+            layout,
             micro_batch_size=int(micro),
             grad_accum_steps=per_rank // int(micro),
             activation_checkpointing=bool(self.train.get("activation_checkpointing", False)),
-            compute_dtype="fp32" if cpu else "bf16",
         )
 
     def tokens_trained(self, decay_fraction: float) -> float:
