@@ -106,7 +106,8 @@ def test_fsdp_buffers_and_communication_by_hand():
 
 def test_hsdp_layout():
     lay = Layout(mode="hsdp", gpus_per_node=4, nodes=2)
-    assert (lay.world, lay.shards, lay.replicas) == (8, 4, 2)
+    assert (lay.world, lay.shards, lay.replicas) == (8, 4, 2) and lay.grad_sync == "every"
+    assert Layout(mode="ddp", gpus_per_node=2).grad_sync == "last"  # no_sync is free for DDP
     m = estimate_memory(TINY, lay)
     # the shard's fp32 gradients all-reduced over 2 replicas: 2 * 1/2 * 4 * (local elements)
     local = sum(sharded_numel(s, 4) for _, s in param_shapes(TINY))

@@ -1,10 +1,9 @@
 """Memory planner: per-GPU bytes of one training step of a ModelConfig under a parallel layout,
 and the collective-communication bytes per optimizer step. Pure arithmetic (no torch).
 
-Units: bytes internally; every reported size is in GB = 1e9 bytes (``GB``), never GiB. The
-nominal card sizes (H100 "80 GB" is 80 GiB = 85.9e9 bytes, H200 "141 GB" is 141e9-ish) are
-therefore used as decimal budgets, which leaves the CUDA context, NCCL's own buffers and
-allocator fragmentation (none counted here) some room.
+Units: bytes internally; every reported size is in GB = 1e9 bytes (``GB``), never GiB. A card's
+nominal size (H100 80 GB, H200 141 GB) is used as a decimal budget; the CUDA context, NCCL's
+own buffers and allocator fragmentation are not counted, so plans should keep headroom.
 
 What is counted, per GPU, at the peak of a step (the backward pass):
 
@@ -29,20 +28,24 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 count them: op by op, the inputs/outputs each op keeps for its backward, for
                 *this* model's forward (scaling/training/model.py). Per layer *pass* (a looped
                 layer runs ``n_loops`` times and saves its activations each time), with
-                N = micro_batch * seq_len tokens, c = compute bytes, r = residual bytes::
+                N = micro_batch * seq_len tokens, c = compute bytes, r = residual-stream bytes
+                (c under FSDP2 mixed precision, which casts every block's input; the weights'
+                dtype otherwise, as autocast keeps the residual stream in fp32)::
 
-                    N * ( 2*4*d            fp32 inputs of the two RMSNorms (x.float())
-                        + 2*4              their rstd
+                    N * ( 2*(8*d + 4)      the two RMSNorms (fp32, decomposed on CPU): input
+                                           x.float(), x * rstd, rstd
                         + 2*c*d            normalised inputs of wqkv and of the router
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
-                        + 2*c*H*h          SDPA output and its [B,T,H*h] copy (input of wo)
+                        + c*H*h            SDPA output (its [B,T,H*h] reshape, wo's input, is
+                                           a view: the kernels write [B,T,H,h] memory)
                         + 4*H              SDPA log-sum-exp (fp32)
                         + 2*4*E            router logits and softmax (fp32)
                         + 2*4              logsumexp (z-loss) and the top-k sum
                         + k*(3*8 + 4)      top-k ids, sort order, token ids (int64), top-k probs
-                        + k*c*(2*d' + 4*f' + 1)   dispatched tokens, expert hidden (gate|up),
-                                           silu(gate), silu*up, expert output, gate weight
+                        + k*c*(2*d' + d + 4*f' + 1)   dispatched tokens, expert output, gated
+                                           output (kept by index_add_), expert hidden (gate|up),
+                                           silu(gate), silu*up, gate weight
                         + c*(2*d + 4*f_s)  shared expert, when there is one )
                     + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
                     + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
@@ -52,18 +55,24 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 Attention is SDPA (flash / memory-efficient / CPU-flash kernels): it saves
                 q, k, v, the output and the log-sum-exp, never the T x T score matrix; the
                 ``5*a*s/h`` term of Korthikanti's formula is absent.
-                LM head: the final norm's fp32 input + rstd, the head's input (c), the logits
-                [B, T, V] (c, held by the caller's output until backward ends) and the fp32
-                log-probabilities cross-entropy saves: N*(4*d + 4 + c*d + (c + 4)*V), where
-                the logits are fp32 already when c = 4 and then counted once (N*8*V).
-                Embedding: its int64 ids, 8*N.
+                LM head: the final norm (8*d + 4), the head's input (c*d), the logits
+                [B, T, V] (c, held by the caller's output until backward ends), the fp32
+                log-probabilities cross-entropy saves (4*V), the int64 targets and embedding
+                ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
+                These terms were read off this model's autograd graph and are checked against
+                it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
+                to <0.01% in fp32 on CPU). A fused CUDA RMSNorm kernel would save 4*d less per
+                norm; the estimate keeps the larger CPU count.
                 With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
                 every layer call) a layer pass stores only its input, N*r*d, and recomputes
                 the rest during its own backward.
 ``working``     transients at the peak: the head's backward (fp32 gradients of the log-probs
-                and of the logits, N*8*V) or one layer's backward (MoE gradients
-                N*k*c*(2*d' + 3*f'), plus, without FSDP, one layer's weight-gradient temporary
-                in ``grad_bytes``), whichever is larger at its moment; and the gradients of
+                and of the logits, N*8*V) or one layer's backward, whose first steps (in
+                reverse: index_add_, gating, the second grouped_mm) hold the gradients of the
+                gated and ungated expert outputs and of the residual stream,
+                N*(2*k*c*d' + r*d), plus, without FSDP, w_down's weight-gradient temporary
+                E*f*d in ``grad_bytes`` (later steps free more than they allocate; checked
+                against measured CPU peaks, tests/test_memory.py); and the gradients of
                 looped weights: autograd sums all contributions to a leaf before accumulating
                 it, so a looped layer's weight gradient from its later pass waits, whole, in
                 the engine until its first pass's backward (c each under FSDP mixed precision,
@@ -82,8 +91,9 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 reduce dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
                 ``to_accumulated_grad_if_needed``). DDP / one GPU with a compute dtype narrower
                 than the weights (autocast): the compute-dtype weight copies, once for the
-                non-expert weights (autocast's cast cache) and once per layer pass for the
-                expert weights (the model's explicit ``.to(dtype)`` before grouped_mm).
+                non-expert weights (autocast's cast cache) and once per stored layer pass for
+                the expert weights (the model's explicit ``.to(dtype)`` before grouped_mm, saved
+                for backward; one layer's with activation checkpointing).
 
 Not counted: the CUDA context and NCCL buffers, allocator fragmentation, optimizer-step
 temporaries (the fused AdamW has none), the evaluation pass (no backward, smaller).
@@ -186,7 +196,9 @@ class Layout:
     grad_accum_steps  micro-batches per optimizer step on one GPU
     activation_checkpointing  recompute every layer pass in backward (store only its input)
     grad_sync         "every" micro-batch reduces gradients, or only the "last" (no_sync /
-                      set_requires_gradient_sync(False) before it)
+                      set_requires_gradient_sync(False) before it). Default: "every" for
+                      FSDP/HSDP (syncing only the last costs an unsharded fp32 gradient of
+                      the whole model), "last" for DDP (free there)
     seq_len           tokens per sequence (None: the config's)
     param_dtype, grad_dtype, optim_dtype, compute_dtype, reduce_dtype   "fp32" | "bf16" | "fp16"
     """
@@ -198,7 +210,7 @@ class Layout:
     micro_batch_size: int = 1
     grad_accum_steps: int = 1
     activation_checkpointing: bool = False
-    grad_sync: str = "every"
+    grad_sync: str | None = None
     seq_len: int | None = None
     param_dtype: str = "fp32"
     grad_dtype: str = "fp32"
@@ -215,6 +227,8 @@ class Layout:
                 raise UserError(f"{name} must be a positive integer, got {v!r}")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 1):
             raise UserError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        if self.grad_sync is None:
+            object.__setattr__(self, "grad_sync", "every" if self.mode in ("fsdp", "hsdp") else "last")
         if self.grad_sync not in GRAD_SYNCS:
             raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
         for name in ("param_dtype", "grad_dtype", "optim_dtype", "compute_dtype", "reduce_dtype"):
@@ -408,9 +422,10 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         buffers = c * root + 2 * c * Lp + (c + rb) * Lp
         if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
             buffers += rb * n_total
-    elif c < pb:
+    elif c < pb:  # autocast: non-expert weights cast once; expert weights per stored pass
         expert = cfg.n_experts * 3 * d * cfg.expert_hidden
-        buffers = c * (n_total - cfg.n_layers * expert) + c * cfg.n_layer_passes * expert
+        copies = 1 if layout.activation_checkpointing else cfg.n_layer_passes
+        buffers = c * (n_total - cfg.n_layers * expert) + c * copies * expert
     else:
         buffers = 0
 
@@ -443,10 +458,10 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         ag = round(m * frac * c * (2 * cfg.n_layer_passes * Lp + root))
         rs = round(m_sync * frac * rb * (cfg.n_layers * Lp + root))
     R = layout.replicas
-    if R > 1:
-        shard_elems = local if layout.sharded else n_total
-        ar = round(m_sync * 2 * (R - 1) / R * rb * shard_elems) if layout.sharded else round(
-            2 * (R - 1) / R * gb * n_total)
+    if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
+        ar = round(2 * (R - 1) / R * gb * n_total)
+    elif layout.mode == "hsdp" and R > 1:  # the reduce-scattered shard, across the replicas
+        ar = round(m_sync * 2 * (R - 1) / R * rb * local)
 
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,

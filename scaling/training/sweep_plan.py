@@ -108,8 +108,6 @@ class PlannedRun:
         accumulation steps = per-rank batch / micro_batch_size (TrainConfig's rule).
         """
         par = {k: v for k, v in self.parallel.items() if k != "gpu_memory_gb"}
-        mode = par.get("mode", "none")
-        par.setdefault("grad_sync", "every" if mode in ("fsdp", "hsdp") else "last")
         cpu = str(self.train.get("device", "auto")) == "cpu"
         layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16")  # checks the values
         world = layout.world
