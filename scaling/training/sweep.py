@@ -6,13 +6,14 @@ order, so at most ``concurrency`` trainings share the machine. Slurm executor: o
 run, submitted as an array. Every run goes through ``scaling.training.trainer.train(resume=True)``:
 a finished run is skipped, an interrupted one resumes from its last checkpoint.
 
-One distributed training per job: a Slurm job has ``nodes`` x ``gpus_per_node`` tasks, one per
-GPU (``ntasks_per_node = gpus_per_node``); a local job has ``tasks_per_node`` processes (gloo on
-the CPU, or one per GPU of a workstation). submitit starts every task with the same function;
-``scaling.training.distributed.setup_distributed`` exports the torch distributed variables from
-submitit's job environment (``submitit.helpers.TorchDistributedEnvironment``), so the tasks form
-one process group and only rank 0 writes the run folder. ``nodes`` may be set per tier
-(``[tier."1.6B"] nodes = 4``); runs are submitted as one array per node count.
+One distributed training per job, shaped by the run's ``[parallel]`` layout (the one the memory
+planner checked): a Slurm job has ``nodes`` x ``gpus_per_node`` tasks, one per GPU
+(``ntasks_per_node = gpus_per_node``); a local job has ``gpus_per_node`` processes on this
+machine (gloo on the CPU, or one per GPU of a workstation). submitit starts every task with the
+same function; ``scaling.training.distributed.setup_distributed`` exports the torch distributed
+variables from submitit's job environment (``submitit.helpers.TorchDistributedEnvironment``), so
+the tasks form one process group and only rank 0 writes the run folder. Runs of different shapes
+(``[tier."1.6B".parallel] nodes = 4``) go in separate arrays.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from scaling.accounting.config import ModelConfig
+from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
-# [train] keys that are options of train() or of the job rather than TrainConfig fields
-RUN_OPTIONS = {"save_final_weights", "nodes"}
+# [train] keys that are options of train() rather than TrainConfig fields
+RUN_OPTIONS = {"save_final_weights"}
 
 
 def run_status(runs_dir: Path, name: str) -> str:
@@ -54,6 +56,13 @@ def train_config(run: PlannedRun, threads: int | None = None):
     if unknown:
         raise UserError(f"run {run.name}: unknown [train] keys: {', '.join(sorted(unknown))}")
     fields.update(tokens=run.budgets, seed=run.seed)
+    # the [parallel] layout that the memory planner checked is the one trained
+    for key, field in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):
+        if key in run.parallel:
+            if field in fields and fields[field] != run.parallel[key]:
+                raise UserError(f"run {run.name}: [train] {field} = {fields[field]!r} contradicts "
+                                f"[parallel] {key} = {run.parallel[key]!r}; set it in [parallel] only")
+            fields[field] = run.parallel[key]
     if threads is not None:
         fields["threads"] = threads
     return TrainConfig.from_dict(fields)
@@ -65,7 +74,8 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
     from scaling.training.trainer import train
 
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
-                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir, resume=True,
+                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
+                 resume=run_status(Path(runs_dir), run.name) != "new",
                  save_final_weights=bool(run.train.get("save_final_weights", False)))
 
 
@@ -121,6 +131,13 @@ class RunEstimate:
     tokens_per_s: float | None
     seconds: float | None
     gpu_hours: float | None
+    memory: MemoryEstimate | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the per-GPU peak fits the plan's gpu_memory_gb (None: the plan states none)."""
+        limit = self.run.gpu_memory_gb
+        return None if limit is None or self.memory is None else self.memory.fits(limit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +152,22 @@ class RunEstimate:
             "tokens_per_s": self.tokens_per_s,
             "est_seconds": self.seconds,
             "gpu_hours": self.gpu_hours,
+            **self.memory_dict(),
+        }
+
+    def memory_dict(self) -> dict[str, Any]:
+        """memory_gb_per_gpu (total and parts, GB = 1e9 bytes), fits, communication per step."""
+        if self.memory is None:
+            return {}
+        m = self.memory.to_dict()
+        parts = ("total", "params", "grads", "optimizer", "activations", "working", "buffers")
+        return {
+            "memory_gb_per_gpu": {k: m[k] for k in parts},
+            "gpu_memory_gb": self.run.gpu_memory_gb,
+            "fits": self.fits,
+            "memory_peak_at": m["peak_at"],
+            "communication_gb_per_step": m["communication_per_step"],
+            "layout": m["layout"],
         }
 
 
@@ -160,8 +193,28 @@ def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
                 secs = tokens / tps
         else:
             gpu_h = flops / (mfu * peak) / 3600.0
-        out.append(RunEstimate(run, run_status(plan.runs_dir, run.name), tokens, flops, tps, secs, gpu_h))
+        memory = estimate_memory(run.model, run.layout())
+        out.append(RunEstimate(run, run_status(plan.runs_dir, run.name), tokens, flops, tps, secs, gpu_h,
+                               memory))
     return out
+
+
+def check_memory(estimates: list[RunEstimate]) -> None:
+    """UserError (one line) naming the runs whose per-GPU peak exceeds gpu_memory_gb, first in full."""
+    over = [e for e in estimates if e.fits is False]
+    if not over:
+        return
+    e = over[0]
+    lay, need, limit = e.memory.layout, e.memory.total / GB, e.run.gpu_memory_gb
+    others = "".join(
+        f"; also {o.run.name} (+{o.memory.total / GB - o.run.gpu_memory_gb:.1f} GB)" for o in over[1:]
+    )
+    raise UserError(
+        f"tier {e.run.tier} ({e.run.name}) needs {need:.1f} GB per GPU, {need - limit:.1f} GB more "
+        f"than gpu_memory_gb = {limit:g} ({lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs, "
+        f"micro-batch {lay.micro_batch_size}, activation checkpointing "
+        f"{'on' if lay.activation_checkpointing else 'off'}){others}"
+    )
 
 
 # ----- dispatch -------------------------------------------------------------------------
@@ -178,35 +231,25 @@ def lanes(runs: list[PlannedRun], weights: dict[str, float], n: int) -> list[lis
     return [b for b in buckets if b]
 
 
-def gpus_per_node(ex: dict) -> int:
-    """GPUs (= Slurm tasks) per node; ``gpus_per_job`` is the key's older name."""
-    return int(ex.get("gpus_per_node", ex.get("gpus_per_job", 8)))
+def run_tasks(run: PlannedRun) -> tuple[int, int]:
+    """(nodes, tasks per node) of one run's job: its [parallel] layout, one task per GPU."""
+    return int(run.parallel.get("nodes", 1)), int(run.parallel.get("gpus_per_node", 1))
 
 
-def run_nodes(run: PlannedRun, ex: dict) -> int:
-    """Nodes of one run's job: its tier's ``nodes`` override, else the executor's (default 1)."""
-    n = run.train.get("nodes", ex.get("nodes", 1))
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise UserError(f"run {run.name}: nodes must be a positive integer, got {n!r}")
-    return n
-
-
-def executor_parameters(plan: SweepPlan, kind: str, nodes: int = 1) -> dict[str, Any]:
-    """submitit parameters of one job: Slurm one task per GPU on ``nodes`` nodes; local
-    ``tasks_per_node`` processes (the plan's, default 1)."""
+def executor_parameters(plan: SweepPlan, kind: str, nodes: int = 1,
+                        tasks_per_node: int = 1) -> dict[str, Any]:
+    """submitit parameters of one job of ``nodes`` x ``tasks_per_node`` tasks (one per GPU / rank)."""
     ex = plan.executor
     time_min = int(ex.get("time_limit_min", 24 * 60))
     if kind == "local":
-        tasks = int(ex.get("tasks_per_node", 1))
-        if tasks < 1:
-            raise UserError(f"tasks_per_node must be >= 1, got {tasks}")
-        return {"timeout_min": time_min, "tasks_per_node": tasks}
-    gpus = gpus_per_node(ex)
+        if nodes != 1:
+            raise UserError(f"the local executor runs on this machine only; the plan asks for {nodes} nodes")
+        return {"timeout_min": time_min, "tasks_per_node": tasks_per_node}
     params: dict[str, Any] = dict(
         time=time_min,
         nodes=nodes,
-        gpus_per_node=gpus,
-        ntasks_per_node=gpus,  # one task per GPU; each becomes one rank
+        gpus_per_node=tasks_per_node,
+        ntasks_per_node=tasks_per_node,  # one task per GPU; each becomes one rank
         cpus_per_task=int(ex.get("cpus_per_job", 8)),
         array_parallelism=int(ex.get("concurrency", 64)),
         job_name=f"smelt-{plan.name}",
@@ -218,7 +261,8 @@ def executor_parameters(plan: SweepPlan, kind: str, nodes: int = 1) -> dict[str,
     return params
 
 
-def make_executor(plan: SweepPlan, log_dir: Path, kind: str | None = None, nodes: int = 1):
+def make_executor(plan: SweepPlan, log_dir: Path, kind: str | None = None, nodes: int = 1,
+                  tasks_per_node: int = 1):
     import submitit
 
     kind = kind or plan.executor.get("kind", "local")
@@ -230,7 +274,7 @@ def make_executor(plan: SweepPlan, log_dir: Path, kind: str | None = None, nodes
         executor = submitit.SlurmExecutor(folder=str(log_dir))
     else:
         raise UserError(f"unknown executor kind {kind!r}; choose local, slurm or debug")
-    executor.update_parameters(**executor_parameters(plan, kind, nodes))
+    executor.update_parameters(**executor_parameters(plan, kind, nodes, tasks_per_node))
     return executor, kind
 
 
@@ -243,7 +287,11 @@ def submit(
     log_dir: Path | None = None,
     estimates: list[RunEstimate] | None = None,
 ):
-    """Submit the plan's unfinished runs; returns (jobs, skipped run names)."""
+    """Submit the plan's unfinished runs; returns (jobs, skipped run names).
+
+    A plan whose runs do not fit their gpu_memory_gb is refused (UserError) before anything starts.
+    """
+    check_memory(estimates if estimates is not None else estimate(plan, probe=False))
     todo = [r for r in plan.runs if run_status(plan.runs_dir, r.name) != "done"]
     skipped = [r.name for r in plan.runs if r not in todo]
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -253,13 +301,15 @@ def submit(
     if not todo:
         return [], skipped
     runs_dir = str(plan.runs_dir)
+    # one array / set of lanes per job shape: every task of a job is one rank of its run
+    shapes = sorted({run_tasks(r) for r in todo})
+    jobs = []
     if kind == "slurm":
-        jobs = []
-        for nodes in sorted({run_nodes(r, plan.executor) for r in todo}):
-            executor.update_parameters(nodes=nodes)
+        for nodes, tasks in shapes:
+            executor.update_parameters(**executor_parameters(plan, kind, nodes, tasks))
             with executor.batch():
                 jobs += [executor.submit(execute_run, r, runs_dir, threads)
-                         for r in todo if run_nodes(r, plan.executor) == nodes]
+                         for r in todo if run_tasks(r) == (nodes, tasks)]
         return jobs, skipped
     n = concurrency or int(plan.executor.get("concurrency", 1))
     weights = {e.run.name: (e.seconds or e.flops) for e in (estimates or [])}
@@ -267,5 +317,9 @@ def submit(
         weights = {
             r.name: r.flops(float(r.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))) for r in todo
         }
-    jobs = [executor.submit(execute_lane, lane, runs_dir, threads) for lane in lanes(todo, weights, n)]
+    for nodes, tasks in shapes:
+        if kind == "local":
+            executor.update_parameters(**executor_parameters(plan, kind, nodes, tasks))
+        group = [r for r in todo if run_tasks(r) == (nodes, tasks)]
+        jobs += [executor.submit(execute_lane, lane, runs_dir, threads) for lane in lanes(group, weights, n)]
     return jobs, skipped
