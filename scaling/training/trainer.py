@@ -25,15 +25,15 @@ Logs go to ``runs/<name>/`` (see :mod:`scaling.training.runlog`): ``config.json`
 and branches), ``final.json`` and ``checkpoints/``. A run killed at any moment and resumed logs
 exactly what an uninterrupted run logs.
 
-Data parallel: under ``torchrun`` (``WORLD_SIZE`` > 1) the model is wrapped by ``parallelize``
-(DDP here; FSDP2/HSDP where :mod:`scaling.training.parallel` provides them); rank r takes rows
+Data parallel: under ``torchrun`` or a multi-task submitit job (``WORLD_SIZE`` > 1, see
+:mod:`scaling.training.distributed`) the model is built by :func:`scaling.training.parallel.build_model`
+(DDP, or FSDP2/HSDP from the meta device, per ``TrainConfig.parallel``); rank r takes rows
 [r*B/W, (r+1)*B/W) of each global batch, so the result equals a single process with
 ``micro_batch_size`` = B/W and W accumulation steps. Only rank 0 writes the run log.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -54,6 +54,7 @@ from scaling.training import runlog
 from scaling.training.branches import BranchPlan, Position, TokenBudget
 from scaling.training.checkpoint import Checkpointer, identity_diff, run_identity
 from scaling.training.corpus import DataSpec, load_corpus
+from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
 from scaling.training.evaluate import Evaluator, autocast
 from scaling.training.metrics import (
     MetricsSink,
@@ -62,6 +63,15 @@ from scaling.training.metrics import (
     peak_memory_bytes,
     require_trackers,
     resolve_peak_flops,
+)
+from scaling.training.parallel import (
+    GRAD_SYNC,
+    build_model,
+    full_state_dict,
+    reshard,
+    resolve_grad_sync,
+    split_batch,
+    train_step,
 )
 from scaling.training.schedule import lr_at
 from scaling.training.state import TrainState
@@ -101,8 +111,13 @@ class TrainConfig:
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
     parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
+                      (scaling.training.parallel)
     activation_checkpointing, compile   passed to parallelize (recompute each layer pass in the
                       backward; torch.compile the blocks)
+    grad_sync         "last": reduce gradients on the last micro-batch only; "every": after each
+                      (FSDP: keeps gradients sharded between micro-batches); None: "every" under
+                      fsdp/hsdp, "last" otherwise (the memory planner's rule)
+    replicate         HSDP replicate degree (None: the number of nodes)
     """
 
     tokens: tuple[float, ...]
@@ -138,6 +153,8 @@ class TrainConfig:
     parallel: str = "none"
     activation_checkpointing: bool = False
     compile: bool = False
+    grad_sync: str | None = None
+    replicate: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -161,8 +178,13 @@ class TrainConfig:
             raise UserError(f"eval_every must be >= 0, got {self.eval_every}")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"threads must be >= 1, got {self.threads}")
-        if self.parallel not in ("none", "ddp", "fsdp", "hsdp"):
+        if self.parallel not in PARALLEL_MODES:
             raise UserError(f"parallel must be none, ddp, fsdp or hsdp, got {self.parallel!r}")
+        if self.grad_sync is not None and self.grad_sync not in GRAD_SYNC:
+            raise UserError(f"grad_sync must be last or every, got {self.grad_sync!r}")
+        if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):
+            raise UserError(f"replicate must be a positive HSDP replicate degree, got {self.replicate!r} "
+                            f"with parallel {self.parallel!r}")
         check_log_to(self.log_to)
         resolve_peak_flops(self.peak_flops)
         if self.mfu and self.peak_flops is None:
@@ -187,7 +209,8 @@ class TrainConfig:
 # Fields that may differ between a run and its resumption: they do not change the maths, except
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
-               "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile"}
+               "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
+               "grad_sync", "replicate"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
@@ -233,75 +256,7 @@ class Progress:
 
 # ----- distributed ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-    initialized_here: bool = False
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
-
-    def close(self) -> None:
-        if self.initialized_here and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-
-
-def _setup_dist(device_pref: str) -> _Dist:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_pref == "auto":
-        device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            device = torch.device(device_pref)
-        except RuntimeError:
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):
-            raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device_pref!r}")
-        if device.type == "cuda" and device.index is None:
-            device = torch.device(f"cuda:{local}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"device {device_pref!r} requested but CUDA is not available")
-        torch.cuda.set_device(device)
-    here = False
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-        here = True
-    return _Dist(rank, world, local, device, here)
-
-
-def _parallelize_ddp(model: torch.nn.Module, mode: str, mesh=None, *, mixed_precision: bool | None = None,
-                     activation_checkpointing: bool = False, compile: bool = False) -> torch.nn.Module:
-    """DDP over all ranks (mode "ddp") or the bare module ("none"): the interim stand-in, with the
-    same signature, for scaling.training.parallel.parallelize, which adds FSDP2/HSDP on ``mesh``,
-    mixed precision, activation checkpointing and compilation."""
-    if mode in ("fsdp", "hsdp") or activation_checkpointing or compile:
-        raise UserError("FSDP/HSDP, activation checkpointing and compile need scaling.training.parallel")
-    if mode == "none":
-        return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    device = next(model.parameters()).device
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
-
-
-try:  # FSDP2/HSDP from the parallel component when present
-    from scaling.training.parallel import parallelize
-except ImportError:
-    parallelize = _parallelize_ddp
-
-
-def _agreed(dist: _Dist, fn: Callable[[], Any]) -> Any:
+def _agreed(dist: DistEnv, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on rank 0 and give its result, or its UserError, to every rank."""
     result: list[Any] = [None, None]
     if dist.is_main:
@@ -314,16 +269,6 @@ def _agreed(dist: _Dist, fn: Callable[[], Any]) -> Any:
     if result[1] is not None:
         raise UserError(result[1])
     return result[0]
-
-
-def _grad_sync(model: torch.nn.Module, last: bool):
-    """Reduce gradients only on the last micro-batch (DDP's no_sync, FSDP2's requires_gradient_sync)."""
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-    if hasattr(model, "no_sync") and not last:
-        return model.no_sync()
-    return contextlib.nullcontext()
 
 
 # ----- the run folder ---------------------------------------------------------------------
@@ -395,11 +340,10 @@ def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> No
 class Trainer:
     """Builds the components of one run, then :meth:`train` runs the loop (see the module docstring)."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, dist: _Dist, *, tier: str,
+    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, dist: DistEnv, *, tier: str,
                  proxy: bool | None,
                  run_name: str | None, runs_dir: Path, ckpt_dir: Path | None, resume: bool, overwrite: bool,
                  progress: Callable[[Progress], None] | None, data_cache):
-        from scaling.training.model import MoETransformer
 
         self.model_cfg, self.cfg, self.dist = model_cfg, cfg, dist
         self.tier = tier
@@ -412,13 +356,7 @@ class Trainer:
         self.tokens_per_step = cfg.batch_size * T
         self.plan = BranchPlan.build(cfg.tokens, self.tokens_per_step, cfg.schedule, cfg.decay_fraction)
         self.warmup = default_warmup(self.plan.budgets) if cfg.warmup is None else cfg.warmup
-        if cfg.batch_size % dist.world:
-            raise UserError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} ranks")
-        per_rank = cfg.batch_size // dist.world
-        self.micro = cfg.micro_batch_size or per_rank
-        if per_rank % self.micro:
-            raise UserError(f"micro batch {self.micro} does not divide the per-rank batch {per_rank}")
-        self.n_micro = per_rank // self.micro
+        _, self.micro, self.n_micro = split_batch(cfg.batch_size, dist.world, cfg.micro_batch_size)
         self.peak_flops = resolve_peak_flops(cfg.peak_flops)
         require_trackers(cfg.log_to)
         self.run_name = run_name or default_run_name(tier, model_cfg.arch, cfg)
@@ -470,10 +408,9 @@ class Trainer:
 
         # -- model, optimizer, state -------------------------------------------------------------
         torch.manual_seed(cfg.seed)
-        self.raw = MoETransformer(model_cfg, seed=cfg.seed).to(device)
-        mode = "none" if dist.world == 1 else ("ddp" if cfg.parallel == "none" else cfg.parallel)
-        self.model = parallelize(self.raw, mode, None, activation_checkpointing=cfg.activation_checkpointing,
-                                 compile=cfg.compile)
+        self.grad_sync = resolve_grad_sync(cfg.grad_sync, resolve_mode(cfg.parallel, dist.world))
+        self.model = build_model(model_cfg, cfg.seed, dist, cfg.parallel,
+                                 activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile)
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")
@@ -507,6 +444,8 @@ class Trainer:
             "seed": cfg.seed, "code": code,
             "env": {**runlog.environment(), "device": str(device), "threads": torch.get_num_threads(),
                     "world_size": dist.world,
+                    "parallel": resolve_mode(cfg.parallel, dist.world),
+                    "grad_sync": resolve_grad_sync(cfg.grad_sync, resolve_mode(cfg.parallel, dist.world)),
                     "precision": "bf16-autocast" if device.type == "cuda" else "fp32"},
             "run_dir": str(self.run_dir),
         }
@@ -555,22 +494,10 @@ class Trainer:
         x_all = torch.from_numpy(x_np).to(device, non_blocking=True)
         y_all = torch.from_numpy(y_np).to(device, non_blocking=True)
         data_wait = time.perf_counter() - t0
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
-        for m in range(self.n_micro):
-            rows = slice(m * self.micro, (m + 1) * self.micro)
-            with _grad_sync(self.model, m == self.n_micro - 1):
-                with autocast(device):
-                    out = self.model(x_all[rows], y_all[rows])
-                objective = out.loss + cfg.aux_coef * out.aux_loss + cfg.z_coef * out.z_loss
-                (objective / self.n_micro).backward()
-            sums += torch.stack([out.loss.detach(), out.aux_loss.detach(), out.z_loss.detach()]).double()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP
-            gnorm = gnorm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = sums / self.n_micro
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]  # the (sharded) leaves
+        stats, gnorm = train_step(self.model, self.optimizer, params, x_all, y_all, n_micro=self.n_micro,
+                                  grad_clip=cfg.grad_clip, aux_coef=cfg.aux_coef, z_coef=cfg.z_coef,
+                                  grad_sync=self.grad_sync, autocast=lambda: autocast(device))
         if self.dist.world > 1:
             torch.distributed.all_reduce(stats)
             stats = stats / self.dist.world
@@ -614,6 +541,7 @@ class Trainer:
                 s.tokens_seen += self.tokens_per_step
                 if up.evaluate:
                     record.update(self.evaluator(self.model, self.corpus.bpb))
+                    reshard(self.model)  # FSDP2's root stays gathered after a forward without backward
                     s.last_eval = {k: v for k, v in record.items() if k.startswith("val_") or k == "iter"}
                     s.best_val = min(record["val_loss"], s.best_val if s.best_val is not None else math.inf)
                 s.wall_s = wall_base + time.perf_counter() - t_start
@@ -650,10 +578,7 @@ class Trainer:
 
     def save_weights(self) -> None:
         """Gather the full weights and write one safetensors file (rank 0)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(self.model, options=options)
+        full = full_state_dict(self.model)
         if self.dist.is_main:
             runlog.save_weights(self.run_dir / runlog.WEIGHTS, full,
                                 {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier})
@@ -673,7 +598,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
     resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
     ...), before creating any folder where it can.
     """
-    dist = _setup_dist(train_cfg.device)
+    dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate)
     try:
         trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
                           runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
