@@ -68,7 +68,7 @@ def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: 
     compute = "bf16" if device_type == "cuda" else "fp32"
     layout = Layout(mode=mode if world > 1 or mode != "ddp" else "none", gpus_per_node=world,
                     micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
-                    grad_sync=grad_sync, compute_dtype=compute)
+                    grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len)
     return estimate_memory(cfg, layout).total / 1e9
 
 
@@ -94,6 +94,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
                peak_flops: float | None) -> dict:
     """Train ``cfg`` on synthetic tokens on ``dist`` (this rank); the measurements as a dict."""
     from scaling.accounting.costs import flops_per_token
+    from scaling.training.evaluate import autocast  # the trainer's: bf16 on CUDA, nothing on CPU
     from scaling.training.parallel import build_model, train_step
 
     cuda = dist.device.type == "cuda"
@@ -116,7 +117,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / max(1, warmup))
         stats, _ = train_step(model, opt, params, x, y, n_micro=n_micro, grad_clip=1.0, aux_coef=0.01,
-                              z_coef=1e-3, grad_sync=grad_sync)
+                              z_coef=1e-3, grad_sync=grad_sync, autocast=lambda: autocast(dist.device))
         if dist.world > 1:
             torch.distributed.all_reduce(stats)
             stats = stats / dist.world
@@ -156,6 +157,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     from scaling.accounting.tiers import get_config
     from scaling.training.distributed import build_mesh, setup_distributed
+    from scaling.training.parallel import resolve_grad_sync
 
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -164,6 +166,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         torch.distributed.init_process_group(dist.backend, rank=0, world_size=1)
         dist = dataclasses.replace(dist, mesh=build_mesh("fsdp", 1, dist.device.type), initialized_here=True)
     mode = "fsdp" if args.mode == "hsdp" and dist.world == 1 else args.mode
+    grad_sync = resolve_grad_sync(args.grad_sync, mode)
     results = []
     try:
         for arch in args.archs:
@@ -173,7 +176,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             results.append(train_arch(
                 cfg, dist, mode=mode, steps=args.steps, warmup=args.warmup, micro=args.micro_batch,
                 n_micro=args.grad_accum, lr=args.lr, activation_checkpointing=args.activation_checkpointing,
-                compile=args.compile, grad_sync=args.grad_sync, max_seconds=args.max_seconds,
+                compile=args.compile, grad_sync=grad_sync, max_seconds=args.max_seconds,
                 peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
             if dist.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -236,7 +239,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--grad-accum", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=None, help="override the tier's")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--grad-sync", default="last", choices=("last", "every"))
+    ap.add_argument("--grad-sync", default=None, choices=("last", "every"),
+                    help="default: every under fsdp/hsdp, last under ddp (the trainer's rule)")
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile each block")
     ap.add_argument("--peak-flops", type=float, default=PEAK_BF16_FLOPS["H200"], help="per GPU")

@@ -39,6 +39,7 @@ def test_the_check_at_tiny_size_on_two_cpu_ranks(capsys):
     assert arch["tokens_per_s"] > 0 and arch["tokens_per_step"] == 2 * 2 * 2 * 64
     assert arch["loss_fell"] and arch["last_loss"] < arch["first_loss"]
     assert arch["mfu"] is None and arch["peak_memory_gb"] is None  # CUDA-only numbers
+    assert 0 < arch["planned_memory_gb"] < 1  # the planner's estimate for this layout (fp32, 2 ranks)
     for which in ("baseline", "smelt"):
         m = doc["meta_build"][which]
         assert m["equal"] and m["all_meta"] and m["built"] > 50e9
