@@ -47,11 +47,13 @@ memory is one full parameter in host RAM (at the 1.6B tier the largest is an exp
 ``w_gate_up`` [336, 2304, 1536] = 1.19e9 floats, 4.8 GB), never the model. The cost is that
 each rank draws every parameter's random numbers (the CPU generator cannot skip ahead).
 
-**Gradient accumulation** reduces gradients once, on the last micro-batch (DDP ``no_sync``;
-FSDP2 ``set_requires_gradient_sync(False)`` before the others). FSDP2 then keeps *unsharded*
-gradients of every layer between micro-batches (4 bytes/parameter of the whole model), which
-defeats sharding for the big tiers: ``grad_sync="every"`` reduce-scatters after every micro-batch
-instead (gradients stay sharded; HSDP still all-reduces across replicas only on the last one).
+**Gradient accumulation.** ``grad_sync="last"`` reduces gradients once, on the last micro-batch
+(DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync(False)`` before the others): the least
+traffic, but FSDP2 then keeps *unsharded* fp32 gradients of the whole model between
+micro-batches (216 GB at the 1.6B tier), which defeats sharding. ``grad_sync="every"``
+reduce-scatters after every micro-batch instead (gradients stay sharded; HSDP still all-reduces
+across replicas only on the last one). The default (``resolve_grad_sync``) is the memory
+planner's: "every" under fsdp/hsdp, "last" under ddp.
 **Gradient clipping** takes the global norm of the (sharded, DTensor) gradients:
 ``get_total_norm`` gives a partial DTensor, ``full_tensor()`` reduces it across ranks, and
 ``clip_grads_with_norm_`` scales the shards, as ``clip_grad_norm_`` does in one process.
