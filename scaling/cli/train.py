@@ -179,9 +179,10 @@ def register(app: typer.Typer) -> None:
         With the WSD schedule one run yields one (N, D, loss) point per budget: the stable trunk runs to the
         largest budget and a cooldown branch is taken at each smaller one.
 
-        Runs under torchrun use DDP (gloo on CPU, nccl on CUDA). A killed run continues with --resume and
-        logs exactly what an uninterrupted run logs (see the README, "What happens when things go wrong");
-        --resume on a run that does not exist is an error.
+        Runs under torchrun (or a multi-task submitit job) train data-parallel: --parallel ddp, fsdp
+        (FSDP2, sharded) or hsdp; none means DDP there (gloo on CPU, nccl on CUDA). A killed run
+        continues with --resume and logs exactly what an uninterrupted run logs (see the README,
+        "What happens when things go wrong"); --resume on a run that does not exist is an error.
         """
         from scaling.accounting.tiers import get_config, is_proxy
         from scaling.training.trainer import TrainConfig, default_run_name, train
