@@ -56,6 +56,7 @@ from scaling.accounting.matching import smelt_twin
 from scaling.accounting.tiers import TIERS, tier_names
 from scaling.common.errors import UserError
 from scaling.fitting.approaches import isoflop_optima
+from scaling.fitting.laws import get_law
 from scaling.fitting.savings import (
     EXTRAPOLATION_WARN_DECADES,
     FittedLaw,
@@ -80,11 +81,7 @@ _TWIN_ITERS = 8
 # -- size measures -----------------------------------------------------------------------------
 def size_name(law_name: str) -> str:
     """The size variable of a law form: 'N' (active non-embedding params) or 'F' (FLOPs/token)."""
-    if law_name == "chinchilla":
-        return "N"
-    if law_name == "smelt":
-        return "F"
-    raise UserError(f"planning supports the chinchilla and smelt law forms, not {law_name!r}")
+    return get_law(law_name).size_input
 
 
 def measure(cfg: ModelConfig, name: str) -> float:
