@@ -236,7 +236,7 @@ def test_cli_constraints_objective_at_and_errors(tmp_path):
     assert {"C", "N", "D", "loss", "N_ci"} <= set(base["at_budget"])
     r = runner.invoke(app, ["fit", str(path), "--bootstrap", "0", "--at", "1e22"])
     assert r.exit_code == 0 and "at C = 1e+22 FLOPs: N* =" in r.output
-    assert "allocation (C = 6 N D)" in r.output
+    assert "allocation (approach 3, C = 6 N D)" in r.output
     for args, msg in [(["--fix", "Q=1"], "'Q' is not a parameter"),
                       (["--tie", "alpha"], "a tie is NAME=NAME"),
                       (["--share", "E,zeta"], "'zeta' is not a parameter"),

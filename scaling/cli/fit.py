@@ -69,7 +69,7 @@ def print_fit(fit: FitResult) -> None:
     if "G" in fit.derived and ea in fit.derived:
         x = law.size_input
         kk = f"{fit.k:.3g} " if law.budget_uses_k else ""
-        stdout.print(f"  allocation (C = {kk}{x} D): {x}* = G C^{ea} = {fit.derived['G']:.4g} "
+        stdout.print(f"  allocation (approach 3, C = {kk}{x} D): {x}* = G C^{ea} = {fit.derived['G']:.4g} "
                      f"C^{fit.derived[ea]:.4f}, "
                      f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
                      f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
