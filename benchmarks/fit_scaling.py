@@ -13,9 +13,12 @@ Per size:
 - reference: scipy L-BFGS-B (default tolerances) with the *same analytic gradient*
   (``Objective``), one start at a time over the same grid, best kept; its bootstrap: scipy
   L-BFGS-B from the reference optimum on each resample. At the larger sizes the reference runs
-  every k-th grid start and fewer resamples (``ref_starts``, ``ref_resamples`` in the output) so
-  that the benchmark finishes; its bootstrap time is also given per resample.
-- wall seconds and peak traced memory (``tracemalloc``: every Python and numpy allocation of
+  every k-th grid start and fewer resamples (``ref_starts``, ``ref_resamples`` in the output:
+  2,700/3 starts and 50 resamples at 250 points down to 2,700/900 starts and 2 resamples at
+  250,000) so that the benchmark finishes on a shared machine; its times are also given per start
+  and per resample.
+- wall seconds, this process's CPU seconds (``cpu_s``: less sensitive to other load) and peak
+  traced memory (``tracemalloc``: every Python and numpy allocation of
   that stage; not the interpreter's baseline) and the optimum each reached (objective, params).
 The machine may be shared: the load average is reported.
 """
@@ -38,8 +41,8 @@ from scaling.fitting.fit import Objective, _run_weights, bootstrap, distinct_opt
 from scaling.fitting.laws import get_law
 
 TRUE = {"E": 1.8, "A": 480.0, "alpha": 0.35, "B": 2100.0, "beta": 0.37}
-REF_EVERY = {250: 1, 2500: 3, 25000: 27, 250000: 270}      # reference: every k-th grid start
-REF_RESAMPLES = {250: 200, 2500: 200, 25000: 20, 250000: 4}
+REF_EVERY = {250: 3, 2500: 9, 25000: 90, 250000: 900}     # reference: every k-th grid start
+REF_RESAMPLES = {250: 50, 2500: 20, 25000: 5, 250000: 2}
 
 
 def synthetic(n: int, seed: int = 0) -> pd.DataFrame:
@@ -54,12 +57,16 @@ def synthetic(n: int, seed: int = 0) -> pd.DataFrame:
                          "loss": L, "flops": 6 * N * D, "flops_per_token": np.nan, "sparsity": np.nan})
 
 
-def measured(fn):
-    """(wall seconds, peak traced bytes, result)."""
+CPU = {}
+
+
+def measured(fn, label=None):
+    """(wall seconds, peak traced bytes, result); this process's CPU seconds go to CPU[label]."""
     tracemalloc.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = fn()
     wall = time.perf_counter() - t0
+    CPU[label] = time.process_time() - c0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return wall, peak, result
@@ -90,20 +97,21 @@ def one_size(n: int, n_boot: int) -> dict:
     grid = law.starts()
     lo, hi = law.internal_bounds().T
 
-    fit_s, fit_mem, fit = measured(lambda: fit_law(df, law, n_bootstrap=0))
+    fit_s, fit_mem, fit = measured(lambda: fit_law(df, law, n_bootstrap=0), "fit")
     obj = Objective(law, X, y)
     opt = multistart(obj, grid)
     starts = opt.refined_z[distinct_optima(opt.refined_z, opt.refined_f)]
-    boot_s, boot_mem, _ = measured(lambda: bootstrap(law, X, y, runs, starts, n_resamples=n_boot, seed=0))
+    boot_s, boot_mem, _ = measured(lambda: bootstrap(law, X, y, runs, starts, n_resamples=n_boot, seed=0),
+                                     "boot")
 
     every = REF_EVERY.get(n, max(1, n // 1000))
     ref_starts = grid[::every]
-    ref_s, ref_mem, ref = measured(lambda: scipy_fit(obj, ref_starts, lo, hi))
+    ref_s, ref_mem, ref = measured(lambda: scipy_fit(obj, ref_starts, lo, hi), "ref")
     k_ref = min(n_boot, REF_RESAMPLES.get(n, 4))
     W = _run_weights(runs, k_ref, np.random.default_rng(0))
     wobj = Objective(law, X, y, weights=W)
     rboot_s, rboot_mem, _ = measured(lambda: [scipy_fit(wobj, ref.x[None], lo, hi, row=i)
-                                              for i in range(k_ref)])
+                                              for i in range(k_ref)], "rboot")
     return {
         "n_points": n, "n_runs": int(np.unique(runs).size),
         "ours_fit_s": fit_s, "ours_fit_peak_mb": fit_mem / 2 ** 20,
@@ -113,6 +121,9 @@ def one_size(n: int, n_boot: int) -> dict:
         "ref_fit_s_per_start": ref_s / len(ref_starts),
         "ref_bootstrap_s": rboot_s, "ref_bootstrap_peak_mb": rboot_mem / 2 ** 20, "ref_resamples": k_ref,
         "ref_bootstrap_s_per_resample": rboot_s / max(k_ref, 1),
+        "cpu_s": {"ours_fit": CPU["fit"], "ours_bootstrap": CPU["boot"], "ref_fit": CPU["ref"],
+                  "ref_fit_per_start": CPU["ref"] / len(ref_starts), "ref_bootstrap": CPU["rboot"],
+                  "ref_bootstrap_per_resample": CPU["rboot"] / max(k_ref, 1)},
         "ours_objective": fit.diagnostics["objective"], "ref_objective": float(ref.fun),
         "ours_equal_or_better": bool(fit.diagnostics["objective"] <= ref.fun * (1 + 1e-9)),
         "ours_params": fit.params, "ref_params": law.as_dict(law.from_internal(ref.x)),
@@ -124,10 +135,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--sizes", default="250,2500,25000,250000", help="comma-separated numbers of points")
     ap.add_argument("--bootstrap", type=int, default=200, help="resamples of our bootstrap")
+    ap.add_argument("--jsonl", default=None, help="also append each size's result to this file as it ends")
     args = ap.parse_args(argv)
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         rows.append(one_size(n, args.bootstrap))
+        if args.jsonl:
+            with open(args.jsonl, "a") as fh:
+                fh.write(json.dumps(rows[-1]) + "\n")
         if not args.json:
             r = rows[-1]
             print(f"{n:>7} points: ours fit {r['ours_fit_s']:.2f} s / {r['ours_fit_peak_mb']:.0f} MB, "
