@@ -337,7 +337,7 @@ def _nearest(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
 
 def _param_text(fit: Any) -> str:
     p = fit.params
-    if fit.law == "chinchilla":
+    if fit.law_obj.inputs == ("N", "D"):
         head = (f"$L = {p['E']:.3g} + {p['A']:.3g}/N^{{{p['alpha']:.3f}}} + "
                 f"{p['B']:.3g}/D^{{{p['beta']:.3f}}}$")
     else:
@@ -385,7 +385,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         ngrid = np.geomspace(Ns[0] / 1.6, Ns[-1] * 1.6, 80)
         for j, D in enumerate(Ds):
             m = di == j
-            if fit.law == "chinchilla":
+            if fit.law_obj.inputs == ("N", "D"):
                 ax.plot(ngrid, fit.predict(N=ngrid, D=np.full_like(ngrid, D)), color=cD[j], lw=1.2)
             else:
                 at = sub[m].sort_values("N")
@@ -595,7 +595,7 @@ def isoflop(points: pd.DataFrame, fits: Mapping[str, Any] | None = None, *,
                 ax.plot([nv], [np.exp(np.polyval(q, np.log(nv)))], marker="D", color=cl[i], mec="k", ms=6,
                         ls="none")
                 vtx.append((C, nv))
-            if fit is not None and fit.law == "chinchilla":
+            if fit is not None and fit.law_obj.inputs == ("N", "D"):
                 Lc = fit.predict(N=ngrid, D=C / flops_per_token_of_size(ngrid, Nn, Fn))
                 ax.plot(ngrid, Lc, color=cl[i], lw=1.1)
                 j = int(np.argmin(Lc))
@@ -611,7 +611,7 @@ def isoflop(points: pd.DataFrame, fits: Mapping[str, Any] | None = None, *,
         c = colours[g]
         cmin, cmax = float(total_flops(gp).min()), float(total_flops(gp).max())
         cgrid = np.geomspace(cmin / 3, cmax * 3, 40)
-        if fit is not None and fit.law == "chinchilla":
+        if fit is not None and fit.law_obj.inputs == ("N", "D"):
             wide = np.geomspace(Nn.min() / 100, Nn.max() * 100, 2000)
             Fw = flops_per_token_of_size(wide, Nn, Fn)
             nstar = [wide[int(np.argmin(fit.predict(N=wide, D=C / Fw)))] for C in cgrid]
