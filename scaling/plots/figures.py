@@ -974,3 +974,101 @@ def saved_analyses(runs_dir: str | Path, kind: str) -> list[tuple[Path, Any]]:
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise UserError(f"cannot read {f}: {exc}") from None
     return out
+
+
+# -- paired comparison (a scaling.fitting.compare.CompareResult) -------------------------------------
+@_styled
+def compare(result: Any) -> Figure:
+    """Paired candidate - reference validation loss (nats/token) at matched (tier, budget, seed).
+
+    Left: every pair against its budget in tokens, one shade per tier (seeds as markers), the
+    cell means joined per tier. Right: mean ± 1 clustered s.e. overall, per tier and per budget.
+    Below zero the candidate is better.
+    """
+    pairs = result.pairs
+    c_cand = ARCH_COLOURS.get(result.candidate, _EXTRA[0])
+    tiers = [s.label for s in result.by_tier]
+    colours = dict(zip(tiers, shades(c_cand, len(tiers))))
+    fig, axes = _figure(1, 2, 8.4, 3.2, gridspec_kw={"width_ratios": [1.3, 1.0]})
+    ax, ax2 = axes[0]
+    seeds = sorted(pairs["seed"].unique(), key=str)
+    x_col = "tokens" if "tokens" in pairs else "budget_index"
+    for t in tiers:
+        sub = pairs[pairs["tier"].astype(str) == t]
+        for j, s in enumerate(seeds):
+            ss = sub[sub["seed"] == s]
+            ax.plot(ss[x_col], ss["diff"], ls="none", marker=MARKERS[j % len(MARKERS)], ms=3.5,
+                    color=colours[t], alpha=0.8)
+        cell = sub.groupby("budget_index").agg(x=(x_col, "mean"), d=("diff", "mean"))
+        ax.plot(cell["x"], cell["d"], color=colours[t], lw=1.2, label=t)
+    ax.axhline(0, color="0.2", lw=0.8)
+    if x_col == "tokens":
+        _log(ax, "x")
+        ax.set_xlabel("training tokens (budget)")
+    else:
+        ax.set_xlabel("budget index")
+    ax.set_ylabel(f"{group_label(result.candidate)} − {group_label(result.reference)} loss (nats/token)")
+    ax.set_title("Paired differences (markers: seeds; lines: cell means)")
+    _legend(ax, fontsize=6, ncol=2)
+    rows = [result.overall, *result.by_tier, *result.by_budget]
+    labels = [r.label if r.tokens is None or not r.label.startswith("budget")
+              else f"{si(r.tokens)} tokens" for r in rows]
+    y = np.arange(len(rows))[::-1]
+    for yi, r in zip(y, rows):
+        colour = "k" if r is result.overall else colours.get(r.label, "0.4")
+        err = 0.0 if r.se is None else r.se
+        ax2.errorbar([r.mean], [yi], xerr=[err], fmt="o", ms=4, color=colour, capsize=2, lw=1)
+    ax2.axvline(0, color="0.2", lw=0.8)
+    ax2.set_yticks(y, labels, fontsize=7)
+    ax2.set_xlabel("mean difference ± 1 s.e. (nats/token)")
+    ax2.set_title(f"s.e. clustered by {result.cluster}")
+    return fig
+
+
+# -- held-out extrapolation check (scaling.fitting.holdout) ------------------------------------
+@_styled
+def holdout(result: Any) -> Figure:
+    """Predicted vs observed loss of held-out points (``scaling.fitting.holdout.HoldoutResult``).
+
+    Left: observed against predicted (nats), one marker per point coloured by group, with its
+    bootstrap prediction interval as a horizontal bar, and the diagonal y = x. Right: the error in
+    log loss, log(observed / predicted), against total compute, with the interval as bars; points
+    outside their interval are hollow.
+    """
+    df = result.heldout
+    groups = _order(df["group"])
+    colours = group_colours(groups)
+    fig, axes = _figure(1, 2, 7.2, 3.2)
+    ax, ax2 = axes[0]
+    for g in groups:
+        s = df[df["group"] == g]
+        col = colours[g]
+        has = np.isfinite(s["lo"].to_numpy(dtype=float))
+        if has.any():
+            ax.errorbar(s["predicted"], s["observed"],
+                        xerr=[s["predicted"] - s["lo"], s["hi"] - s["predicted"]],
+                        fmt="none", ecolor=col, elinewidth=0.8, alpha=0.6)
+            ax2.errorbar(s["compute"], np.zeros(len(s)),
+                         yerr=[np.log(s["predicted"] / s["lo"]), np.log(s["hi"] / s["predicted"])],
+                         fmt="none", ecolor=col, elinewidth=0.8, alpha=0.4)
+        inside = s["inside"].map(lambda v: v is not False).to_numpy(dtype=bool)
+        for mask, face in ((inside, col), (~inside, "none")):
+            if mask.any():
+                ax.plot(s["predicted"][mask], s["observed"][mask], ls="none", marker="o", ms=4.5, mfc=face,
+                        mec=col, label=group_label(g) if face == col else None)
+                ax2.plot(s["compute"][mask], s["error_log"][mask], ls="none", marker="o", ms=4.5, mfc=face,
+                         mec=col)
+    lo = float(np.nanmin(df[["observed", "predicted"]].to_numpy()))
+    hi = float(np.nanmax(df[["observed", "predicted"]].to_numpy()))
+    pad = 0.05 * (hi - lo or hi)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.4", lw=0.8, ls="--")
+    ax.set_xlabel("predicted loss (nats)")
+    ax.set_ylabel("observed loss (nats)")
+    ax.set_title(f"held out: {result.rule}", fontsize=9)
+    _legend(ax, fontsize=7)
+    ax2.axhline(0, color="0.4", lw=0.8, ls="--")
+    _log(ax2, "x")
+    ax2.set_xlabel("training compute C (FLOPs)")
+    ax2.set_ylabel("log(observed / predicted)")
+    ax2.set_title(f"{100 * result.level:.0f}% prediction intervals (hollow: outside)", fontsize=9)
+    return fig
