@@ -45,7 +45,6 @@ def with_flags(exc: Exception) -> str:
 
 def load_fit_table(path: Path, cols: "Columns"):
     """load_table with flag hints on errors; each note and skipped run printed once, as a warning."""
-    from scaling.common.errors import UserError
     from scaling.fitting.tables import load_table
 
     try:
@@ -259,8 +258,20 @@ def register(app: typer.Typer) -> None:
         With --holdout, a held-out extrapolation check instead: fit on the rest, predict the held-out points.
         """
         the_law = get_law(law)
+        # -- fitcore: objective and constraints (names checked against the law before any work)
+        if objective not in OBJECTIVES:
+            raise UserError(f"--objective: unknown objective {objective!r}; "
+                            f"choose one of: {', '.join(OBJECTIVES)}")
+        cons = Constraints.parse(fix=fix, tie=tie, share=[share] if share else [])
+        ParamMap.build(the_law, cons, ["check"])
+        if at is not None and not (math.isfinite(at) and at > 0):
+            raise UserError(f"--at: the budget must be a positive number of FLOPs, got {at}")
+        fitcore_kwargs = dict(objective=objective, fix=dict(cons.fixed),
+                              tie=[f"{a}={b}" for a, b in cons.ties])
+        if holdout_rule is not None and (cons.shared or at is not None):
+            raise UserError("--share and --at apply to the fit itself, not to --holdout")
+        # -- end fitcore
         # -- tables and holdout --
-        from scaling.common.errors import UserError
         from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
 
         if isoflop_estimator not in ESTIMATORS:
@@ -287,7 +298,7 @@ def register(app: typer.Typer) -> None:
 
             try:
                 result = holdout(points, the_law, holdout_rule, huber_delta=huber_delta,
-                                 n_bootstrap=n_bootstrap, seed=seed)
+                                 n_bootstrap=n_bootstrap, seed=seed, **fitcore_kwargs)
             except UserError as exc:
                 raise UserError(with_flags(exc)) from None
             for f in result.fits.values():
@@ -312,17 +323,8 @@ def register(app: typer.Typer) -> None:
             return
         # -- end tables and holdout --
         kwargs = dict(huber_delta=huber_delta, n_bootstrap=n_bootstrap, seed=seed)
-        # -- fitcore: objective and constraints (names checked against the law before any work)
-        if objective not in OBJECTIVES:
-            raise UserError(f"--objective: unknown objective {objective!r}; "
-                            f"choose one of: {', '.join(OBJECTIVES)}")
-        cons = Constraints.parse(fix=fix, tie=tie, share=[share] if share else [])
-        ParamMap.build(the_law, cons, ["check"])
-        if at is not None and not (math.isfinite(at) and at > 0):
-            raise UserError(f"--at: the budget must be a positive number of FLOPs, got {at}")
-        kwargs.update(objective=objective, fix=dict(cons.fixed), tie=[f"{a}={b}" for a, b in cons.ties],
-                      share=list(cons.shared))
-        # -- end fitcore
+        # fitcore: constraints and objective; cross-checks are computed once, below (cross_check_groups)
+        kwargs.update(fitcore_kwargs, share=list(cons.shared), cross_checks=False)
         if show_progress(json_out) and n_bootstrap > 0:
             with Progress(TextColumn("bootstrap {task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
