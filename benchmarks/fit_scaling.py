@@ -7,7 +7,7 @@ with 1% multiplicative noise; runs of 10 token budgets each (N log-uniform in [3
 budgets log-spaced over 1.5 decades up to a log-uniform D_max in [3e10, 5e11]), seed 0.
 
 Per size:
-- ours: ``fit_law(n_bootstrap=0)`` (screen of the 2,700-start grid on <= 4,096 points, refine the
+- ours: ``fit_law(n_bootstrap=0)`` (screen of the 2,700-start grid on <= 1,024 points, refine the
   best 32 on all points, scipy polish), then the 200-resample bootstrap stage alone
   (``scaling.fitting.fit.bootstrap`` from the full fit's distinct optima, warm starts).
 - reference: scipy L-BFGS-B (default tolerances) with the *same analytic gradient*

@@ -57,7 +57,7 @@ DEFAULT_OBJECTIVE = "huber-log"
 CI_LEVEL = 0.95
 ASYM_WEIGHT = 10.0     # the chinchilla library's default w of asymmetric_mae
 EVAL_BLOCK = 1 << 21   # elements (starts x terms x points) of one objective temporary: 16 MB of float64
-SCREEN_POINTS = 4096   # points the start grid is screened on (all of them when fewer)
+SCREEN_POINTS = 1024   # points the start grid is screened on (all of them when fewer)
 OBJECTIVES = {
     "huber-log": "Huber(delta) on log loss (Hoffmann et al. 2022; Besiroglu et al. 2024)",
     "sq-log": "squared error on log loss",
