@@ -165,7 +165,7 @@ def smelt_twin(
         mm = mismatch(cfg, base)
         bad = ", ".join(f"{k} {v:+.2%}" for k, v in mm.items() if abs(v) > tolerance)
         raise UserError(f"cannot match within {tolerance:.1%} at width multiples of {width_multiple}: "
-                        f"best twin is off on {bad}; try a smaller --width-multiple")
+                        f"best twin is off on {bad}; try a smaller width multiple")
     best_gap = min(abs(c[1].d_model - d_target) for c in within)
     near = [c for c in within if abs(c[1].d_model - d_target) <= best_gap + 2 * width_multiple]
     _, cfg = min(near, key=lambda c: (c[0], abs(c[1].d_model - d_target)))

@@ -106,9 +106,9 @@ def register(app: typer.Typer) -> None:
         lengths = length_buckets(runs, points, reference, candidate, warn=warn)
         res = compare(points, reference, candidate, cluster=cluster, lengths=lengths)
         if plot is not None:
-            from scaling.plots import figures
+            from scaling import plots
 
-            figures.save(figures.compare(res), plot)
+            plots.save(plots.compare(res), plot)
         if json_out:
             emit_json(res.to_dict())
         else:

@@ -305,9 +305,9 @@ def register(app: typer.Typer) -> None:
                 for w in f.diagnostics.get("warnings", []):
                     warn(f"{f.group} (fitted part): {w}")
             if holdout_figure is not None:
-                from scaling.plots import figures
+                from scaling import plots
 
-                figures.save(figures.holdout(result), holdout_figure)
+                plots.save(plots.holdout(result), holdout_figure)
             payload = {**result.to_dict(), "table": table.settings}
             if out is not None:
                 from scaling.common.serialize import to_json
