@@ -19,6 +19,7 @@ import pytest
 
 from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.sweep import submit
 from scaling.training.sweep_plan import load_plan
@@ -113,7 +114,7 @@ def same(points: list[dict]) -> list[dict]:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    rows = runlog.read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl").rows
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
@@ -160,7 +161,7 @@ def test_fsdp_checkpoint_killed_on_2_ranks_resumes_on_1_process(tmp_path, cache)
     train(get_config(TIER, ARCH), cfg, tier=TIER, run_name="ref", runs_dir=tmp_path)
     proc = torchrun(cli_args("fsdp", tmp_path) + ["--ckpt-every", "3"], cache, kill_at=14)
     assert proc.returncode != 0
-    assert [r["iter"] for r in runlog.read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")][-1] == 14
+    assert [r["iter"] for r in read_jsonl(tmp_path / "fsdp" / "metrics.jsonl").rows][-1] == 14
     train(get_config(TIER, ARCH), dataclasses.replace(cfg, parallel="fsdp"), tier=TIER, run_name="fsdp",
           runs_dir=tmp_path, resume=True)
     assert_same_run(tmp_path / "fsdp", tmp_path / "ref")
