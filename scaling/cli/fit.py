@@ -287,6 +287,10 @@ def register(app: typer.Typer) -> None:
             if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
                 raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
             check_output_file(holdout_figure, "holdout figure")
+        if out is not None:
+            from scaling.cli._util import check_output_file
+
+            check_output_file(out, "fits file (--out)")
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))

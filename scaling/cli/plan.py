@@ -15,6 +15,7 @@ from rich.table import Table
 
 from scaling.accounting.tiers import ARCHS
 from scaling.cli._util import (
+    check_output_file,
     emit_json,
     fail,
     parse_budgets,
@@ -312,6 +313,8 @@ def register(app: typer.Typer) -> None:
         Expected losses carry the fits' bootstrap intervals. Run the plan with `smelt-scale sweep PLAN`.
         """
         C = parse_budgets(budget, budgets)
+        if not dry_run:
+            check_output_file(out, "plan file (--out)")
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
         S = src.sparsities(parse_sparsities(sparsity))
         proposal = propose(
