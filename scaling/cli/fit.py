@@ -199,7 +199,7 @@ def register(app: typer.Typer) -> None:
                                          help="Column of compute-equivalent sparsity S (smelt law)."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
-        seed: int = typer.Option(0, help="Seed of the bootstrap resampling."),
+        seed: int = typer.Option(0, min=0, help="Seed of the bootstrap resampling."),
         huber_delta: float = typer.Option(DEFAULT_DELTA,
                                           help="Huber delta on log-loss residuals (objective huber-log; "
                                                "least squares: --objective sq-log)."),

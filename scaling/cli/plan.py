@@ -265,7 +265,7 @@ def register(app: typer.Typer) -> None:
             "--bootstrap",
             help="Bootstrap resamples when fitting --runs (0: no loss interval).",
         ),
-        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         runs_per_budget: int = typer.Option(
             DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (at least 5)."
         ),
@@ -414,7 +414,7 @@ def register(app: typer.Typer) -> None:
         n_bootstrap: int = typer.Option(
             50, "--bootstrap", help="Bootstrap resamples per fit (0: no intervals)."
         ),
-        seed: int = typer.Option(0, "--seed", help="Seed of the noise and the resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the noise and the resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings intervals."),
         starts: str = typer.Option(
             "warm",

@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
                                 help="Law form for fitting --runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", help="Bootstrap resamples when "
                                         "fitting --runs (0: no interval)."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
         method: str = typer.Option("auto", "--method", help="auto: the envelope (observed frontiers, no "
                                    "law) for budgets inside both architectures' data, the law elsewhere; "

@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
         decay_fraction: float = typer.Option(0.2, help="WSD cooldown length as a fraction of each budget."),
         weight_decay: float = typer.Option(0.1, help="AdamW decoupled weight decay (matrices only)."),
         grad_clip: float = typer.Option(1.0, help="Global gradient-norm clip (0: off)."),
-        seed: int = typer.Option(0, help="Seed of the initial weights and of the batch order."),
+        seed: int = typer.Option(0, min=0, help="Seed of the initial weights and of the batch order."),
         eval_every: int = typer.Option(
             250, help="Validate every this many trunk steps (0: only at budget ends)."
         ),
