@@ -20,6 +20,6 @@ app = typer.Typer(
 )
 
 # Registration order is the order of ``smelt-scale --help``.
-COMMAND_MODULES = ("tiers", "sweep", "fit", "savings", "train", "analyze", "plot", "plan")
+COMMAND_MODULES = ("tiers", "sweep", "fit", "savings", "data", "train", "analyze", "plot", "plan")
 for _name in COMMAND_MODULES:
     importlib.import_module(f"scaling.cli.{_name}").register(app)

@@ -346,6 +346,43 @@ class Corpus:
         ).astype(np.int64)
         return win[:, :-1], win[:, 1:]
 
+    def val_windows_by_source(
+        self, seq_len: int, n_windows: int | None = None
+    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{source: windows}: like :meth:`val_windows`, tiling each source's own range of the
+        validation stream (documents are sorted by name, so each source is contiguous);
+        ``n_windows`` per source, sources shorter than one window left out."""
+        out = {}
+        for source in self.spec.sources:
+            idx = [i for i, n in enumerate(self.val_names) if n.split("/", 1)[0] == source]
+            if not idx:
+                continue
+            lo, hi = int(self.val_offsets[idx[0]]), int(self.val_offsets[idx[-1] + 1])
+            total = (hi - lo) // (seq_len + 1)
+            if total < 1:
+                continue
+            keep = np.arange(total) if n_windows is None or n_windows >= total else \
+                np.unique(np.linspace(0, total - 1, n_windows).round().astype(np.int64))
+            win = np.stack([np.asarray(self.val_tokens[lo + i * (seq_len + 1):lo + (i + 1) * (seq_len + 1)])
+                            for i in keep]).astype(np.int64)
+            out[source] = (win[:, :-1], win[:, 1:])
+        return out
+
+    @property
+    def n_train_tokens(self) -> int:
+        return int(len(self.train_tokens))
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self.spec.sources)
+
+    @property
+    def identity(self) -> dict:
+        """What a run records and a resume must match: the spec and the cache key it hashes to."""
+        return {"kind": "builtin", "key": self.provenance["key"], "spec": self.spec.to_dict(),
+                "tokenizer_sha256": self.provenance["tokenizer"]["sha256"],
+                "train_tokens": self.n_train_tokens}
+
     def val_documents(self) -> list[tuple[str, np.ndarray]]:
         """(name, tokens) of each validation document, tokens = [BOS] + doc ids (uint16)."""
         return [

@@ -51,7 +51,8 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs as accounting
 from scaling.common.errors import UserError
 from scaling.training import runlog
-from scaling.training.corpus import DataSpec, cache_root, load_corpus
+from scaling.training.corpus import DataSpec, cache_root
+from scaling.training.data import open_data
 from scaling.training.schedule import TokenBudget, lr_at, plan_budgets, total_steps
 
 CKPT_FORMAT = 1
@@ -76,7 +77,9 @@ class TrainConfig:
     val_windows       validation windows of seq_len tokens (None: the whole split)
     ckpt_every        checkpoint every this many updates (budget ends always checkpoint)
     log_every         metrics line every this many updates (evaluations are always logged)
-    data_max_bytes    None: full corpus; else the DataSpec test subset
+    data              folder of token shards (``smelt-scale prepare-data``); None: built-in corpus
+    data_tokenizer    tokenizer.json the shards must have been made with (None: not checked)
+    data_max_bytes    None: full corpus; else the DataSpec test subset (built-in corpus only)
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
     """
@@ -102,6 +105,8 @@ class TrainConfig:
     eval_batch_size: int = 32
     ckpt_every: int = 100
     log_every: int = 1
+    data: str | None = None
+    data_tokenizer: str | None = None
     data_max_bytes: int | None = None
     data_val_fraction: float = 0.025
     device: str = "auto"
@@ -346,7 +351,9 @@ def _point(
 
 def _config_diff(old: dict, new: dict) -> list[str]:
     diffs = []
-    for section in ("model", "train", "budgets", "data_spec"):
+    for section in ("model", "train", "budgets", "data_spec", "data_identity"):
+        if section == "data_identity" and section not in old:  # runs made before it was recorded
+            continue
         a, b = old.get(section), new.get(section)
         if section == "train":
             a = {k: v for k, v in (a or {}).items() if k not in _RESUME_FREE}
@@ -456,12 +463,16 @@ def _train(
         existed = bool(flag[0])
     dist.barrier()
 
-    spec = cfg.data_spec(model_cfg.vocab_size)
-    if dist.is_main:
-        corpus = load_corpus(spec, data_cache)
+    def _open_data():
+        return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
+                         val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
+                         tokenizer=cfg.data_tokenizer)
+
+    if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
+        corpus = _open_data()
     dist.barrier()
     if not dist.is_main:
-        corpus = load_corpus(spec, data_cache)
+        corpus = _open_data()
     val = corpus.val_windows(T, cfg.val_windows)
 
     meta = {
@@ -482,8 +493,9 @@ def _train(
             "val_windows": int(len(val[0])),
         },
         "budgets": [b.to_dict() for b in budgets],
-        "data_spec": spec.to_dict(),
+        "data_spec": cfg.data_spec(model_cfg.vocab_size).to_dict() if cfg.data is None else None,
         "data": corpus.provenance,
+        "data_identity": corpus.identity,
         "seed": cfg.seed,
         "code": runlog.code_version(),
         "env": {
