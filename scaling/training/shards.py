@@ -73,12 +73,13 @@ def npy_header(path: Path) -> tuple[int, np.dtype, int] | None:
     with open(path, "rb") as fh:
         if fh.read(6) != b"\x93NUMPY":
             return None
-        fh.seek(0)
-        version = np.lib.format.read_magic(fh)
-        shape, fortran, dtype = np.lib.format._read_array_header(fh, version)  # noqa: SLF001
-        if len(shape) != 1:
-            raise UserError(f"{path} holds an array of shape {shape}; token shards are 1-D")
-        return fh.tell(), dtype, int(shape[0])
+    try:
+        arr = np.load(path, mmap_mode="r")  # reads the header only; the data stays on disk
+    except ValueError as exc:
+        raise UserError(f"{path} is not a readable .npy file ({exc})") from None
+    if arr.ndim != 1:
+        raise UserError(f"{path} holds an array of shape {arr.shape}; token shards are 1-D")
+    return int(arr.offset), arr.dtype, int(arr.shape[0])
 
 
 class _Stream:
