@@ -319,8 +319,8 @@ def test_existing_nanogpt_and_npy_shards_are_indexed(tmp_path):
     bad.mkdir()
     rng.integers(0, 600, 100, dtype=np.uint16).tofile(bad / "train.bin")
     rng.integers(0, 600, 100, dtype=np.uint16).tofile(bad / "val.bin")
-    _one_line_error(runner.invoke(app, ["prepare-data", str(bad), "--dtype", "uint16", "--vocab-size", "500"]),
-                    "outside the stated vocabulary")
+    res = runner.invoke(app, ["prepare-data", str(bad), "--dtype", "uint16", "--vocab-size", "500"])
+    _one_line_error(res, "outside the stated vocabulary")
 
 
 PLAN = """
@@ -365,3 +365,16 @@ def test_plan_data_table(env, tmp_path):
     from scaling.training.sweep_plan import load_plan
 
     assert train_config(load_plan(ok).runs[0]).data == str(env["out"])
+
+
+def test_builtin_corpus_has_the_same_interface(env):
+    data = open_data(None, vocab_size=VOCAB, max_bytes=100_000)
+    x, y = data.train_batch(0, 1, 4, 64)
+    assert x.shape == (4, 64) and data.n_train_tokens == len(data.train_tokens)
+    by = data.val_windows_by_source(64, 4)
+    assert set(by) == {"shakespeare", "stdlib"} and all(len(w[0]) <= 4 for w in by.values())
+    # each source's windows come from its own documents: the stdlib ones decode to Python
+    code = "".join(data.tokenizer.decode(w.tolist()) for w in by["stdlib"][0])
+    prose = "".join(data.tokenizer.decode(w.tolist()) for w in by["shakespeare"][0])
+    assert "def " in code and "def " not in prose and "ACT" in prose
+    assert data.identity["kind"] == "builtin" and data.identity["spec"]["vocab_size"] == VOCAB
