@@ -260,6 +260,15 @@ def test_bad_inputs_are_one_line_errors(env, tmp_path):
                                         "--vocab-size", "300"]), "is not UTF-8")
     _one_line_error(runner.invoke(app, ["prepare-data", str(tmp_path / "nope.jsonl"), "--out", out,
                                         "--vocab-size", "300"]), "does not exist")
+    import gzip
+
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"text": "hello"}\n' * 50)[:40])
+    _one_line_error(runner.invoke(app, ["prepare-data", str(tmp_path / "cut.jsonl.gz"), "--out", out,
+                                        "--vocab-size", "300"]), "cannot be read")
+    res = runner.invoke(app, ["prepare-data", str(tmp_path / "blank.jsonl"), "--out", out,
+                              "--vocab-size", "300", "--val-fraction", "0.9"])
+    _one_line_error(res, "validation fraction")
+    assert not Path(out).exists() or not any(Path(out).glob("*.bin"))
 
 
 def test_vocabulary_and_tokenizer_mismatch_are_refused(env, tmp_path):
@@ -273,7 +282,7 @@ def test_vocabulary_and_tokenizer_mismatch_are_refused(env, tmp_path):
     _one_line_error(runner.invoke(app, common + ["--data", str(env["out"]), "--data-tokenizer",
                                                  str(tmp_path / "v600" / "tokenizer.json")]),
                     "differs from the one the shards")
-    assert not (tmp_path / "runs" / "proxy-tiny-baseline-512-s0" / "final.json").exists()
+    assert not (tmp_path / "runs").exists()  # refused before any run folder was made
 
 
 def test_corrupt_shard_is_refused(env, tmp_path):

@@ -128,15 +128,12 @@ def register(app: typer.Typer) -> None:
                     raise UserError("--out is required (the output folder)")
                 if tokenizer is None and vocab_size is None:
                     raise UserError("give --tokenizer tokenizer.json or --vocab-size N")
-                try:
-                    opts = PrepareOptions(
-                        text_field=text_field, id_field=id_field, source_field=source_field,
-                        val_fraction=val_fraction, tokenizer=str(tokenizer) if tokenizer else None,
-                        vocab_size=vocab_size, tokenizer_train_bytes=tokenizer_train_bytes,
-                        bos_token=bos_token, eos_token=eos_token, shard_tokens=shard_tokens,
-                    )
-                except UserError as exc:
-                    raise UserError(f"{exc} (--tokenizer / --vocab-size / --val-fraction)") from None
+                opts = PrepareOptions(
+                    text_field=text_field, id_field=id_field, source_field=source_field,
+                    val_fraction=val_fraction, tokenizer=str(tokenizer) if tokenizer else None,
+                    vocab_size=vocab_size, tokenizer_train_bytes=tokenizer_train_bytes,
+                    bos_token=bos_token, eos_token=eos_token, shard_tokens=shard_tokens,
+                )
                 manifest = prepare(sources, out, opts, overwrite=overwrite, progress=bar)
                 folder = out
         s = _summary(manifest)

@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import shutil
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -211,6 +212,13 @@ def _units(f: InputFile, offset: int, opts: PrepareOptions) -> Iterator[tuple[li
     if f.kind == "parquet":
         yield from _parquet_units(f, offset, opts)
         return
+    try:
+        yield from _jsonl_units(f, offset, opts)
+    except (OSError, EOFError, zlib.error) as exc:  # a truncated or corrupt .gz
+        raise UserError(f"{f.path} cannot be read ({exc})") from None
+
+
+def _jsonl_units(f: InputFile, offset: int, opts: PrepareOptions):
     opener = gzip.open if f.path.endswith(".gz") else open
     with opener(f.path, "rb") as fh:
         fh.seek(offset)

@@ -452,17 +452,7 @@ def _train(
     if cfg.threads is not None and device.type == "cpu":
         torch.set_num_threads(cfg.threads)
 
-    # -- folders (rank 0 decides, the others follow) ---------------------------------------
-    existed = False
-    if dist.is_main:
-        existed = runlog.prepare_run_dir(run_dir, resume, overwrite)
-        runlog.prepare_ckpt_dir(ckpt_dir, overwrite or not existed)
-    if dist.world > 1:  # every rank must take the same resume decision
-        flag = [existed]
-        torch.distributed.broadcast_object_list(flag, src=0)
-        existed = bool(flag[0])
-    dist.barrier()
-
+    # -- data first: unusable data is refused before any folder is made ------------------
     def _open_data():
         return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
                          val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
@@ -474,6 +464,17 @@ def _train(
     if not dist.is_main:
         corpus = _open_data()
     val = corpus.val_windows(T, cfg.val_windows)
+
+    # -- folders (rank 0 decides, the others follow) ---------------------------------------
+    existed = False
+    if dist.is_main:
+        existed = runlog.prepare_run_dir(run_dir, resume, overwrite)
+        runlog.prepare_ckpt_dir(ckpt_dir, overwrite or not existed)
+    if dist.world > 1:  # every rank must take the same resume decision
+        flag = [existed]
+        torch.distributed.broadcast_object_list(flag, src=0)
+        existed = bool(flag[0])
+    dist.barrier()
 
     meta = {
         "run": run_name,
