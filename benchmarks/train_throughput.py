@@ -3,8 +3,8 @@
     python benchmarks/train_throughput.py [--tier proxy-l --arch baseline | --d-model 128 ...]
                                           [--steps 10] [--threads 2] [--json]
 
-Both models start from the same weights (``scaling.training.model.to_hf_mixtral``) and train on the same
-fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
+Both models start from the same weights (``scaling.training.hf_reference.to_hf_mixtral``) and train on the
+same fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
 in one process; ``--steps`` timed steps alternate between them one at a time and each model's
 fastest step counts (the machine may be shared: a load spike then hits both alike; medians and
 the load average are reported beside them).
@@ -21,7 +21,7 @@ A step is forward, loss, backward, AdamW step, zero_grad:
 - mfu = ours_tokens_per_s * flops_per_token / matmul_peak_flops, flops_per_token from
   ``scaling.accounting.costs.flops_per_token`` (6 x matmul weights per token + attention, PaLM convention)
 
-``--tune-malloc`` (default on) calls ``scaling.training.model.tune_cpu_allocator`` first; it applies to
+``--tune-malloc`` (default on) calls ``scaling.training.cpu.tune_cpu_allocator`` first; it applies to
 both models alike. A looped (SMELT) config has no Mixtral equivalent: its reference fields are null.
 """
 
@@ -38,7 +38,9 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
 from scaling.cli._util import emit_json, stdout
-from scaling.training.model import MoETransformer, to_hf_mixtral, tune_cpu_allocator
+from scaling.training.cpu import tune_cpu_allocator
+from scaling.training.hf_reference import to_hf_mixtral
+from scaling.training.model import MoETransformer
 
 AUX_COEF, Z_COEF = 0.01, 0.001
 FIELDS = {"d_model": int, "n_layers": int, "n_heads": int, "n_kv_heads": int, "head_dim": int,
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
                     help="transformers' experts_implementation")
     ap.add_argument("--no-reference", action="store_true", help="time our model only")
     ap.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
-                    help="scaling.training.model.tune_cpu_allocator() first (both models)")
+                    help="scaling.training.cpu.tune_cpu_allocator() first (both models)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in ("batch", "steps", "threads"):

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scaling.plots import figures as plots
+from scaling import plots
+from scaling.fitting.curves import read_curves
 from scaling.fitting.tables import load_points
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
@@ -41,7 +42,7 @@ RUNS = ROOT / "runs"
 pd.set_option("display.precision", 4)
 pd.set_option("display.width", 160)
 
-curves = plots.read_curves(RUNS)
+curves = read_curves(RUNS)
 points = load_points(RUNS)
 
 # %% [markdown]

@@ -34,8 +34,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scaling.plots import figures as plots
+from scaling import plots
 from scaling.fitting.fit import fit_groups
+from scaling.fitting.slices import isoflop_slices
 from scaling.fitting.tables import load_points, total_flops
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
@@ -101,7 +102,7 @@ plots.residuals(points, fits)
 # form with C = k·N·D that the savings use (k = median FLOPs/(N·D) of the runs), and the vertices.
 
 # %%
-plots.isoflop(points, fits)
+plots.isoflop(isoflop_slices(points), points, fits)
 
 # %%
 for g, f in fits.items():

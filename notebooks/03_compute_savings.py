@@ -35,10 +35,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scaling.plots import figures as plots
+from scaling import plots
 from scaling.fitting.fit import fit_groups
 from scaling.fitting.reference_laws import load_law_set
 from scaling.fitting.savings import FittedLaw, savings
+from scaling.fitting.savings_sweep import savings_over
 from scaling.fitting.tables import load_points
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
@@ -72,7 +73,7 @@ plots.frontier(fits, points)
 
 # %%
 budgets = np.logspace(11, 22, 45)
-result, left_out = plots.savings_over(base, smelt, budgets)
+result, left_out = savings_over(base, smelt, budgets)
 paper = load_law_set("paper")
 paper_result = savings(paper.fitted("baseline"), paper.fitted("smelt"), np.logspace(19, 22, 13),
                        sparsities=paper.sparsities)

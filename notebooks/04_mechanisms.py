@@ -39,14 +39,15 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import display
 
-from scaling.plots import figures as plots
+from scaling import plots
+from scaling.analysis import KINDS, saved_analyses
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
 RUNS = ROOT / "runs"
 pd.set_option("display.precision", 4)
 pd.set_option("display.width", 160)
 
-saved = {kind: [r for _, r in plots.saved_analyses(RUNS, kind)] for kind in plots.ANALYSIS_KINDS}
+saved = {kind: [r for _, r in saved_analyses(RUNS, kind)] for kind in KINDS}
 
 
 def missing(kind: str) -> None:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from scaling import analysis as an
 from scaling.accounting.tiers import get_config
-from scaling.analysis import mechanisms as an
 from scaling.analysis.dyck import DyckTask
 from scaling.common.errors import UserError
 from scaling.training import runlog
@@ -113,7 +113,7 @@ def test_eval_data_snapshot_replaces_the_corpus(cli, runs, tmp_path, monkeypatch
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["runs"][0]["bytes"] < 1_000_000
     ref = an.loss_by_length(an.load_run(runs["smelt"]), n_windows=2)
-    an._corpus.cache_clear()
+    an.runs._corpus.cache_clear()
     monkeypatch.setenv("SMELT_CACHE", str(tmp_path / "empty-cache"))  # a fresh machine: no corpus built
     run = an.load_run(shipped)
     assert run.corpus.path == shipped / an.EVAL_DATA

@@ -1,4 +1,4 @@
-"""IsoFLOP design (`scaling.design.isoflop`) and `smelt-scale plan`: sizes bracket N*(C), configs the matcher
+"""IsoFLOP design (`scaling.design`) and `smelt-scale plan`: sizes bracket N*(C), configs the matcher
 builds, tokens D = C/F, the emitted plan parses and rebuilds the same configs, JSON shape, exit-2 errors."""
 
 from __future__ import annotations
@@ -17,17 +17,10 @@ from scaling.accounting.costs import costs
 from scaling.accounting.matching import smelt_twin
 from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
-from scaling.design.isoflop import (
-    MIN_SIZES,
-    Proposal,
-    baseline_for_size,
-    experts_for_sparsity,
-    isoflop_design,
-    measure,
-    pair_for_size,
-    plan_design,
-    propose,
-)
+from scaling.design.output import sweep_plan_document
+from scaling.design.points import isoflop_design, points_of_sweep_plan
+from scaling.design.proposal import MIN_SIZES, Proposal, propose
+from scaling.design.sizing import baseline_for_size, experts_for_sparsity, measure, pair_for_size
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import load_law_set
 from scaling.fitting.savings import FittedLaw, frontier
@@ -182,7 +175,8 @@ def test_expected_loss_interval_from_the_bootstrap(proxy_proposal, paper_proposa
 
 
 def test_emitted_plan_parses_and_rebuilds_the_configs(tmp_path, proxy_proposal):
-    doc = proxy_proposal.plan_dict(
+    doc = sweep_plan_document(
+        proxy_proposal,
         name="next", runs_dir=str(tmp_path / "runs"), template={"train": {"batch_size": 16, "lr": 3e-3}}
     )
     path = tmp_path / "next.toml"
@@ -195,7 +189,7 @@ def test_emitted_plan_parses_and_rebuilds_the_configs(tmp_path, proxy_proposal):
         assert run.model == p.config and run.budgets == (p.D,) and run.train["batch_size"] == 16
     assert sum(r.flops(0.2) for r in plan.runs) == pytest.approx(proxy_proposal.total_flops)
     # the plan's points are what a simulation of it uses
-    pts = plan_design(plan)
+    pts = points_of_sweep_plan(plan)
     assert len(pts) == len(plan.runs) and set(pts["group"]) == {"baseline", "smelt"}
     assert sorted(pts["flops"]) == pytest.approx(sorted(p.compute for p in proxy_proposal.sets[0].points))
 
@@ -210,7 +204,7 @@ def test_proposal_json_round_trip(paper_proposal):
     "kwargs, msg",
     [
         ({"n_sizes": 4}, "at least 5"),
-        ({"spread": 0.0}, "--spread"),
+        ({"spread": 0.0}, "spread"),
         ({"sparsities": (0.9,)}, "only to smelt-form"),
         ({"tier": "nope"}, "unknown tier"),
         ({"tier": "1.6B"}, "below the smallest"),

@@ -102,7 +102,7 @@ def test_runs_directory_with_corrupt_run(tmp_path):
     (bad / "final.json").write_text("{truncated")
     res = runner.invoke(app, ["fit", str(runs), "--json", "--bootstrap", "5"])
     assert res.exit_code == 0, res.output
-    assert "r_bad" in res.stderr and "skipping" in res.stderr
+    assert "skipped run r_bad: unreadable final.json" in res.stderr
     entry = json.loads(res.stdout)["fits"]["baseline"]
     assert entry["n_points"] == 16 and entry["diagnostics"]["n_runs"] == 4
     assert abs(entry["data_summary"]["flops_per_param_k"] - 6.2) < 1e-9
@@ -110,12 +110,13 @@ def test_runs_directory_with_corrupt_run(tmp_path):
 
 def test_error_exits(tmp_path):
     src = grid_table(tmp_path / "pts.csv")
-    one_line_error(runner.invoke(app, ["fit", str(src), "--loss-col", "val_loss"]), "no column 'val_loss'")
+    one_line_error(runner.invoke(app, ["fit", str(src), "--loss-col", "val_loss"]),
+                   "no loss column 'val_loss'")
     one_line_error(runner.invoke(app, ["fit", str(src), "--law", "kaplan"]), "unknown law")
     df = pd.read_csv(src)
     bad = tmp_path / "bad.csv"
     df.assign(loss=df["loss"].where(df.index != 3, np.nan)).to_csv(bad, index=False)
-    one_line_error(runner.invoke(app, ["fit", str(bad)]), "NaN/inf")
+    one_line_error(runner.invoke(app, ["fit", str(bad)]), "loss is missing or not finite")
     df.assign(D=df["D"].where(df.index != 2, -1.0)).to_csv(bad, index=False)
     one_line_error(runner.invoke(app, ["fit", str(bad)]), "D must be > 0")
     df.head(4).to_csv(bad, index=False)

@@ -1,4 +1,4 @@
-"""scaling.plots.figures and `smelt-scale plot` on a small synthetic runs folder (known law, seconds)."""
+"""scaling.plots and `smelt-scale plot` on a small synthetic runs folder (known law, seconds)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,16 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cli import app
+from scaling import plots
 from scaling.common.errors import UserError
+from scaling.fitting.curves import CURVE_COLUMNS, read_curves
 from scaling.fitting.fit import fit_groups
 from scaling.fitting.laws import get_law
 from scaling.fitting.savings import FittedLaw
 from scaling.fitting.savings import frontier as law_frontier
+from scaling.fitting.savings_sweep import savings_over
+from scaling.fitting.slices import flops_per_token_of_size, isoflop_slices
 from scaling.fitting.tables import load_points
-from scaling.plots import figures as plots
 
 runner = CliRunner()
 CHIN = get_law("chinchilla")
@@ -100,8 +103,8 @@ def hue_is(colour, arch: str) -> bool:
 
 # -- data --------------------------------------------------------------------------------------
 def test_read_curves_columns_branches_and_torn_line(runs, tmp_path):
-    c = plots.read_curves(runs)
-    assert list(c.columns) == list(plots.CURVE_COLUMNS)
+    c = read_curves(runs)
+    assert list(c.columns) == list(CURVE_COLUMNS)
     assert c["run"].nunique() == 8
     assert str(c["branch"].dtype) == "Int64" and c["branch"].isna().any() and c["branch"].notna().any()
     one = c[c["run"] == "proxy-m-smelt-s0"]
@@ -112,22 +115,22 @@ def test_read_curves_columns_branches_and_torn_line(runs, tmp_path):
     with open(copy / "proxy-xs-smelt-s0" / "metrics.jsonl", "a") as fh:
         fh.write('{"iter": 99999, "step": 1, "tok')
     (copy / "proxy-xs-smelt-s0" / "final.json").unlink()
-    c2 = plots.read_curves(copy)
+    c2 = read_curves(copy)
     xs = c2[c2["run"] == "proxy-xs-smelt-s0"]
     assert len(xs) == len(c[c["run"] == "proxy-xs-smelt-s0"]) and not xs["complete"].any()
 
 
 def test_read_curves_errors(tmp_path):
     with pytest.raises(UserError, match="no such runs folder"):
-        plots.read_curves(tmp_path / "absent")
+        read_curves(tmp_path / "absent")
     with pytest.raises(UserError, match="no training logs"):
-        plots.read_curves(tmp_path)
+        read_curves(tmp_path)
 
 
 # -- figures -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("x, label", [("tokens", "training tokens"), ("flops", "FLOPs")])
 def test_loss_curves_panels_axes_colours(runs, x, label):
-    fig = plots.loss_curves(plots.read_curves(runs), x=x)
+    fig = plots.loss_curves(read_curves(runs), x=x)
     axes = visible(fig)
     assert isinstance(fig, Figure) and len(axes) == len(SIZES)
     for ax in axes:
@@ -138,7 +141,7 @@ def test_loss_curves_panels_axes_colours(runs, x, label):
     colours = {matplotlib.colors.to_hex(line.get_color()) for line in axes[0].lines}
     assert {plots.ARCH_COLOURS["baseline"].lower(), plots.ARCH_COLOURS["smelt"].lower()} <= colours
     with pytest.raises(UserError, match="x must be"):
-        plots.loss_curves(plots.read_curves(runs), x="steps")
+        plots.loss_curves(read_curves(runs), x="steps")
 
 
 def test_fits_figure_rows_per_group_in_arch_colours(points, fits):
@@ -177,19 +180,19 @@ def test_params_panels_log_scales_and_intervals(fits):
 
 
 def test_isoflop_slices_interpolate_inside_each_run(points):
-    sl = plots.isoflop_slices(points, levels=[2e12, 1e20])
+    sl = isoflop_slices(points, levels=[2e12, 1e20])
     assert not np.isclose(sl["compute"], 1e20).any()          # no extrapolation
     run = sl[sl["run"] == "proxy-m-baseline-s0"].iloc[0]
     p = points[points["run"] == "proxy-m-baseline-s0"].sort_values("flops")
     expected = np.exp(np.interp(np.log(2e12), np.log(p["flops"]), np.log(p["loss"])))
     assert run["loss"] == pytest.approx(expected)
-    auto = plots.isoflop_slices(points, n_levels=3)
+    auto = isoflop_slices(points, n_levels=3)
     assert auto["compute"].nunique() == 3
     assert (auto.groupby(["group", "compute"]).size() == len(SIZES)).all()   # every size covers them
 
 
 def test_isoflop_figure(points, fits):
-    fig = plots.isoflop(points, fits)
+    fig = plots.isoflop(isoflop_slices(points), points, fits)
     axes = visible(fig)
     assert len(axes) == 3
     assert axes[-1].get_xscale() == "log" and axes[-1].get_yscale() == "log"
@@ -199,7 +202,7 @@ def test_isoflop_figure(points, fits):
 def test_flops_per_token_of_size_exact_on_affine_sizes():
     N = np.array([1e5, 2e5, 4e5])
     F = 16.0 * N + 1e6
-    np.testing.assert_allclose(plots.flops_per_token_of_size(N, N, F), F, rtol=1e-12)
+    np.testing.assert_allclose(flops_per_token_of_size(N, N, F), F, rtol=1e-12)
 
 
 def test_frontier_draws_the_closed_form(points, fits):
@@ -216,7 +219,7 @@ def test_frontier_draws_the_closed_form(points, fits):
 def test_savings_figure_matches_the_result(fits):
     ref, cand = FittedLaw.from_fit(fits["baseline"]), FittedLaw.from_fit(fits["smelt"])
     budgets = np.logspace(12, 21, 10)
-    res, skipped = plots.savings_over(ref, cand, budgets)
+    res, skipped = savings_over(ref, cand, budgets)
     assert not skipped and len(res.rows) == 10
     fig = plots.savings(res, data_range=(ref.compute_min, ref.compute_max), mark=1e21)
     ax = visible(fig)[0]
@@ -230,7 +233,7 @@ def test_savings_figure_matches_the_result(fits):
 def test_savings_over_leaves_out_unanswerable_budgets(fits):
     ref, cand = FittedLaw.from_fit(fits["baseline"]), FittedLaw.from_fit(fits["smelt"])
     with pytest.raises(UserError):
-        plots.savings_over(ref, cand, [-1.0])
+        savings_over(ref, cand, [-1.0])
 
 
 def test_save_formats(points, fits, tmp_path):
@@ -245,7 +248,7 @@ def test_save_formats(points, fits, tmp_path):
 
 # -- mechanism figures ---------------------------------------------------------------------------
 def sink_results():
-    from scaling.analysis.mechanisms import PassMass, SinkResult
+    from scaling.analysis import PassMass, SinkResult
 
     base = SinkResult("b", "baseline", "bos", 4, 100, 0,
                       tuple(PassMass(i, 1, 0.5 - 0.05 * i, 0.5 + 0.05 * i) for i in range(4)))
@@ -267,7 +270,7 @@ def test_sink_bars_are_the_masses():
 
 
 def test_sink_dyck_probe_stacks_answers():
-    from scaling.analysis.mechanisms import PassMass, SinkResult
+    from scaling.analysis import PassMass, SinkResult
 
     passes = (PassMass(0, 1, 0.6, 0.16, 0.24), PassMass(0, 2, 0.02, 0.13, 0.85))
     ax = visible(plots.sink([SinkResult("s", "smelt", "dyck", 4, 40, 0, passes, shots=4)]))[0]
@@ -279,7 +282,7 @@ def test_sink_dyck_probe_stacks_answers():
 
 
 def lengths_results():
-    from scaling.analysis.mechanisms import LengthsResult, LossBucket, length_gain
+    from scaling.analysis import LengthsResult, LossBucket, length_gain
 
     def run(name, arch, shift):
         bs = []
@@ -305,7 +308,7 @@ def test_lengths_with_gain():
 
 
 def test_icl_accuracy_and_intervals():
-    from scaling.analysis.mechanisms import ICLResult, ShotAccuracy, wilson_interval
+    from scaling.analysis import ICLResult, ShotAccuracy, wilson_interval
 
     def run(name, arch, correct):
         shots = tuple(ShotAccuracy(k, 50, c, c / 50, *wilson_interval(c, 50), 10.0 * (k + 1))
@@ -344,7 +347,7 @@ def test_cli_all_writes_figures_and_skips_missing_analyses(runs, tmp_path):
 def test_cli_mechanism_kinds(runs, tmp_path):
     one_line_error(runner.invoke(app, ["plot", "icl", "--out", str(tmp_path), "--runs", str(runs)]),
                    "no saved icl analysis")
-    from scaling.analysis.mechanisms import save_result
+    from scaling.analysis import save_result
 
     copy = write_runs(tmp_path / "r")
     for r in sink_results():

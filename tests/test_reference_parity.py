@@ -7,7 +7,8 @@ import torch
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
-from scaling.training.model import MoETransformer, to_hf_mixtral
+from scaling.training.hf_reference import to_hf_mixtral
+from scaling.training.model import MoETransformer
 
 transformers = pytest.importorskip("transformers", reason="transformers (test extra) is not installed")
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func  # noqa: E402

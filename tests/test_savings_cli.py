@@ -109,7 +109,8 @@ def test_reference_convention_flag():
 
 # -- runs and fits ---------------------------------------------------------------------------
 def test_runs_fitted_on_the_fly_give_the_hand_derived_savings(runs_dir, tmp_path):
-    res = invoke("--runs", str(runs_dir), "--budgets", "1e16,1e18", "--bootstrap", "20", "--json")
+    res = invoke("--runs", str(runs_dir), "--budgets", "1e16,1e18", "--bootstrap", "20", "--method", "law",
+                 "--json")
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
     assert [r["sparsity"] for r in data["rows"]] == [None, None]

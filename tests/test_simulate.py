@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 
 from cli import app
 from scaling.common.errors import UserError
-from scaling.design.isoflop import isoflop_design, plan_design, propose
+from scaling.design.output import sweep_plan_document
+from scaling.design.points import isoflop_design, points_of_sweep_plan
+from scaling.design.proposal import propose
 from scaling.design.simulate import SimulationResult, noisy, simulate, true_losses
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import load_law_set
@@ -107,10 +109,10 @@ def test_result_json_round_trip(chin_design):
 @pytest.mark.parametrize(
     "kwargs, msg",
     [
-        ({"noise": -0.1}, "--noise"),
-        ({"trials": 0}, "--trials"),
-        ({"n_bootstrap": 1}, "--bootstrap"),
-        ({"starts": "random"}, "--starts"),
+        ({"noise": -0.1}, "noise"),
+        ({"trials": 0}, "trials"),
+        ({"n_bootstrap": 1}, "bootstrap"),
+        ({"starts": "random"}, "starts"),
         ({"reference": "dense"}, "no known law"),
         ({"level": 1.5}, "interval level"),
     ],
@@ -128,12 +130,12 @@ def test_design_too_small_or_missing_inputs(chin_design, paper):
         simulate(laws, chin_design, [1e20], sparsities=(0.95,))
 
 
-def test_true_losses_on_a_plan_design(tmp_path, paper):
+def test_true_losses_on_a_points_of_sweep_plan(tmp_path, paper):
     laws, _ = paper
     prop = propose(laws, [1e20], sparsities=(0.95,), n_sizes=5)
     path = tmp_path / "p.toml"
-    path.write_text(tomli_w.dumps(prop.plan_dict(name="p", runs_dir="runs-p")))
-    pts = plan_design(load_plan(path))
+    path.write_text(tomli_w.dumps(sweep_plan_document(prop, name="p", runs_dir="runs-p")))
+    pts = points_of_sweep_plan(load_plan(path))
     for g in ("baseline", "smelt"):
         sub = pts[pts["group"] == g]
         want = sorted(p.expected_loss for p in prop.sets[0].arch_points(g))
@@ -287,11 +289,11 @@ def test_simulate_cli_unbuildable_design_exits_2(tmp_path):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--noise", "-1", "--trials", "1"], "--noise"),
+        (["--noise", "-1", "--trials", "1"], "noise"),
         (["--design", "missing.toml"], "plan file not found"),
         (["--law-set", "nope"], "unknown law set"),
         (["--budgets", "1e20,-5"], "positive"),
-        (["--starts", "x"], "--starts"),
+        (["--starts", "x"], "starts"),
     ],
 )
 def test_simulate_cli_errors_exit_2(args, fragment):

@@ -40,9 +40,10 @@ def test_runs_directory_points_unfinished_and_corrupt(tmp_path):
     assert sorted(df["group"].unique()) == ["baseline", "smelt"]     # the arch column groups by default
     assert df.loc[df["run"] == "b1", "D"].tolist() == [1e7, 2e7]
     assert df["flops"].tolist()[0] == pytest.approx(6.5e13)
-    assert len(warnings) == 2
-    assert any("broken" in w for w in warnings) and any("badpoints" in w for w in warnings)
-    assert not any("pending" in w for w in warnings)
+    assert len(warnings) == 3                                       # every skipped run, with its reason
+    assert any("broken" in w and "unreadable" in w for w in warnings)
+    assert any("badpoints" in w for w in warnings)
+    assert any("pending" in w and "no final.json" in w for w in warnings)
 
 
 def test_runs_directory_without_finished_runs_is_an_error(tmp_path):
@@ -101,12 +102,24 @@ def test_parquet_needs_pyarrow(tmp_path):
 
 
 @pytest.mark.parametrize("table, cols, message", [
-    ({"N": [1e6], "loss": [3.0]}, Columns(), "no column 'D'.*--d-col.*--c-col"),
-    ({"D": [1e6], "loss": [3.0]}, Columns(), "no column 'N'.*--n-col"),
-    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(group="arch"), "no column 'arch'.*--group-col"),
-    ({"N": [1e6, "abc"], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "'N' is not numeric.*row 2.*abc"),
-    ({"N": [1e6, np.nan], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(), "N has 1 NaN/inf"),
-    ({"N": [1e6, 2e6], "D": [1e8, np.inf], "loss": [3.0, 2.9]}, Columns(), "D has 1 NaN/inf"),
+    ({"N": [1e6], "loss": [3.0]}, Columns(), "no token column 'D'.*compute C to derive D"),
+    ({"D": [1e6], "loss": [3.0]}, Columns(), "no parameter column 'N'"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(group="arch"), "no group column 'arch'"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(run="id"), "no run column 'id'"),
+    ({"N": [1e6], "D": [1e8], "loss": [3.0]}, Columns(c="C"), "no compute column 'C'"),
+    ({"N": [1e6, "abc"], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(),
+     "'N' has a value that is not a finite number: row 2 reads 'abc'"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, "n/a"]}, Columns(),
+     "'loss' has a value that is not a finite number: row 2 reads 'n/a'"),
+    ({"N": [1e6, np.nan], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(),
+     "N is missing .* in 1 rows .*row 2"),
+    ({"N": [1e6, 2e6], "D": [1e8, np.inf], "loss": [3.0, 2.9]}, Columns(),
+     "'D' has a value that is not a finite number"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(n="N:X"), "unknown unit 'X'"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(where=("nope > 1",)),
+     "cannot apply the row filter 'nope > 1'"),
+    ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(where=("N > 1e9",)),
+     "no rows left after the row filters"),
     ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, -1.0]}, Columns(), "loss must be > 0.*row 2"),
     ({"N": [0.0, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.0]}, Columns(), "N must be > 0"),
 ])
@@ -132,7 +145,7 @@ def test_law_inputs_checks_sparsity_and_flops(tmp_path):
     base = {"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9], "flops_per_token": [6e6, 1.2e7]}
     pd.DataFrame(base).to_csv(p, index=False)
     df = load_points(p)
-    with pytest.raises(UserError, match="needs sparsity.*--sparsity-col"):
+    with pytest.raises(UserError, match="needs sparsity.*sparsity column"):
         law_inputs(df, ("F", "S", "D"))
     pd.DataFrame({**base, "S": [0.5, 1.0]}).to_csv(p, index=False)
     with pytest.raises(UserError, match=r"sparsity must lie in \[0, 1\)"):
@@ -142,7 +155,7 @@ def test_law_inputs_checks_sparsity_and_flops(tmp_path):
     np.testing.assert_allclose(X["S"], [0.5, 0.9])
     pd.DataFrame({k: v for k, v in base.items() if k != "flops_per_token"} | {"sparsity": [0.1, 0.2]}).to_csv(
         p, index=False)
-    with pytest.raises(UserError, match="needs flops_per_token.*--flops-col"):
+    with pytest.raises(UserError, match="needs flops_per_token.*FLOPs-per-token column"):
         law_inputs(load_points(p), ("F", "S", "D"))
 
 
@@ -151,3 +164,93 @@ def test_total_flops_fallbacks():
                        "flops_per_token": [np.nan, 8e6, np.nan]})
     np.testing.assert_allclose(total_flops(df), [7e14, 8e14, 6e14])
     assert flops_per_param_k(df) == pytest.approx(7.0)
+
+
+# -- issue 18 traps: units, derived columns, guessed columns, filters, runs -----------------------
+def law_table(n=40, seed=0):
+    """A synthetic table from a known chinchilla law (N, D, C = 6ND, loss)."""
+    rng = np.random.default_rng(seed)
+    N = np.geomspace(2e7, 2e9, n)
+    D = N * rng.uniform(5, 80, n)
+    L = 1.8 + 480 * N ** -0.35 + 2100 * D ** -0.37
+    return pd.DataFrame({"N": N, "D": D, "C": 6 * N * D, "loss": L})
+
+
+def test_units_give_identical_points(tmp_path):
+    t = law_table()
+    ref = load_points_df(t, tmp_path, Columns())
+    scaled = t.assign(params=t["N"] / 1e6, tokens=t["D"] / 1e9)
+    for n, d in (("params:M", "tokens:B"), ("params:1e6", "tokens:G"), ("params:m", "tokens:b")):
+        got = load_points_df(scaled, tmp_path, Columns(n=n, d=d))
+        np.testing.assert_allclose(got[["N", "D", "loss"]], ref[["N", "D", "loss"]], rtol=1e-12)
+    # the same table without units is implausible, and says so
+    table = load_table_df(scaled, tmp_path, Columns(n="params", d="tokens"))
+    assert any("implausible parameter counts" in m for m in table.notes)
+    assert not load_table_df(t, tmp_path, Columns()).notes
+
+
+def test_derive_n_or_d_from_compute(tmp_path):
+    t = law_table()
+    got = load_table_df(t.drop(columns=["N"]), tmp_path, Columns(c="C"))
+    np.testing.assert_allclose(got.points["N"], t["N"], rtol=1e-12)
+    assert got.mapping["N"] == "derived: C / (6 D)" and not got.notes
+    got = load_points_df(t.drop(columns=["D"]), tmp_path, Columns(c="C"))
+    np.testing.assert_allclose(got["D"], t["D"], rtol=1e-12)
+    # another k: C = 8 N D
+    t8 = t.assign(C=8 * t["N"] * t["D"]).drop(columns=["N"])
+    got = load_points_df(t8, tmp_path, Columns(c="C", flops_per_nd=8))
+    np.testing.assert_allclose(got["N"], t["N"], rtol=1e-12)
+    assert flops_per_param_k(got) == pytest.approx(8.0)
+    # without a compute column k still sets the recorded compute (and so the fitter's k)
+    got = load_points_df(t.drop(columns=["C"]), tmp_path, Columns(flops_per_nd=7))
+    assert flops_per_param_k(got) == pytest.approx(7.0)
+    with pytest.raises(UserError, match="must be > 0"):
+        load_points_df(t, tmp_path, Columns(flops_per_nd=0))
+
+
+def test_per_token_flops_column_is_not_taken_as_compute(tmp_path):
+    t = law_table().drop(columns=["C"])
+    per_token = t.assign(flops=6 * t["N"])                     # FLOPs per token, named "flops"
+    table = load_table_df(per_token, tmp_path, Columns())
+    assert table.points["flops"].isna().all() and "C" not in table.mapping
+    assert any("'flops' is not total training compute" in m for m in table.notes)
+    total = t.assign(flops=6 * t["N"] * t["D"])                # a real total-compute column is guessed
+    table = load_table_df(total, tmp_path, Columns())
+    assert "guessed" in table.mapping["C"]
+    table = load_table_df(total, tmp_path, Columns(c="none"))  # and the guess can be switched off
+    assert table.points["flops"].isna().all()
+
+
+def test_group_and_run_guesses_reported_and_switchable(tmp_path):
+    t = law_table().assign(arch=["a", "b"] * 20, run=[f"r{i // 2}" for i in range(40)])
+    table = load_table_df(t, tmp_path, Columns())
+    assert "guessed" in table.mapping["group"] and table.points["group"].nunique() == 2
+    assert "guessed" in table.mapping["run"] and table.points["run"].nunique() == 20
+    table = load_table_df(t, tmp_path, Columns(group="none", run="none"))
+    assert (table.points["group"] == "default").all()
+    assert table.points["run"].nunique() == 40 and "independent" in table.mapping["run"]
+
+
+def test_where_filters_like_pandas_and_keeps_file_row_numbers(tmp_path):
+    t = law_table()
+    expr = ("loss < loss.nlargest(5).min()", "N > 3e7")
+    got = load_table_df(t, tmp_path, Columns(where=expr))
+    want = t.query(expr[0]).query(expr[1])
+    np.testing.assert_allclose(got.points["N"], want["N"])
+    assert got.rows_read == 40 and got.rows_kept == len(want) and got.settings["where"] == list(expr)
+    bad = t.astype({"loss": object})
+    bad.loc[30, "loss"] = "n/a"
+    with pytest.raises(UserError, match="row 31 reads 'n/a'"):
+        load_points_df(bad, tmp_path, Columns(where=("N > 3e7",)))
+
+
+def load_table_df(df, tmp_path, cols):
+    from scaling.fitting.tables import load_table
+
+    p = tmp_path / "t.csv"
+    df.to_csv(p, index=False)
+    return load_table(p, cols)
+
+
+def load_points_df(df, tmp_path, cols):
+    return load_table_df(df, tmp_path, cols).points

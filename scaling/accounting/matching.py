@@ -88,6 +88,10 @@ def _match_kv(base: ModelConfig, passes: int, tolerance: float) -> tuple[int, in
     return kv * group, kv, hd
 
 
+MAX_LOOPS = 16
+MAX_SEARCH_WIDTHS = 20_000  # d_model up to 320k at width multiple 8; the paper's widths are < 4k
+
+
 def smelt_twin(
     base: ModelConfig,
     *,
@@ -104,8 +108,21 @@ def smelt_twin(
     """
     if base.is_looped:
         raise UserError("the Baseline config must not be looped")
-    if n_loops < 2:
-        raise UserError(f"n_loops must be >= 2 for a looped twin, got {n_loops}")
+    if n_loops < 2 or n_loops > MAX_LOOPS:
+        raise UserError(f"n_loops must be between 2 and {MAX_LOOPS} for a looped twin, got {n_loops}")
+    if width_multiple < 1 or (ffn_multiple is not None and ffn_multiple < 1):
+        raise UserError(f"the width multiple must be a positive integer, got {width_multiple}")
+    if width_ratio is not None and not 0 < width_ratio <= 1:
+        raise UserError(f"the width ratio d'/d must be in (0, 1], got {width_ratio}")
+    if not 0 < tolerance < 1:
+        raise UserError(f"the matching tolerance must be in (0, 1), got {tolerance}")
+    # The search below tries every width in [d/2, d]: bound it so an absurd d_model fails at once.
+    n_widths = base.d_model // (2 * width_multiple)
+    if n_widths > MAX_SEARCH_WIDTHS:
+        largest = 2 * MAX_SEARCH_WIDTHS * width_multiple
+        raise UserError(f"d_model {base.d_model} at a width multiple of {width_multiple} means "
+                        f"{n_widths:,} candidate widths (more than {MAX_SEARCH_WIDTHS:,}): use a larger "
+                        f"width multiple or a realistic d_model (at most {largest:,})")
     ffn_multiple = width_multiple if ffn_multiple is None else ffn_multiple
     start, end = loop_block(base.n_layers, loop_fraction)
     passes = base.n_layers + (n_loops - 1) * (end - start)
@@ -148,7 +165,7 @@ def smelt_twin(
         mm = mismatch(cfg, base)
         bad = ", ".join(f"{k} {v:+.2%}" for k, v in mm.items() if abs(v) > tolerance)
         raise UserError(f"cannot match within {tolerance:.1%} at width multiples of {width_multiple}: "
-                        f"best twin is off on {bad}; try a smaller --width-multiple")
+                        f"best twin is off on {bad}; try a smaller width multiple")
     best_gap = min(abs(c[1].d_model - d_target) for c in within)
     near = [c for c in within if abs(c[1].d_model - d_target) <= best_gap + 2 * width_multiple]
     _, cfg = min(near, key=lambda c: (c[0], abs(c[1].d_model - d_target)))

@@ -40,6 +40,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.common.serialize import Record
 
 BRACKET_PAIRS = ("()", "[]", "{}", "<>")
 OPEN_TO_CLOSE = {p[0]: p[1] for p in BRACKET_PAIRS}
@@ -136,7 +137,7 @@ class DyckProblem:
 
 
 @dataclass(frozen=True)
-class DyckTask:
+class DyckTask(Record):
     """The "close the open brackets" task: words of ``min_pairs..max_pairs`` pairs over
     ``n_types`` bracket types, cut where at least one bracket is open.
 
@@ -167,9 +168,6 @@ class DyckTask:
         cuts = [i + 1 for i in range(len(word) - 1) if depth[i] > 0]  # prefix word[:i+1] has open brackets
         prefix = word[:cuts[int(rng.integers(len(cuts)))]]
         return DyckProblem(prefix, closing(prefix))
-
-    def to_dict(self) -> dict:
-        return {"n_types": self.n_types, "min_pairs": self.min_pairs, "max_pairs": self.max_pairs}
 
 
 def extract_completion(generated: str) -> str:
@@ -269,3 +267,14 @@ def shot_counts(requested: Sequence[int] = SHOTS) -> list[int]:
 def fits(prompt: ICLPrompt, seq_len: int, max_new_tokens: int) -> bool:
     """Whether the prompt and ``max_new_tokens`` generated tokens fit in a context of ``seq_len``."""
     return len(prompt) + max_new_tokens <= seq_len
+
+
+def max_fitting_shots(encoder: PromptEncoder, trials, seq_len: int, max_new_tokens: int,
+                      shots: Sequence[int]) -> list[int]:
+    """The shot counts whose prompts, for every trial, fit the context with room to generate."""
+    ok = []
+    for k in shots:
+        if all(fits(encoder.build(d[:k], q), seq_len, max_new_tokens) for d, q in trials):
+            ok.append(k)
+    return ok
+

@@ -8,18 +8,100 @@ in the library imports it.
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.2x vendors click as typer._click; older typer uses click itself
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_exc
+
+
+class _LazyGroup(TyperGroup):
+    """The top-level command group.
+
+    Commands load lazily: a command's module (and the library it needs: torch, pandas, matplotlib)
+    is imported only when that command runs, so ``smelt-scale --help`` and the arithmetic commands
+    start fast; the listing uses the one-line summaries of ``COMMANDS`` (a test keeps them equal to
+    each command's own). Click's usage errors (bad option value, unknown flag, missing argument)
+    become the project's one-line ``error: ...`` with exit code 2 instead of a multi-line box.
+    """
+
+    _loaded: dict[str, Any] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        if name not in COMMANDS:
+            return None
+        module = COMMANDS[name][0]
+        if module not in self._loaded:
+            sub = typer.Typer(rich_markup_mode=None)
+            importlib.import_module(f"scaling.cli.{module}").register(sub)
+            self._loaded[module] = typer.main.get_group(sub)
+        return self._loaded[module].commands[name]
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, summary) for name, (_, summary) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _click_exc.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except _click_exc.UsageError as exc:
+            where = f" ({exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            message = " ".join(exc.format_message().split())
+            sys.stderr.write(f"error: {message}{where}\n")
+            sys.exit(2)
+        except _click_exc.ClickException as exc:
+            sys.stderr.write(f"error: {' '.join(exc.format_message().split())}\n")
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            sys.stderr.write("error: interrupted\n")
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
     name="smelt-scale",
     help="Compute-matched looped MoE (SMELT) vs MoE Baseline: tiers, training, scaling-law fits, savings.",
+    cls=_LazyGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # User text in help and messages is never parsed as rich markup ("[default: ...]" vanished).
+    rich_markup_mode=None,
 )
 
-# Registration order is the order of ``smelt-scale --help``.
-COMMAND_MODULES = ("tiers", "sweep", "fit", "savings", "data", "train", "analyze", "plot", "plan")
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"scaling.cli.{_name}").register(app)
+
+@app.callback()
+def _root() -> None:
+    # A callback makes typer build a group; the commands come from _LazyGroup.get_command.
+    pass
+
+# name -> (module in scaling/cli/ whose register(app) defines it, one-line summary for the listing).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tiers": ("tiers", "The paper tiers and CPU proxies: Baseline, SMELT twin, and their costs."),
+    "match": ("tiers", "Derive the compute-matched SMELT twin of a Baseline config (file and/or options)."),
+    "prepare-data": ("data", "Tokenize text, JSONL or Parquet into uint16/uint32 token shards with a manifest.json."),
+    "train": ("train", "Train a Baseline or SMELT model into runs/<name>/."),
+    "sweep": ("sweep", "Run a sweep plan: finished runs are skipped, interrupted ones resume."),
+    "fit": ("fit", "Fit a scaling law per group, with bootstrap intervals and diagnostics."),
+    "compare": ("compare", "Paired loss difference candidate − reference at matched (tier, budget, seed)."),
+    "savings": ("savings", "Compute saved by the candidate over the reference at equal loss."),
+    "plan": ("plan", "Propose the next IsoFLOP set for both architectures, as a sweep plan."),
+    "simulate": ("plan", "Simulate a study: how well would it recover the savings?"),
+    "analyze": ("analyze", "Mechanism analyses of trained runs: attention sink, loss by length, Dyck ICL."),
+    "plot": ("plot", "Draw the paper figures of a runs folder into a folder."),
+}

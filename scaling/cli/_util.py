@@ -11,19 +11,22 @@ Conventions (every command follows them):
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from scaling.common.errors import UserError
 from scaling.common.serialize import to_json
 
 # Tables stay readable when piped or captured (rich would fall back to 80 columns).
 _WIDTH = None if sys.stdout.isatty() else 200
-stdout = Console(soft_wrap=True, width=_WIDTH)
-stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+stdout = Console(soft_wrap=True, width=_WIDTH, emoji=False)
+stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200, emoji=False)
 
 
 def emit_json(obj: Any) -> None:
@@ -33,7 +36,7 @@ def emit_json(obj: Any) -> None:
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+    stderr.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -55,6 +58,8 @@ def run_cli(fn: Callable) -> Callable:
             fail(str(exc))
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             fail(f"{exc.strerror or exc}: {exc.filename}" if getattr(exc, "filename", None) else str(exc))
+        except UnicodeDecodeError:
+            fail("an input file is not UTF-8 text (a binary file, or another encoding)")
         except KeyboardInterrupt:
             fail("interrupted", code=130)
 
@@ -64,3 +69,32 @@ def run_cli(fn: Callable) -> Callable:
 def show_progress(json_mode: bool = False, quiet: bool = False) -> bool:
     """Whether to draw rich progress bars (never into a pipe, never with --json)."""
     return not (json_mode or quiet) and sys.stderr.isatty()
+
+
+def _first_existing(path: Path) -> Path:
+    for parent in (path, *path.parents):
+        if parent.exists():
+            return parent
+    return Path(".")
+
+
+def check_output_dir(path: Path | str, what: str = "output folder") -> Path:
+    """Fail before any work if ``path`` cannot become a writable folder (it, or a parent, is a file)."""
+    path = Path(path)
+    base = _first_existing(path)
+    if not base.is_dir():
+        fail(f"{what} {path}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        fail(f"{what} {path}: {base} is not writable")
+    return path
+
+
+def check_output_file(path: Path | str, what: str = "output file") -> Path:
+    """Fail before any work if ``path`` cannot be written as a file (a folder, or below a file)."""
+    path = Path(path)
+    if path.is_dir():
+        fail(f"{what} {path} is a folder, not a file")
+    check_output_dir(path.parent, what=f"folder of the {what}")
+    if path.exists() and not os.access(path, os.W_OK):
+        fail(f"{what} {path} is not writable")
+    return path

@@ -2,7 +2,7 @@
 
 Each command loads the runs' final weights (``runs/<run>/final_weights.safetensors``), prints a
 table with Baseline and SMELT side by side (``--json``: one document), saves each run's result
-to ``runs/<run>/analysis/<kind>.json`` and draws ``--plot FILE.png`` with ``scaling.plots.figures``.
+to ``runs/<run>/analysis/<kind>.json`` and draws ``--plot FILE.png`` with ``scaling.plots``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.analysis import mechanisms as an
+from scaling import analysis as an
 from scaling.analysis.dyck import SHOTS, DyckTask
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.format import number
 
 RUNS_ARG = typer.Argument(..., help="Run folders (runs/<name>) with final weights.", show_default=False)
 
@@ -57,20 +58,16 @@ def _save(results, runs, save: bool, quiet: bool) -> None:
 
 
 def _plot(draw, path: Optional[Path], quiet: bool, *args) -> None:
-    """Draw with a ``scaling.plots.figures`` figure function and save to ``path`` (.png/.pdf/.svg)."""
+    """Draw with a ``scaling.plots`` figure function and save to ``path`` (.png/.pdf/.svg)."""
     if path is None:
         return
-    from scaling.plots import figures as plots
+    from scaling import plots
 
     if path.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot needs a .png, .pdf or .svg file name, got {path}")
     plots.save(getattr(plots, draw)(*args), path)
     if not quiet:
         stderr.print(f"figure {path}", highlight=False)
-
-
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def _common(json_out: bool, quiet: bool) -> tuple[bool, bool]:
@@ -187,8 +184,9 @@ def register(app: typer.Typer) -> None:
                 stdout.print(table)
             if g is not None:
                 ratio = "-" if g.long_short_ratio is None else f"{g.long_short_ratio:.2f}x"
-                stdout.print(f"gain on documents >= {g.long_from} tokens {_fmt(g.long_gain, '+.4f')}, "
-                             f"shorter {_fmt(g.short_gain, '+.4f')}: long/short {ratio} (paper: about 1.52x)",
+                stdout.print(f"gain on documents >= {g.long_from} tokens {number(g.long_gain, '+.4f')}, "
+                             f"shorter {number(g.short_gain, '+.4f')}: long/short {ratio} "
+                             "(paper: about 1.52x)",
                              highlight=False)
 
     @sub.command("icl")
@@ -285,10 +283,10 @@ def _sink_table(results: list[an.SinkResult]) -> Table:
         cells = [str(layer), str(pass_)]
         for r in results:
             p = next((q for q in r.passes if (q.layer, q.pass_) == (layer, pass_)), None)
-            cells.append(_fmt(p.bos_mass) if p else "")
+            cells.append(number(p.bos_mass, ".3f") if p else "")
             if dyck:
-                cells.append(_fmt(p.answer_mass) if p else "")
-            cells.append(_fmt(p.other_mass) if p else "")
+                cells.append(number(p.answer_mass, ".3f") if p else "")
+            cells.append(number(p.other_mass, ".3f") if p else "")
         table.add_row(*cells)
     table.caption = "; ".join(f"{r.run}: {r.n_sequences} sequences, {r.n_queries} queries"
                               + (f", {r.shots}-shot" if r.shots else "") for r in results)
@@ -314,10 +312,10 @@ def _lengths_tables(results: list[an.LengthsResult], gain) -> list[Table]:
             cells = [b0.label]
             for bs in rows:
                 b = bs[i] if i < len(bs) else None
-                cells += [_fmt(b.loss, ".4f") if b else "", str(b.n_tokens) if b else ""]
+                cells += [number(b.loss, ".4f") if b else "", str(b.n_tokens) if b else ""]
             if gain is not None:
                 g = gains[i]
-                cells += [_fmt(g.gain, "+.4f"), _fmt(g.gain_se, ".4f"),
+                cells += [number(g.gain, "+.4f"), number(g.gain_se, ".4f"),
                           "-" if g.rel_gain is None else f"{100 * g.rel_gain:+.2f}%"]
             table.add_row(*cells)
         tables.append(table)

@@ -13,7 +13,69 @@ from rich.table import Table
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP, DEFAULT_DELTA, FitResult, FitSet, fit_groups
 from scaling.fitting.laws import LAWS, get_law
-from scaling.fitting.tables import Columns, load_points
+from scaling.fitting.tables import Columns
+
+# -- tables and holdout (the point-table options, the held-out check) --------------------------------
+# Library messages name the quantity; these are the flags that set it.
+ROLE_FLAGS = {"parameter column": "--n-col", "token column": "--d-col", "loss column": "--loss-col",
+              "compute column": "--c-col", "group column": "--group-col", "run column": "--run-col",
+              "FLOPs-per-token column": "--flops-col", "sparsity column": "--sparsity-col",
+              "row filter": "--where", "unit": "--n-col/--d-col/--c-col NAME:UNIT",
+              "FLOPs per parameter per token": "--flops-per-nd", "holdout": "--holdout",
+              "IsoFLOP": "--isoflop-estimator/--isoflop-window"}
+
+
+def with_flags(exc: Exception) -> str:
+    """A library message with the flags of the quantities it names."""
+    msg = str(exc)
+    flags = [f for role, f in ROLE_FLAGS.items() if role in msg]
+    return msg + (f" (set with {', '.join(dict.fromkeys(flags))})" if flags else "")
+
+
+def load_fit_table(path: Path, cols: "Columns"):
+    """load_table with flag hints on errors; each note and skipped run printed once, as a warning."""
+    from scaling.common.errors import UserError
+    from scaling.fitting.tables import load_table
+
+    try:
+        table = load_table(path, cols)
+    except UserError as exc:
+        raise UserError(with_flags(exc)) from None
+    for m in table.messages():
+        warn(with_flags(m))
+    return table
+
+
+def print_table_mapping(table, json_out: bool = False) -> None:
+    """One line: which column was taken as what (stdout; stderr beside --json)."""
+    m = table.mapping
+    parts = [f"{k} <- {v}" for k, v in m.items()]
+    kept = (f"; {table.rows_kept} of {table.rows_read} rows kept by --where"
+            if table.settings.get("where") else "")
+    k = (f"; k = {table.settings['flops_per_nd']:g} FLOPs per parameter per token (--flops-per-nd)"
+         if table.settings.get("flops_per_nd_used") else "")
+    (stderr if json_out else stdout).print(f"columns: {'; '.join(parts)}{k}{kept}", highlight=False,
+                                           markup=False)
+
+
+def print_holdout(result) -> None:
+    level = 100 * result.level
+    for g, s in result.summary.items():
+        t = Table(title=f"{g}: held out {result.rule} ({s['n_heldout']} points; fitted on {s['n_fitted']}, "
+                        f"N <= {s['fitted_N_max']:.3g}, C <= {s['fitted_compute_max']:.3g})",
+                  title_justify="left")
+        for name, just in (("run", "left"), ("N", "right"), ("D", "right"), ("C", "right"),
+                           ("observed", "right"), ("predicted", "right"), (f"{level:.0f}% interval", "right"),
+                           ("error (nats)", "right"), ("error (log)", "right"), ("inside", "center")):
+            t.add_column(name, justify=just)
+        for r in result.heldout[result.heldout["group"] == g].itertuples():
+            inside = "-" if r.inside is None else ("yes" if r.inside else "NO")
+            t.add_row(str(r.run), f"{r.N:.3g}", f"{r.D:.3g}", f"{r.compute:.3g}", f"{r.observed:.4f}",
+                      f"{r.predicted:.4f}", f"[{_fmt(r.lo)}, {_fmt(r.hi)}]", f"{r.error_nats:+.4f}",
+                      f"{r.error_log:+.4f}", inside)
+        stdout.print(t)
+    stdout.print(result.summary_text(), highlight=False, markup=False)
+# -- end tables and holdout ----------------------------------------------------------------------------
 
 
 def _fmt(x: float) -> str:
@@ -49,16 +111,21 @@ def print_fit(fit: FitResult) -> None:
         label = c.get("method", key)
         if c.get("available"):
             extra = ""
+            ci = c.get("a_ci")
+            ci = f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""
             if key == "approach2":
                 extra = f", {c['n_buckets']} compute buckets"
                 if "design_bias" in c:
-                    extra += f"; this design's parabola bias on the fitted law: {c['design_bias']:+.3f}"
+                    extra += (f"; whole-sweep parabola minus window on these points: {c['design_bias']:+.3f} "
+                              f"(largest vertex shift {c['max_abs_vertex_shift_decades']:.2f} decades)")
             else:
                 extra = f", {c['mode']}, {c['n_frontier']} frontier points"
-            stdout.print(f"  {label}: a = {c['a']:.3f}{extra}", highlight=False)
+            stdout.print(f"  {label}: a = {c['a']:.3f}{ci}{extra}", highlight=False)
         else:
             stdout.print(f"  {label}: not available: {c['reason']}", highlight=False)
     for w in d.get("warnings", []):
+        warn(f"{fit.group}: {w}")
+    for w in fit.cross_checks.get("warnings", []):
         warn(f"{fit.group}: {w}")
 
 
@@ -69,13 +136,17 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="A runs directory (runs/<run>/final.json) or a CSV, JSONL, "
                                               "JSON or Parquet table of points."),
         law: str = typer.Option("chinchilla", "--law", help=f"Law form: {', '.join(LAWS)}."),
-        n_col: str = typer.Option("N", help="Column of parameters N (non-embedding, active)."),
-        d_col: str = typer.Option("D", help="Column of training tokens D."),
+        n_col: str = typer.Option("N", help="Column of parameters N (non-embedding, active), as NAME or "
+                                            "NAME:UNIT (params:M = millions; units K, M, B, T or a number)."),
+        d_col: str = typer.Option("D", help="Column of training tokens D, as NAME or NAME:UNIT (tokens:B)."),
         loss_col: str = typer.Option("loss", help="Column of the loss (nats/token)."),
         group_col: Optional[str] = typer.Option(None, help="Column to group fits by. Default: arch when "
-                                                           "present, else one group named default."),
-        c_col: Optional[str] = typer.Option(None, help="Column of total training FLOPs C; without a token "
-                                                       "column D = C/(6N)."),
+                                                           "present (said so), else one group; 'none': one "
+                                                           "group even with an arch column."),
+        c_col: Optional[str] = typer.Option(None, help="Column of total training FLOPs C (NAME[:UNIT]); with "
+                                                       "two of N, D, C the third is derived (C = k N D). "
+                                                       "Default: a column named flops when it is total "
+                                                       "compute (said so); 'none': no compute column."),
         flops_col: str = typer.Option("flops_per_token",
                                       help="Column of training FLOPs per token F (smelt law)."),
         sparsity_col: str = typer.Option("sparsity",
@@ -87,17 +158,95 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON object to this file "
                                                                "(read by `smelt-scale savings --fits`)."),
+        # -- tables and holdout options --
+        run_col: Optional[str] = typer.Option(None, help="Column of run ids: the bootstrap resamples runs, "
+                                                         "so rows of one run stay together. Without it (and "
+                                                         "without a column named run) every row counts as an "
+                                                         "independent run, which understates the intervals "
+                                                         "when a run contributes several rows. 'none': "
+                                                         "ignore a run column."),
+        flops_per_nd: Optional[float] = typer.Option(None, help="k in C = k N D, used to derive N or D from "
+                                                                "C and for the compute of tables without a "
+                                                                "compute column. Default 6 (printed)."),
+        where: Optional[list[str]] = typer.Option(None, "--where", metavar="EXPR",
+                                                  help="Keep only the rows matching this pandas "
+                                                  "query on the table's columns, e.g. 'loss < 4' or "
+                                                  "'`Model Size` > 1e8'; repeatable (all must hold). "
+                                                  "Recorded in the fit's settings."),
+        isoflop_estimator: str = typer.Option("window", help="Approach-2 IsoFLOP estimator: window (a "
+                                              "parabola within --isoflop-window decades of each minimum; "
+                                              "robust to wide sweeps) or parabola (the whole sweep)."),
+        isoflop_window: float = typer.Option(1.0, help="Half-width in decades of N of the approach-2 "
+                                                       "window."),
+        holdout_rule: Optional[str] = typer.Option(
+            None, "--holdout", metavar="RULE",
+            help="Held-out check instead of a plain fit: largest (each group's largest N), 'N>X' or 'C>X'. "
+                 "Fits the rest, predicts the held-out points, reports errors and bootstrap prediction "
+                 "intervals."),
+        holdout_figure: Optional[Path] = typer.Option(None, help="With --holdout: also draw predicted vs "
+                                                                 "observed into this .png/.pdf/.svg."),
     ) -> None:
         """Fit a scaling law per group: Huber loss on log loss, multi-start L-BFGS, bootstrap over runs.
 
         Approach 3 of Hoffmann et al. (2022), as corrected by Besiroglu et al. (2024).
 
         Approaches 1 (frontier) and 2 (IsoFLOP parabolas) are printed beside it as cross-checks.
+
+        With --holdout, a held-out extrapolation check instead: fit on the rest, predict the held-out points.
         """
         the_law = get_law(law)
+        # -- tables and holdout --
+        from scaling.common.errors import UserError
+        from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
+
+        if isoflop_estimator not in ESTIMATORS:
+            raise UserError(f"--isoflop-estimator must be one of {', '.join(ESTIMATORS)}, "
+                            f"got {isoflop_estimator!r}")
+        if not isoflop_window > 0:
+            raise UserError(f"--isoflop-window must be > 0 decades, got {isoflop_window}")
+        if holdout_figure is not None:
+            from scaling.cli._util import check_output_file
+
+            if holdout_rule is None:
+                raise UserError("--holdout-figure needs --holdout")
+            if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
+                raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
+            check_output_file(holdout_figure, "holdout figure")
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
-                       flops_per_token=flops_col, sparsity=sparsity_col)
-        points = load_points(path, cols, warn=warn)
+                       flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
+                       flops_per_nd=flops_per_nd, where=tuple(where or ()))
+        table = load_fit_table(path, cols)
+        points = table.points
+        print_table_mapping(table, json_out)
+        if holdout_rule is not None:
+            from scaling.fitting.holdout import holdout
+
+            try:
+                result = holdout(points, the_law, holdout_rule, huber_delta=huber_delta,
+                                 n_bootstrap=n_bootstrap, seed=seed)
+            except UserError as exc:
+                raise UserError(with_flags(exc)) from None
+            for f in result.fits.values():
+                for w in f.diagnostics.get("warnings", []):
+                    warn(f"{f.group} (fitted part): {w}")
+            if holdout_figure is not None:
+                from scaling import plots
+
+                plots.save(plots.holdout(result), holdout_figure)
+            payload = {**result.to_dict(), "table": table.settings}
+            if out is not None:
+                from scaling.common.serialize import to_json
+
+                out.write_text(to_json(payload) + "\n")
+            if json_out:
+                emit_json(payload)
+                return
+            print_holdout(result)
+            for extra in (holdout_figure, out):
+                if extra is not None:
+                    stdout.print(f"wrote {extra}", highlight=False)
+            return
+        # -- end tables and holdout --
         kwargs = dict(huber_delta=huber_delta, n_bootstrap=n_bootstrap, seed=seed)
         if show_progress(json_out) and n_bootstrap > 0:
             with Progress(TextColumn("bootstrap {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -112,12 +261,18 @@ def register(app: typer.Typer) -> None:
                 fits = fit_groups(points, the_law, progress=progress, **kwargs)
         else:
             fits = fit_groups(points, the_law, **kwargs)
+        # -- tables and holdout: the chosen IsoFLOP estimator, and how the table was read --
+        from dataclasses import replace
+
+        fits = cross_check_groups(points, fits, estimator=isoflop_estimator, window=isoflop_window)
+        fits = {g: replace(f, settings={**f.settings, "table": table.settings}) for g, f in fits.items()}
+        # -- end tables and holdout --
         fitset = FitSet(fits)
         if out is not None:
             fitset.save(out)
         if json_out:
             for f in fits.values():
-                for w in f.diagnostics.get("warnings", []):
+                for w in [*f.diagnostics.get("warnings", []), *f.cross_checks.get("warnings", [])]:
                     warn(f"{f.group}: {w}")
             emit_json(fitset.to_dict())
             return

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from importlib import resources
@@ -14,23 +13,20 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from scaling.accounting.tiers import ARCHS
 from scaling.cli._util import emit_json, fail, run_cli, show_progress, stderr, stdout, warn
-from scaling.cli.savings import DEFAULT_RUNS, fit_runs, parse_budgets, parse_sparsities
+from scaling.cli.savings import parse_budgets, parse_sparsities
 from scaling.common.errors import UserError
-from scaling.design.isoflop import (
-    ARCHS,
-    DEFAULT_SIZES,
-    SPREAD_DECADES,
-    Proposal,
-    isoflop_design,
-    plan_design,
-    propose,
-)
+from scaling.common.files import read_config
+from scaling.common.format import count, percent
+from scaling.design.output import sweep_plan_document
+from scaling.design.points import isoflop_design, points_of_sweep_plan
+from scaling.design.proposal import DEFAULT_SIZES, SPREAD_DECADES, Proposal, propose
 from scaling.design.simulate import STARTS, SimulationResult, simulate
-from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSet
-from scaling.fitting.reference_laws import LAW_SETS, load_law_set
-from scaling.fitting.savings import FittedLaw, uses_sparsity
-from scaling.training.sweep_plan import load_plan, parse_plan, read_toml
+from scaling.fitting.fit import DEFAULT_BOOTSTRAP
+from scaling.fitting.reference_laws import LAW_SETS
+from scaling.fitting.sources import LawSource, default_sparsity, load_laws
+from scaling.training.sweep_plan import load_plan, parse_plan
 
 PLANS_DIR = Path(str(resources.files("scaling").joinpath("resources", "plans")))  # package data
 TEMPLATES = {True: PLANS_DIR / "cpu-proxy.toml", False: PLANS_DIR / "paper-tiers.toml"}
@@ -40,63 +36,13 @@ DESIGN_SIZES = 6  # ... and sizes per budget (4 x 6 x 3 sparsities = the paper's
 
 
 # -- laws ------------------------------------------------------------------------------------------
-def load_laws(
-    runs: Optional[Path],
-    fits: Optional[Path],
-    law_set: Optional[str],
-    law: str,
-    n_bootstrap: int,
-    seed: int,
-    *,
-    default_law_set: bool = False,
-) -> dict[str, Any]:
-    """The two architectures' laws from one source: {"laws", "source", "fits" (FitResults or None),
-    "law_set" (LawSet or None), "runs_dir" (the runs folder, if that was the source)}."""
-    given = [
-        name for name, v in (("--runs", runs), ("--fits", fits), ("--law-set", law_set)) if v is not None
-    ]
+def _laws(runs: Optional[Path], fits: Optional[Path], law_set: Optional[str], **kwargs: Any) -> LawSource:
+    """``scaling.fitting.sources.load_laws`` of both architectures; two sources name their flags."""
+    flags = (("--runs", runs), ("--fits", fits), ("--law-set", law_set))
+    given = [name for name, v in flags if v is not None]
     if len(given) > 1:
         raise UserError(f"give one source of laws, not {' and '.join(given)}")
-    if law_set is None and runs is None and fits is None and default_law_set:
-        law_set = "paper"
-    if law_set is not None:
-        ls = load_law_set(law_set)
-        return {
-            "laws": {g: ls.fitted(g) for g in ARCHS},
-            "fits": None,
-            "law_set": ls,
-            "runs_dir": None,
-            "source": f"law set {ls.name!r}: {ls.citation}",
-        }
-    if fits is not None:
-        fs = FitSet.load(fits)
-        pair = [fs.get(g) for g in ARCHS]
-        source, runs_dir = f"fits file {fits}", None
-    else:
-        path = DEFAULT_RUNS if runs is None else runs
-        pair = fit_runs(path, law, ARCHS[0], ARCHS[1], n_bootstrap, seed, is_default=runs is None)
-        source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
-        runs_dir = path if path.is_dir() else None
-    laws = {g: FittedLaw.from_fit(f, name=g, source=source) for g, f in zip(ARCHS, pair)}
-    return {"laws": laws, "fits": pair, "law_set": None, "runs_dir": runs_dir, "source": source}
-
-
-def _recorded_sparsities(fits: list) -> list[float]:
-    return sorted({float(s) for f in fits for s in f.data_summary.get("sparsities", [])})
-
-
-def default_sparsities(src: dict[str, Any], given: tuple[float, ...]) -> tuple[float | None, ...]:
-    """--sparsity if given; else the law set's; else the median recorded sparsity of the fitted runs."""
-    if given:
-        return given
-    if not uses_sparsity(src["laws"][ARCHS[0]].law):
-        return (None,)
-    if src["law_set"] is not None:
-        return tuple(src["law_set"].sparsities)
-    seen = _recorded_sparsities(src["fits"] or [])
-    if not seen:
-        raise UserError("a smelt-form law needs a sparsity and the fits record none: pass --sparsity")
-    return (round(float(np.median(seen)), 4),)
+    return load_laws(ARCHS, runs=runs, fits=fits, law_set=law_set, warn=warn, **kwargs)
 
 
 def _rel(path: Path) -> str:
@@ -112,15 +58,11 @@ def _rel(path: Path) -> str:
 
 
 def _read_template(path: Path) -> dict[str, Any]:
-    data = read_toml(path, "template plan")
+    data = read_config(path, "template plan", fmt="toml")
     return {k: data[k] for k in ("train", "data", "executor") if isinstance(data.get(k), dict)}
 
 
 # -- plan ------------------------------------------------------------------------------------------
-def _fmt_int(x: float) -> str:
-    return f"{x:.3g}" if x >= 1e6 else f"{int(x):,d}"
-
-
 def print_proposal(p: Proposal, plan_file: str | None, runs_dir: str) -> None:
     stdout.print(
         f"[bold]Next IsoFLOP runs[/bold] — {p.law} law, sizes of the [bold]{p.shape}[/bold] shape "
@@ -146,7 +88,7 @@ def print_proposal(p: Proposal, plan_file: str | None, runs_dir: str) -> None:
             table.add_row(
                 pt.tier,
                 pt.arch,
-                _fmt_int(pt.N),
+                count(pt.N),
                 f"{pt.F:.4g}",
                 f"{pt.S:.4f}",
                 f"{pt.D:.4g}",
@@ -216,7 +158,7 @@ def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
 
 # -- simulate --------------------------------------------------------------------------------------
 def _pct(v: float | None, digits: int = 1) -> str:
-    return "—" if v is None or not math.isfinite(v) else f"{100 * v:.{digits}f}%"
+    return percent(v, digits, missing="—")
 
 
 def print_simulation(res: SimulationResult) -> None:
@@ -361,22 +303,18 @@ def register(app: typer.Typer) -> None:
         Expected losses carry the fits' bootstrap intervals. Run the plan with `smelt-scale sweep PLAN`.
         """
         C = parse_budgets(budget, budgets)
-        src = load_laws(runs, fits, law_set, law, n_bootstrap, seed)
-        S = default_sparsities(src, parse_sparsities(sparsity))
-        noise = None
-        if src["fits"]:
-            rmse = [f.diagnostics.get("rmse_log") for f in src["fits"]]
-            noise = max((float(r) for r in rmse if r is not None), default=None)
+        src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
+        S = src.sparsities(parse_sparsities(sparsity))
         proposal = propose(
-            src["laws"],
+            src.laws,
             C,
             tier=tier,
             n_sizes=runs_per_budget,
             spread=spread,
             sparsities=S,
             level=ci_level,
-            noise=noise,
-            source=src["source"],
+            noise=src.noise,
+            source=src.source,
         )
         tpl_path = template if template is not None else TEMPLATES[proposal.proxy]
         tpl: dict[str, Any] = {}
@@ -385,8 +323,8 @@ def register(app: typer.Typer) -> None:
         else:
             warn(f"no template plan at {tpl_path}: the plan has no [train] section (TrainConfig defaults)")
         if runs_dir is None:
-            runs_dir = _rel(src["runs_dir"]) if src["runs_dir"] is not None else f"runs-{out.stem}"
-        doc = proposal.plan_dict(name=out.stem, runs_dir=runs_dir, template=tpl)
+            runs_dir = _rel(src.runs_dir) if src.runs_dir is not None else f"runs-{out.stem}"
+        doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl)
         _check_round_trip(doc, proposal, None)
         warnings = list(proposal.warnings) + [f"short run {s}" for s in _short_runs(proposal, tpl)]
         plan_file = None
@@ -396,7 +334,7 @@ def register(app: typer.Typer) -> None:
             header = (
                 f"# Proposed by `smelt-scale plan`: {proposal.n_runs} runs, "
                 f"{proposal.total_flops:.4g} FLOPs.\n"
-                f"# Laws: {src['source']}\n"
+                f"# Laws: {src.source}\n"
                 f"# Shape {proposal.shape} (d_model, expert_hidden scaled; width multiple "
                 f"{proposal.width_multiple}); each tier's SMELT twin is derived by the matcher.\n"
                 f"# Train/data/executor copied from {tpl_path if tpl else 'nothing (defaults)'}.\n"
@@ -487,20 +425,20 @@ def register(app: typer.Typer) -> None:
         Answers "is this sweep big enough?": sign recovery, bias and spread of the savings estimate, and
         coverage of its bootstrap intervals over trials.
         """
-        src = load_laws(None, fits, law_set, "chinchilla", 0, seed, default_law_set=True)
-        truth = {g: replace(fl, samples=None) for g, fl in src["laws"].items()}
-        smelt_form = uses_sparsity(truth[ARCHS[0]].law)
+        src = _laws(None, fits, law_set, seed=seed, default="law_set")
+        truth = {g: replace(fl, samples=None) for g, fl in src.laws.items()}
+        smelt_form = src.smelt_form
         given_s = parse_sparsities(sparsity)
         if given_s and not smelt_form:
             raise UserError("--sparsity applies only to smelt-form laws; these are chinchilla-form")
         if design is not None:
-            points = plan_design(load_plan(design))
+            points = points_of_sweep_plan(load_plan(design))
             design_source = f"plan {design}"
             rec = [float(x) for x in points["sparsity"] if np.isfinite(x)]
-            design_s = (round(float(np.median(rec)), 4),) if rec else (None,)
+            design_s = (default_sparsity(rec),) if rec else (None,)
         else:
-            if src["law_set"] is not None and src["law_set"].compute_range is not None:
-                lo, hi = src["law_set"].compute_range
+            if src.law_set is not None and src.law_set.compute_range is not None:
+                lo, hi = src.law_set.compute_range
             else:
                 lo = (
                     min(fl.compute_min for fl in truth.values() if fl.compute_min)
@@ -517,10 +455,10 @@ def register(app: typer.Typer) -> None:
                         "the fits record no compute range for a default design: pass --design PLAN"
                     )
             if smelt_form:
-                if src["law_set"] is not None:
-                    design_s = tuple(src["law_set"].sparsities)
-                else:
-                    seen = _recorded_sparsities(src["fits"])
+                if src.law_set is not None:
+                    design_s = tuple(src.law_set.sparsities)
+                else:  # the design samples the fitted range of S: its ends and its middle
+                    seen = sorted({float(s) for f in src.fits for s in f.data_summary.get("sparsities", [])})
                     if not seen:
                         raise UserError("the smelt-form fits record no sparsities: pass --design PLAN")
                     design_s = tuple(sorted({round(float(q), 4) for q in np.quantile(seen, [0.0, 0.5, 1.0])}))
@@ -533,17 +471,15 @@ def register(app: typer.Typer) -> None:
                 f"sizes over ±{SPREAD_DECADES:g} decade around each law's optimum"
             )
         if smelt_form:
-            S = given_s or (
-                tuple(src["law_set"].sparsities)
-                if src["law_set"] is not None and design is None
-                else design_s
-            )
+            # the savings are evaluated at the one default sparsity of the laws' source
+            # (scaling.fitting.sources) or, for a plan's design, of the plan's runs
+            S = given_s or (src.default_sparsities() if design is None else design_s)
             if any(s is None for s in S):
                 raise UserError("the design records no sparsity for the smelt-form law: pass --sparsity")
         else:
             S = (None,)
         if budget is None and budgets is None:
-            pub = src["law_set"].published.get("savings_range", {}) if src["law_set"] is not None else {}
+            pub = src.law_set.published.get("savings_range", {}) if src.law_set is not None else {}
             if pub:
                 C = np.array(sorted(float(k) for k in pub))
             else:
@@ -574,7 +510,7 @@ def register(app: typer.Typer) -> None:
                 starts=starts,
                 check_starts=check_starts,
                 design_source=design_source,
-                source=src["source"],
+                source=src.source,
                 progress=progress,
             )
         finally:

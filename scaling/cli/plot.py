@@ -1,4 +1,4 @@
-"""`smelt-scale plot KIND --out DIR`: the paper figures of a runs folder (``scaling.plots.figures``)."""
+"""`smelt-scale plot KIND --out DIR`: the paper figures of a runs folder (``scaling.plots``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ import typer
 from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, stderr, stdout, warn
-from scaling.cli.savings import DEFAULT_RUNS, parse_budgets
+from scaling.cli.savings import parse_budgets
 from scaling.common.errors import UserError
+from scaling.fitting.sources import DEFAULT_RUNS, default_sparsity
 
 KINDS = ("loss-curves", "fits", "isoflop", "residuals", "params", "frontier", "savings", "sink", "lengths",
          "icl")
-FIT_KINDS = {"fits", "isoflop", "residuals", "params", "frontier", "savings"}
-MECHANISM_KINDS = {"sink", "lengths", "icl"}
 FORMATS = ("png", "pdf", "svg")
 
 
@@ -37,9 +36,9 @@ class _Context:
 
     @property
     def curves(self):
-        from scaling.plots import figures as plots
+        from scaling.fitting.curves import read_curves
 
-        return self._get("curves", lambda: plots.read_curves(self.runs, warn=warn))
+        return self._get("curves", lambda: read_curves(self.runs, warn=warn))
 
     @property
     def points(self):
@@ -76,7 +75,7 @@ class _Context:
     def savings(self):
         def make():
             from scaling.fitting.savings import FittedLaw
-            from scaling.plots import figures as plots
+            from scaling.fitting.savings_sweep import savings_over
 
             ref_fit, cand_fit = self.pair()
             ref, cand = FittedLaw.from_fit(ref_fit), FittedLaw.from_fit(cand_fit)
@@ -89,7 +88,7 @@ class _Context:
                 budgets = np.logspace(start, 22.0, int(round(4 * (22.0 - start))) + 1)
             S = self.sparsity()
             kw = {} if S is None else {"sparsities": (S,)}
-            res, skipped = plots.savings_over(ref, cand, budgets, **kw)
+            res, skipped = savings_over(ref, cand, budgets, **kw)
             if skipped:
                 warn(f"savings left out at {len(skipped)} budget(s) from {skipped[0][0]:.3g} to "
                      f"{skipped[-1][0]:.3g}: {skipped[0][1]}")
@@ -100,25 +99,24 @@ class _Context:
         return self._get("savings", make)
 
     def sparsity(self) -> Optional[float]:
-        """None for chinchilla-form fits; for smelt-form ones the median sparsity of the fitted runs
-        (proxy tiers differ in sparsity; one value keeps the frontier and savings one curve each)."""
+        """None for chinchilla-form fits; for smelt-form ones the one default sparsity of fitted
+        laws (``scaling.fitting.sources.default_sparsity``: one value keeps the frontier and the
+        savings one curve each)."""
         ref, cand = self.pair()
         if "S" not in ref.law_obj.inputs and "S" not in cand.law_obj.inputs:
             return None
-        seen = [float(s) for f in (ref, cand) for s in f.data_summary.get("sparsities", [])]
-        if not seen:
-            raise UserError("a smelt-form law needs a sparsity and the fits record none")
-        return float(np.median(seen))
+        return default_sparsity(s for f in (ref, cand) for s in f.data_summary.get("sparsities", []))
 
     def analyses(self, kind: str):
-        from scaling.plots import figures as plots
+        from scaling.analysis.results import saved_analyses
 
-        return self._get(f"analysis:{kind}", lambda: plots.saved_analyses(self.runs, kind))
+        return self._get(f"analysis:{kind}", lambda: saved_analyses(self.runs, kind))
 
 
 def _figures(kind: str, ctx: _Context) -> list[tuple[str, Any]]:
     """(file stem, Figure) pairs of one KIND; UserError when its inputs are missing."""
-    from scaling.plots import figures as plots
+    from scaling import plots
+    from scaling.fitting.slices import isoflop_slices
 
     if kind == "loss-curves":
         return [("loss_curves_tokens", plots.loss_curves(ctx.curves, x="tokens")),
@@ -126,7 +124,7 @@ def _figures(kind: str, ctx: _Context) -> list[tuple[str, Any]]:
     if kind == "fits":
         return [("fits", plots.fits(ctx.points, ctx.fits))]
     if kind == "isoflop":
-        return [("isoflop", plots.isoflop(ctx.points, ctx.fits))]
+        return [("isoflop", plots.isoflop(isoflop_slices(ctx.points), ctx.points, ctx.fits))]
     if kind == "residuals":
         return [("residuals", plots.residuals(ctx.points, ctx.fits))]
     if kind == "params":
@@ -218,7 +216,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--out {out} exists and is not a folder")
         ctx = _Context(root, n_bootstrap, seed, fits_file, budgets, reference, candidate, law)
         ctx.quiet = json_out
-        from scaling.plots import figures as plots
+        from scaling import plots
 
         written, skipped = [], []
         for k in (KINDS if kind == "all" else (kind,)):

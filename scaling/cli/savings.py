@@ -7,15 +7,27 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 import typer
 from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, stdout, warn
 from scaling.common.errors import UserError
+from scaling.fitting.envelope import envelope_points, envelope_savings
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSet, fit_law
 from scaling.fitting.reference_laws import LAW_SETS, load_law_set
-from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
-from scaling.fitting.tables import load_points
+from scaling.fitting.savings import (
+    WITHHOLD_DECADES,
+    FittedLaw,
+    SavingsResult,
+    SavingsRow,
+    check_budget_count,
+    check_budgets,
+    savings,
+    uses_sparsity,
+    withhold_unidentified,
+)
+from scaling.fitting.tables import load_points, read_runs_dir
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
@@ -43,6 +55,7 @@ def parse_budgets(budget: Optional[str], budgets: Optional[str]) -> np.ndarray:
     if m:
         lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
         check_budgets([lo, hi])
+        check_budget_count(n)
         if n < 1 or (n == 1 and lo != hi):
             raise UserError(f"--budgets {text}: need at least 2 points between two different ends")
         return np.logspace(np.log10(lo), np.log10(hi), n)
@@ -58,16 +71,22 @@ def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
     return tuple(out)
 
 
-def fit_runs(path: Path, law: str, reference: str, candidate: str, n_bootstrap: int, seed: int,
-              is_default: bool) -> list:
-    """Fit the two groups of a runs folder or table: [FitResult of reference, of candidate]."""
+def load_runs(path: Path, is_default: bool) -> pd.DataFrame:
+    """Canonical points of a runs folder or table (a hint on the default folder's errors)."""
     hint = "train runs into it, or pass --runs PATH, --fits FILE or --law-set paper"
     if is_default and (not path.is_dir() or not any(path.iterdir())):
         raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
     try:
-        points = load_points(path, warn=warn)
+        return load_points(path, warn=warn)
     except UserError as exc:
         raise UserError(f"{exc}; {hint}" if is_default else str(exc)) from None
+
+
+def fit_runs(path: Path, law: str, reference: str, candidate: str, n_bootstrap: int, seed: int,
+             is_default: bool, points: pd.DataFrame | None = None) -> list:
+    """Fit the two groups of a runs folder or table: [FitResult of reference, of candidate]."""
+    if points is None:
+        points = load_runs(path, is_default)
     groups = sorted(points["group"].unique(), key=str)
     out = []
     for g in (reference, candidate):
@@ -94,29 +113,63 @@ def print_result(res: SavingsResult) -> None:
     who = "candidate" if res.convention == "candidate-budget" else "reference"
     stdout.print(f"[bold]Compute savings of {res.candidate} over {res.reference}[/bold] — convention "
                  f"[bold]{res.convention}[/bold]: the budget is the {who}'s; savings = 1 − "
-                 f"C_{res.candidate} / C_{res.reference} at equal optimal loss.", highlight=False)
+                 f"C_{res.candidate} / C_{res.reference} at equal loss on the frontier.", highlight=False)
     if res.source:
-        stdout.print(f"laws: {res.source}", highlight=False)
+        stdout.print(f"source: {res.source}", highlight=False, markup=False)
     sparse = any(r.sparsity is not None for r in res.rows)
     level = f"{100 * res.ci_level:.0f}% CI"
     table = Table(title_justify="left")
-    cols = ["budget", *(["S"] if sparse else []), f"C {res.candidate}", f"C {res.reference}", "loss",
-            "savings", level, "loss gap", "D/param ref", "D/param cand", "extrap."]
+    cols = ["budget", *(["S"] if sparse else []), "method", f"C {res.candidate}", f"C {res.reference}",
+            "loss", "savings", level, "loss gap", "D/param ref", "D/param cand", "extrap."]
     for c in cols:
         table.add_column(c, justify="right", no_wrap=True)
+    notes = []
     for r in res.rows:
-        ci = "—" if r.savings_ci is None else f"[{100 * r.savings_ci[0]:.1f}, {100 * r.savings_ci[1]:.1f}]%"
+        S = [f"{r.sparsity:.3g}" if r.sparsity is not None else "—"] if sparse else []
         ex = "—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec"
-        table.add_row(f"{r.budget:.3g}", *([f"{r.sparsity:.3g}"] if sparse else []),
-                      f"{r.candidate_compute:.4g}", f"{r.reference_compute:.4g}", f"{r.candidate_loss:.4f}",
-                      f"{100 * r.savings:.2f}%", ci, f"{r.loss_gap:+.4f}", f"{r.tokens_per_param:.1f}",
-                      f"{r.candidate_tokens_per_param:.1f}", ex)
+        if r.savings is None:
+            notes.append(f"budget {r.budget:.3g}: no estimate — {r.reason}")
+            table.add_row(f"{r.budget:.3g}", *S, r.method, "—", "—", "—", f"no estimate [{len(notes)}]",
+                          "—", "—", "—", "—", ex)
+            continue
+        ci = "—" if r.savings_ci is None else f"[{100 * r.savings_ci[0]:.1f}, {100 * r.savings_ci[1]:.1f}]%"
+        mark = " (extrapolated!)" if r.extrapolated else ""
+        table.add_row(f"{r.budget:.3g}", *S, r.method, f"{r.candidate_compute:.4g}",
+                      f"{r.reference_compute:.4g}",
+                      f"{r.candidate_loss:.4f}", f"{100 * r.savings:.2f}%{mark}", ci,
+                      "—" if not np.isfinite(r.loss_gap) else f"{r.loss_gap:+.4f}", _num(r.tokens_per_param),
+                      _num(r.candidate_tokens_per_param), ex)
     stdout.print(table)
-    lo, hi = res.savings_range
-    stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over {len(res.rows)} row(s). "
-                 f"loss gap = L*_{res.reference} − L*_{res.candidate} at equal compute (nats/token); "
-                 "D/param = optimal tokens per parameter at the budget (smelt form: D/(F/6)); "
-                 "extrap. = decades beyond the largest fitted compute.", highlight=False)
+    for i, n in enumerate(notes, 1):
+        stdout.print(f"[{i}] {n}", highlight=False, markup=False)
+    if res.savings_range is not None:
+        lo, hi = res.savings_range
+        stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over "
+                     f"{sum(r.savings is not None for r in res.rows)} row(s).", highlight=False)
+    stdout.print("method: envelope = observed loss-compute frontiers inside the data (no law), law = fitted "
+                 "or published laws. loss gap = L_ref − L_cand at equal compute (nats/token); D/param = "
+                 "optimal tokens per parameter at the budget (laws only; smelt form: D/(F/6)); extrap. = "
+                 "decades beyond the largest fitted compute.", highlight=False)
+
+
+def _num(x: float) -> str:
+    return "—" if not np.isfinite(x) else f"{x:.1f}"
+
+
+def _units(path: Path, points: pd.DataFrame) -> pd.Series | None:
+    """Bootstrap units of the envelope: the (tier, seed) run pair of a runs folder, else the run."""
+    if not path.is_dir():
+        return None
+    raw = read_runs_dir(path)
+    if not {"tier", "seed", "run"} <= set(raw.columns):
+        return None
+    unit = dict(zip(raw["run"].astype(str), raw["tier"].astype(str) + "|s" + raw["seed"].astype(str)))
+    return points["run"].astype(str).map(unit).fillna(points["run"].astype(str))
+
+
+def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
+    """Rows by budget, then sparsity."""
+    return sorted(rows, key=lambda r: (r.budget, -1.0 if r.sparsity is None else r.sparsity))
 
 
 def register(app: typer.Typer) -> None:
@@ -145,6 +198,14 @@ def register(app: typer.Typer) -> None:
                                         "fitting --runs (0: no interval)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
+        method: str = typer.Option("auto", "--method", help="auto: the envelope (observed frontiers, no "
+                                   "law) for budgets inside both architectures' data, the law elsewhere; "
+                                   "envelope: only the envelope (other budgets refused); law: only laws."),
+        max_extrapolation: float = typer.Option(WITHHOLD_DECADES, "--max-extrapolation",
+                                                help="Decades beyond the fitted compute past which an "
+                                                "unidentified law gives no point estimate."),
+        extrapolate: bool = typer.Option(False, "--extrapolate", help="Print those estimates anyway, "
+                                         "marked as extrapolated."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
         """Compute saved by the candidate over the reference at equal loss on the compute-optimal frontier.
@@ -158,7 +219,19 @@ def register(app: typer.Typer) -> None:
         --at reference puts the budget on the reference instead.
 
         With bootstrapped fits the interval pairs the two groups' resamples by index.
+
+        Inside the data (--method auto, the default, or envelope) the saving comes from the observed
+        loss-compute frontiers instead, with a bootstrap over run pairs; each row names its method.
+
+        A law that is not identified (a parameter on its bound, or most bootstrap fits on one) gives
+        no number more than --max-extrapolation decades beyond its data: the row says why
+        (savings null and a reason in --json), unless --extrapolate.
         """
+        if method not in ("auto", "envelope", "law"):
+            raise UserError(f"--method must be auto, envelope or law, got {method!r}")
+        if not (np.isfinite(max_extrapolation) and max_extrapolation >= 0):
+            raise UserError(f"--max-extrapolation must be a non-negative number of decades, "
+                            f"got {max_extrapolation}")
         C = parse_budgets(budget, budgets)
         if at not in _AT:
             raise UserError(f"--at must be candidate or reference, got {at!r}")
@@ -169,27 +242,64 @@ def register(app: typer.Typer) -> None:
         if reference == candidate:
             raise UserError(f"--reference and --candidate are the same group {reference!r}")
         S = parse_sparsities(sparsity)
-        if law_set is not None:
-            ls = load_law_set(law_set)
-            ref, cand = ls.fitted(reference), ls.fitted(candidate)
-            S = S or ls.sparsities
-            source = f"law set {ls.name!r}: {ls.citation} {ls.provenance}"
-        else:
-            if fits is not None:
-                fs = FitSet.load(fits)
-                pair = [fs.get(g) for g in (reference, candidate)]
-                source = f"fits file {fits}"
+        shown: dict[str, None] = {}  # ordered set: each warning printed once
+
+        def warn_once(message: str) -> None:
+            if message not in shown:
+                shown[message] = None
+                warn(message)
+
+        if method == "envelope" and (law_set is not None or fits is not None):
+            raise UserError("--method envelope needs runs (--runs PATH or the default runs/), not "
+                            + ("--law-set" if law_set is not None else "--fits"))
+        rows: list[SavingsRow] = []
+        sources: list[str] = []
+        laws: dict[str, str] = {}
+        law_budgets = C
+        points = path = None
+        if law_set is None and fits is None:
+            path = DEFAULT_RUNS if runs is None else runs
+            points = load_runs(path, is_default=runs is None)
+        if points is not None and method != "law":
+            env = envelope_savings(envelope_points(points, _units(path, points)), reference, candidate, C,
+                                   convention=_AT[at], n_bootstrap=n_bootstrap, seed=seed, level=ci_level)
+            use = [r for r in env if method == "envelope" or r.savings is not None]
+            rows += use
+            done = {r.budget for r in use}
+            law_budgets = np.array([c for c in C if float(c) not in done])
+            if use:
+                sources.append(f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples "
+                               f"over run pairs, seed {seed})")
+        if law_budgets.size:
+            if law_set is not None:
+                ls = load_law_set(law_set)
+                ref, cand = ls.fitted(reference), ls.fitted(candidate)
+                S = S or ls.sparsities
+                source = f"law set {ls.name!r}: {ls.citation} {ls.provenance}"
             else:
-                path = DEFAULT_RUNS if runs is None else runs
-                pair = fit_runs(path, law, reference, candidate, n_bootstrap, seed, is_default=runs is None)
-                source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
-            ref, cand = (FittedLaw.from_fit(f, name=g, source=source)
-                         for f, g in zip(pair, (reference, candidate)))
-            S = S or _default_sparsities(ref, cand, [f.data_summary for f in pair])
-        res = savings(ref, cand, C, sparsities=S or (None,), convention=_AT[at], level=ci_level,
-                      source=source)
-        for w in res.warnings:
-            warn(w)
+                if fits is not None:
+                    fs = FitSet.load(fits)
+                    pair = [fs.get(g) for g in (reference, candidate)]
+                    source = f"fits file {fits}"
+                else:
+                    pair = fit_runs(path, law, reference, candidate, n_bootstrap, seed,
+                                    is_default=runs is None, points=points)
+                    source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
+                ref, cand = (FittedLaw.from_fit(f, name=g, source=source)
+                             for f, g in zip(pair, (reference, candidate)))
+                S = S or _default_sparsities(ref, cand, [f.data_summary for f in pair])
+            law_res = savings(ref, cand, law_budgets, sparsities=S or (None,), convention=_AT[at],
+                              level=ci_level, source=source)
+            law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
+                                            extrapolate=extrapolate)
+            rows += law_res.rows
+            laws = dict(law_res.laws)
+            sources.append(f"law: {source}")
+            for w in law_res.warnings:
+                warn_once(w)
+        res = SavingsResult(reference=reference, candidate=candidate, convention=_AT[at],
+                            rows=tuple(merge(rows)), ci_level=ci_level, warnings=tuple(shown), laws=laws,
+                            source="; ".join(sources))
         if json_out:
             emit_json(res.to_dict())
         else:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
@@ -64,7 +63,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(data_errors[0] + more)
         if not json_out:
             for msg in (data_errors if dry_run else []) + data_warnings:
-                warn(escape(msg))
+                warn(msg)
         if dry_run:
             est = estimate(plan, probe=probe)
             rows = [{**e.to_dict(), **u.to_dict()} for e, u in zip(est, uses)]

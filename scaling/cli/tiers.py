@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +13,8 @@ from scaling.accounting.costs import costs
 from scaling.accounting.matching import Match, smelt_twin
 from scaling.accounting.tiers import TIERS, get_match, tier_names
 from scaling.cli._util import emit_json, run_cli, stdout
-from scaling.common.errors import UserError
+from scaling.common.files import read_config
+from scaling.common.format import si
 
 
 def _arch_entry(cfg: ModelConfig) -> dict:
@@ -35,13 +34,6 @@ def _arch_entry(cfg: ModelConfig) -> dict:
 def match_entry(name: str, match: Match, proxy: bool) -> dict:
     return {"name": name, "proxy": proxy, "baseline": _arch_entry(match.baseline),
             "smelt": _arch_entry(match.smelt), "mismatch": dict(match.mismatch)}
-
-
-def _fmt_count(x: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.0f}"
 
 
 def _shape(cfg: ModelConfig) -> str:
@@ -71,9 +63,9 @@ def print_table(entries: list[dict], title: str) -> None:
                 tier if arch == "baseline" else "",
                 arch,
                 _shape(ModelConfig.from_dict(a["config"])),
-                _fmt_count(a["active_params"]),
-                _fmt_count(a["non_embedding_params"]),
-                _fmt_count(a["total_params"]),
+                si(a["active_params"]),
+                si(a["non_embedding_params"]),
+                si(a["total_params"]),
                 f"{a['flops_per_token']:.3g}",
                 str(a["kv_cache_per_token"]),
                 *mm_txt,
@@ -88,18 +80,7 @@ def print_table(entries: list[dict], title: str) -> None:
 
 
 def _load_config_file(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(
-            f"{path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}"
-        ) from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} must hold one config object")
+    data = read_config(path, "config")
     return data.get("model", data)
 
 

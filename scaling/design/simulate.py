@@ -43,6 +43,8 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
+from scaling.common.format import percent
+from scaling.common.serialize import Record
 from scaling.fitting.fit import DEFAULT_DELTA, fit_law
 from scaling.fitting.savings import FittedLaw, check_budgets, savings, uses_sparsity
 from scaling.fitting.tables import law_inputs
@@ -63,7 +65,7 @@ def noisy(loss: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarra
 
 
 @dataclass(frozen=True)
-class SimulationRow:
+class SimulationRow(Record):
     """Recovery of the savings at one budget (and sparsity) over the successful trials."""
 
     budget: float
@@ -82,40 +84,9 @@ class SimulationRow:
     extrapolation_decades: float | None
     estimates: tuple[float, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"budget": self.budget, "sparsity": self.sparsity, "true_savings": self.true_savings,
-                "n_trials": self.n_trials, "mean_savings": self.mean_savings,
-                "median_savings": self.median_savings, "bias": self.bias, "spread": self.spread,
-                "rmse": self.rmse, "sign_recovery": self.sign_recovery, "power": self.power,
-                "coverage": self.coverage, "median_ci_width": self.median_ci_width,
-                "extrapolation_decades": self.extrapolation_decades, "estimates": list(self.estimates)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SimulationRow":
-        def opt(v: Any) -> float | None:
-            return None if v is None else float(v)
-
-        return cls(
-            budget=float(d["budget"]),
-            sparsity=opt(d.get("sparsity")),
-            true_savings=float(d["true_savings"]),
-            n_trials=int(d["n_trials"]),
-            mean_savings=float(d["mean_savings"]),
-            median_savings=float(d["median_savings"]),
-            bias=float(d["bias"]),
-            spread=float(d["spread"]),
-            rmse=float(d["rmse"]),
-            sign_recovery=opt(d.get("sign_recovery")),
-            power=opt(d.get("power")),
-            coverage=opt(d.get("coverage")),
-            median_ci_width=opt(d.get("median_ci_width")),
-            extrapolation_decades=opt(d.get("extrapolation_decades")),
-            estimates=tuple(float(x) for x in d.get("estimates", ())),
-        )
-
 
 @dataclass(frozen=True)
-class SimulationResult:
+class SimulationResult(Record):
     """Outcome of ``simulate``: settings, the design, one row per budget and sparsity."""
 
     law: str
@@ -136,51 +107,7 @@ class SimulationResult:
     source: str = ""
     warnings: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "law": self.law,
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "source": self.source,
-            "noise": self.noise,
-            "trials": self.trials,
-            "bootstrap": self.bootstrap,
-            "seed": self.seed,
-            "ci_level": self.ci_level,
-            "starts": self.starts,
-            "design": dict(self.design),
-            "rows": [r.to_dict() for r in self.rows],
-            "failures": self.failures,
-            "failure_reasons": list(self.failure_reasons),
-            "identified_rate": dict(self.identified_rate),
-            "start_check": dict(self.start_check),
-            "warnings": list(self.warnings),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SimulationResult":
-        return cls(
-            law=str(d["law"]),
-            reference=str(d["reference"]),
-            candidate=str(d["candidate"]),
-            noise=float(d["noise"]),
-            trials=int(d["trials"]),
-            bootstrap=int(d["bootstrap"]),
-            seed=int(d["seed"]),
-            ci_level=float(d["ci_level"]),
-            starts=str(d["starts"]),
-            design=dict(d["design"]),
-            rows=tuple(SimulationRow.from_dict(r) for r in d["rows"]),
-            failures=int(d.get("failures", 0)),
-            failure_reasons=tuple(d.get("failure_reasons", ())),
-            identified_rate=dict(d.get("identified_rate", {})),
-            start_check=dict(d.get("start_check", {})),
-            source=str(d.get("source", "")),
-            warnings=tuple(d.get("warnings", ())),
-        )
-
     def summary(self) -> str:
-        pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
         lines = [
             f"Simulated study: {self.trials} trials, noise {self.noise:g} (sd of log loss), "
             f"{self.bootstrap} bootstrap resamples, {100 * self.ci_level:.0f}% intervals, seed {self.seed}; "
@@ -192,9 +119,9 @@ class SimulationResult:
         for r in self.rows:
             s = "-" if r.sparsity is None else f"{r.sparsity:.2f}"
             lines.append(
-                f"{r.budget:>9.3g} {s:>5} {pct(r.true_savings):>7} {pct(r.mean_savings):>7} "
-                f"{pct(r.bias):>7} {pct(r.spread):>7} {pct(r.sign_recovery):>6} {pct(r.power):>6} "
-                f"{pct(r.coverage):>6} {pct(r.median_ci_width):>7}"
+                f"{r.budget:>9.3g} {s:>5} {percent(r.true_savings):>7} {percent(r.mean_savings):>7} "
+                f"{percent(r.bias):>7} {percent(r.spread):>7} {percent(r.sign_recovery):>6} "
+                f"{percent(r.power):>6} {percent(r.coverage):>6} {percent(r.median_ci_width):>7}"
             )
         if self.failures:
             lines.append(f"{self.failures} trial(s) failed: {'; '.join(self.failure_reasons[:3])}")
@@ -259,15 +186,15 @@ def simulate(
     if reference == candidate:
         raise UserError(f"reference and candidate are the same group {reference!r}")
     if not (math.isfinite(noise) and noise >= 0):
-        raise UserError(f"--noise must be a non-negative number (sd of log loss), got {noise:g}")
+        raise UserError(f"the noise (sd of log loss) must be a non-negative number, got {noise:g}")
     if trials < 1:
-        raise UserError(f"--trials must be >= 1, got {trials}")
+        raise UserError(f"the number of trials must be >= 1, got {trials}")
     if n_bootstrap < 0 or n_bootstrap == 1:
-        raise UserError(f"--bootstrap must be 0 (no intervals) or >= 2, got {n_bootstrap}")
+        raise UserError(f"the bootstrap resamples must be 0 (no intervals) or >= 2, got {n_bootstrap}")
     if starts not in STARTS:
-        raise UserError(f"--starts must be one of {', '.join(STARTS)}, got {starts!r}")
+        raise UserError(f"the fit starts must be one of {', '.join(STARTS)}, got {starts!r}")
     if check_starts < 0:
-        raise UserError(f"--check-starts must be >= 0, got {check_starts}")
+        raise UserError(f"the number of trials to check the starts of must be >= 0, got {check_starts}")
     if not 0.0 < level < 1.0:
         raise UserError(f"interval level must lie in (0, 1), got {level}")
     C = check_budgets(budgets)
@@ -403,7 +330,7 @@ def simulate(
     if check["grid_lower_objective"]:
         warnings.append(
             f"in {check['grid_lower_objective']} of {check['trials_checked']} checked fits the full "
-            "start grid found a lower objective than the warm start: use --starts grid"
+            "start grid found a lower objective than the warm start: use grid starts"
         )
     design_info = {
         "source": design_source,

@@ -5,41 +5,78 @@ since D = C/(k N)) without assuming the parametric law, so they check its alloca
 
 Approach 2, IsoFLOP profiles: points are bucketed by total compute C (a bucket spans at most
 ``width`` decades; an IsoFLOP design's repeated budgets fall in one bucket each). In each
-bucket with enough points, ``log L = q0 + q1 u + q2 u^2 + q3 v`` is fitted by least squares,
-with u = log N and v = log C (the v term absorbs compute differences inside a bucket; it is 0
-for an exact IsoFLOP design). The vertex u* = -q1 / (2 q2) is N*(C) when q2 > 0 and it lies
-inside the sampled N range. Then log N* = a log C + const.
+bucket, ``log L = q0 + q1 u + q2 u^2 + q3 v`` is fitted by least squares, with u = log N and
+v = log C (the v term absorbs compute differences inside a bucket; it is 0 for an exact IsoFLOP
+design). The vertex u* = -q1 / (2 q2) is N*(C) when q2 > 0 and it lies inside the fitted N
+range. Then log N* = a log C + const, by ordinary least squares over the buckets; the interval
+of a is the OLS 95% t-interval of that slope (n_buckets - 2 degrees of freedom).
 
-Known bias (Besiroglu et al. 2024; Hoffmann et al. 2022 appendix): the true IsoFLOP profile,
-E + A N^-alpha + B (C/kN)^-beta, is asymmetric in log N, so a parabola's vertex moves toward the
-side that is sampled more, or further from the optimum; designs that are off-centre by a
-growing amount across budgets bias a. We measure that bias for the given design: the same
-procedure applied to the approach-3 law's noise-free predictions at the same (N, C) points
-gives a_on_law, to compare with the law's closed-form a (reported as ``design_bias``).
+Which points the parabola sees (``estimator``):
+
+- ``"window"`` (default): only the points within ``window`` decades of N (default 1, a factor
+  10 either side) around the minimum. The window starts at the lowest observed loss and is
+  re-centred on the fitted vertex until it stops moving (at most 5 times); when it holds fewer
+  than 5 points, the 5 nearest in log N are used. A bucket whose lowest loss is its smallest or
+  largest size is skipped (the minimum is not bracketed).
+- ``"parabola"``: one parabola through the whole sweep (Hoffmann et al. 2022), kept as an option.
+
+Why a window: a real IsoFLOP profile is not a parabola in log N. Far from the optimum it is
+asymmetric (E + A N^-alpha + B (C/kN)^-beta rises as N^-alpha on one side and N^beta on the
+other), so a parabola through a wide sweep puts its vertex where the sweep's shape, not the
+minimum, dictates, and a design whose sweep moves relative to the optimum from budget to budget
+(a fixed set of model sizes, say) turns that into an exponent bias (Besiroglu et al. 2024; Czech
+2026, "Problems with Chinchilla Approach 2"). Near its minimum every smooth profile is a
+parabola, so a window around it removes the bias at the price of some variance. Measured here
+(``tests/test_approaches.py``): on a sweep of 26 fixed model sizes reaching twice the minimum loss
+under a law with alpha = 0.684, beta = 0.439, the whole-sweep parabola is off by -0.054 in a and
+the window by +0.0016 (noise-free); with 0.3% noise in the loss, over 10 seeds, the window stays
+within 0.009 and the parabola at -0.053 to -0.057. Half a decade was unbiased too but scattered by
+up to 0.026 at 0.2% noise, so the default is one decade; on Llama 3's and Marin's published sweeps
+one decade changes a by 0.000 to 0.011 against the whole sweep. A smooth interpolation per budget
+(Akima, which Open Athena uses to screen outliers) is as unbiased noise-free, but it passes through
+every noisy point: at 0.3% noise its exponent was off by up to 0.06, so it is not offered.
+Design-bias diagnostic, measured on the data: in every bucket both estimators run; the report
+gives each bucket's vertex shift log10(N*_full / N*_window) and ``design_bias`` = a(full sweep) -
+a(window) over the buckets both accept. A large value says the sweep is too wide or off-centre
+for a single parabola (it does not use the approach-3 law, which misfits exactly such points).
 
 Approach 1, frontier of training curves: for runs with several budgets (a training curve per
 run), log L is interpolated in log C on a common grid and the run with the lowest loss at each
 C gives N*(C), kept where a smaller and a larger run reach that C too (so the optimum is
 bracketed); with one point per run, the lowest loss of each compute bucket (as in approach 2)
 is kept when it is below every smaller bucket's, a cruder estimate. Then log N* = a log C + const. N* is
-quantised to the run sizes, so a needs many sizes over a wide range. The trainer's
+quantised to the run sizes, so a needs many sizes over a wide range; its OLS interval treats the
+frontier points as independent, which they are not (optimistic). The trainer's
 ``metrics.jsonl`` adds no further curve points: its validation losses are logged at the same
 budget ends as ``final.json`` (warmup-stable-decay branches), and its per-step training loss is
 taken at an un-decayed learning rate, which is not the loss a run of that length would reach.
+
+``cross_checks`` adds ``warnings``: approaches whose intervals of a do not overlap approach 3's
+bootstrap interval (its point estimate without a bootstrap), and approach 2 resting on fewer than
+``FEW_BUDGETS`` (4) budgets.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
+from scaling.common.errors import UserError
 from scaling.fitting.tables import total_flops
 
 MIN_BUCKET_POINTS = 5
 MIN_BUCKETS = 3
+FEW_BUDGETS = 4
 BUCKET_WIDTH_DECADES = 0.05
+ESTIMATORS = ("window", "parabola")
+DEFAULT_ESTIMATOR = "window"
+WINDOW_DECADES = 1.0
+_WINDOW_ITERS = 5
+_LEVEL = 0.95
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -47,6 +84,18 @@ def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     A = np.column_stack([x, np.ones_like(x)])
     (s, c), *_ = np.linalg.lstsq(A, y, rcond=None)
     return float(s), float(c)
+
+
+def _slope_ci(x: np.ndarray, y: np.ndarray, level: float = _LEVEL) -> tuple[float, float, float, float]:
+    """OLS slope, intercept and the slope's t-interval (NaN with fewer than 3 points)."""
+    s, c = _slope(x, y)
+    n = x.size
+    if n < 3:
+        return s, c, math.nan, math.nan
+    resid = y - (s * x + c)
+    se = math.sqrt(float(resid @ resid) / (n - 2) / float(((x - x.mean()) ** 2).sum()))
+    t = float(stats.t.ppf(0.5 + level / 2, n - 2))
+    return s, c, s - t * se, s + t * se
 
 
 def compute_buckets(logC10: np.ndarray, width: float = BUCKET_WIDTH_DECADES) -> np.ndarray:
@@ -62,9 +111,56 @@ def compute_buckets(logC10: np.ndarray, width: float = BUCKET_WIDTH_DECADES) -> 
     return labels
 
 
+def _vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[float, str]:
+    """Vertex of the least-squares parabola in u (with a linear v term); NaN and why when unusable."""
+    if np.unique(np.round(u, 9)).size < 4:
+        return math.nan, f"{np.unique(np.round(u, 9)).size} distinct sizes (need 4)"
+    c = u.mean()
+    uc, vc = u - c, v - v.mean()
+    cols = [np.ones_like(uc), uc, uc ** 2] + ([vc] if np.ptp(vc) > 1e-9 else [])
+    q, *_ = np.linalg.lstsq(np.column_stack(cols), y, rcond=None)
+    if q[2] <= 0:
+        return math.nan, "profile not convex"
+    ustar = c - q[1] / (2 * q[2])
+    if not (u.min() <= ustar <= u.max()):
+        return math.nan, "minimum outside the sampled N range"
+    return float(ustar), ""
+
+
+def _window_vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray, half: float,
+                   min_points: int) -> tuple[float, str, int]:
+    """Vertex of the parabola through the points within ``half`` (natural log units) of the minimum."""
+    order = np.argsort(u)
+    if np.argmin(y) in (order[0], order[-1]):
+        return math.nan, "lowest loss at the edge of the sampled N range", 0
+    centre, ustar, used = float(u[np.argmin(y)]), math.nan, 0
+    for _ in range(_WINDOW_ITERS):
+        dist = np.abs(u - centre)
+        m = dist <= half + 1e-12
+        if m.sum() < min_points:
+            m = dist <= np.sort(dist)[min(min_points, u.size) - 1] + 1e-12
+        ustar, why = _vertex(u[m], v[m], y[m])
+        used = int(m.sum())
+        if not math.isfinite(ustar):
+            return math.nan, f"window: {why}", used
+        if abs(ustar - centre) < 1e-6:
+            break
+        centre = ustar
+    return ustar, "", used
+
+
 def isoflop_optima(N: np.ndarray, C: np.ndarray, loss: np.ndarray, *, width: float = BUCKET_WIDTH_DECADES,
-                   min_points: int = MIN_BUCKET_POINTS) -> tuple[list[dict[str, Any]], list[str]]:
-    """Per compute bucket: the parabola's N* (or why the bucket was not used)."""
+                   min_points: int = MIN_BUCKET_POINTS, estimator: str = DEFAULT_ESTIMATOR,
+                   window: float = WINDOW_DECADES) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per compute bucket: N* by ``estimator`` (see module doc), or why the bucket was not used.
+
+    Each used bucket also carries both estimators' vertices, ``N_opt_full`` (whole sweep) and
+    ``N_opt_window`` (NaN where unusable), and ``vertex_shift_decades`` = log10(N_opt_full / N_opt_window).
+    """
+    if estimator not in ESTIMATORS:
+        raise UserError(f"unknown IsoFLOP estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    if not window > 0:
+        raise UserError(f"the IsoFLOP window must be > 0 decades, got {window}")
     u_all, v_all, y_all = np.log(N), np.log(C), np.log(loss)
     labels = compute_buckets(np.log10(C), width)
     used, skipped = [], []
@@ -72,47 +168,59 @@ def isoflop_optima(N: np.ndarray, C: np.ndarray, loss: np.ndarray, *, width: flo
         m = labels == lab
         u, v, y = u_all[m], v_all[m], y_all[m]
         Cg = float(np.exp(v.mean()))
-        if m.sum() < min_points or np.unique(np.round(u, 9)).size < 4:
+        if m.sum() < min_points:
             skipped.append(f"C~{Cg:.2g}: {int(m.sum())} points")
             continue
-        uc, vc = u - u.mean(), v - v.mean()
-        cols = [np.ones_like(uc), uc, uc ** 2] + ([vc] if np.ptp(vc) > 1e-9 else [])
-        q, *_ = np.linalg.lstsq(np.column_stack(cols), y, rcond=None)
-        if q[2] <= 0:
-            skipped.append(f"C~{Cg:.2g}: profile not convex")
+        full, why_full = _vertex(u, v, y)
+        win, why_win, n_win = _window_vertex(u, v, y, window * math.log(10), min_points)
+        ustar, why, n_fit = ((full, why_full, int(m.sum())) if estimator == "parabola"
+                             else (win, why_win, n_win))
+        if not math.isfinite(ustar):
+            skipped.append(f"C~{Cg:.2g}: {why}")
             continue
-        ustar = -q[1] / (2 * q[2])
-        if not (uc.min() <= ustar <= uc.max()):
-            skipped.append(f"C~{Cg:.2g}: minimum outside the sampled N range")
-            continue
-        used.append({"compute": Cg, "N_opt": float(np.exp(u.mean() + ustar)), "n_points": int(m.sum())})
+        shift = (full - win) / math.log(10) if math.isfinite(full) and math.isfinite(win) else math.nan
+        used.append({"compute": Cg, "N_opt": float(np.exp(ustar)), "n_points": int(m.sum()),
+                     "n_fitted": n_fit,
+                     "N_opt_full": float(np.exp(full)) if math.isfinite(full) else math.nan,
+                     "N_opt_window": float(np.exp(win)) if math.isfinite(win) else math.nan,
+                     "vertex_shift_decades": shift})
     return used, skipped
 
 
 def approach2(points: pd.DataFrame, fit: Any | None = None, *, width: float = BUCKET_WIDTH_DECADES,
-              min_points: int = MIN_BUCKET_POINTS) -> dict[str, Any]:
-    """IsoFLOP-parabola estimate of a (see module doc); ``fit`` (a FitResult) adds the design bias."""
+              min_points: int = MIN_BUCKET_POINTS, estimator: str = DEFAULT_ESTIMATOR,
+              window: float = WINDOW_DECADES) -> dict[str, Any]:
+    """IsoFLOP estimate of a (see module doc); ``fit`` (a FitResult) gives the FLOPs-per-N·D factor k."""
     k = float(fit.k) if fit is not None else 6.0
     N = points["N"].to_numpy(dtype=float)
     C = total_flops(points, k)
     loss = points["loss"].to_numpy(dtype=float)
-    used, skipped = isoflop_optima(N, C, loss, width=width, min_points=min_points)
-    out: dict[str, Any] = {"method": "approach 2 (IsoFLOP parabolas)", "bucket_width_decades": width,
-                           "n_buckets": len(used), "buckets": used, "skipped_buckets": skipped}
+    used, skipped = isoflop_optima(N, C, loss, width=width, min_points=min_points, estimator=estimator,
+                                   window=window)
+    label = ("IsoFLOP parabolas, whole sweep" if estimator == "parabola"
+             else f"IsoFLOP parabolas, {window:g}-decade window around the minimum")
+    out: dict[str, Any] = {"method": f"approach 2 ({label})", "estimator": estimator,
+                           "window_decades": window if estimator == "window" else None,
+                           "bucket_width_decades": width, "n_buckets": len(used), "buckets": used,
+                           "skipped_buckets": skipped}
     if len(used) < MIN_BUCKETS:
         out.update(available=False, reason=f"{len(used)} compute buckets with a bracketed minimum "
                    f"(need {MIN_BUCKETS}; a bucket needs >= {min_points} points within {width} decades "
                    "of compute, 4 distinct sizes and its minimum inside them)")
         return out
-    a, c = _slope(np.log([b["compute"] for b in used]), np.log([b["N_opt"] for b in used]))
-    out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c)
-    if fit is not None and fit.law == "chinchilla":
-        pred = fit.predict(N=N, D=points["D"].to_numpy(dtype=float))
-        used_law, _ = isoflop_optima(N, C, pred, width=width, min_points=min_points)
-        if len(used_law) >= 2:
-            a_law, _ = _slope(np.log([b["compute"] for b in used_law]),
-                              np.log([b["N_opt"] for b in used_law]))
-            out.update(a_on_law=a_law, design_bias=a_law - fit.derived["a"])
+    logC = np.log([b["compute"] for b in used])
+    a, c, lo, hi = _slope_ci(logC, np.log([b["N_opt"] for b in used]))
+    out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, a_ci=[lo, hi],
+               k=k, D_log_intercept=-c - math.log(k))
+    both = [b for b in used if math.isfinite(b["vertex_shift_decades"])]
+    shifts = [b["vertex_shift_decades"] for b in both]
+    out["max_abs_vertex_shift_decades"] = float(np.max(np.abs(shifts))) if shifts else math.nan
+    if len(both) >= 2:
+        lc = np.log([b["compute"] for b in both])
+        a_full, _ = _slope(lc, np.log([b["N_opt_full"] for b in both]))
+        a_win, _ = _slope(lc, np.log([b["N_opt_window"] for b in both]))
+        out.update(a_full_sweep=a_full, a_window=a_win, design_bias=a_full - a_win,
+                   design_bias_buckets=len(both))
     return out
 
 
@@ -166,15 +274,56 @@ def approach1(points: pd.DataFrame, fit: Any | None = None) -> dict[str, Any]:
         out.update(available=False, reason=f"the frontier has {len(pairs)} points and {len(sizes)} "
                    "distinct sizes (need 3 of each)")
         return out
-    a, c = _slope(np.log([p[0] for p in pairs]), np.log([p[1] for p in pairs]))
-    out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, n_sizes=len(sizes))
+    a, c, lo, hi = _slope_ci(np.log([p[0] for p in pairs]), np.log([p[1] for p in pairs]))
+    out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, a_ci=[lo, hi], n_sizes=len(sizes))
     return out
 
 
-def cross_checks(points: pd.DataFrame, fit: Any) -> dict[str, Any]:
-    """Approaches 1 and 2 beside an approach-3 fit (chinchilla form: they estimate N* ~ C^a)."""
+def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
+    """Warnings: an approach whose interval of a misses approach 3's, approach 2 on few budgets."""
+    out = []
+    a3 = float(fit.derived["a"])
+    lo3, hi3 = fit.ci.get("a", (math.nan, math.nan))
+    has3 = math.isfinite(lo3) and math.isfinite(hi3)
+    for key, name in (("approach1", "approach 1"), ("approach2", "approach 2")):
+        c = checks.get(key) or {}
+        if not c.get("available"):
+            continue
+        lo, hi = c.get("a_ci", (math.nan, math.nan))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            continue
+        apart = (hi < lo3 or lo > hi3) if has3 else not (lo <= a3 <= hi)
+        if apart:
+            ref = f"approach 3's interval [{lo3:.3f}, {hi3:.3f}]" if has3 else f"approach 3's a = {a3:.3f}"
+            out.append(f"{name} disagrees with approach 3 beyond their intervals: a = {c['a']:.3f} "
+                       f"[{lo:.3f}, {hi:.3f}] vs {ref}")
+    c2 = checks.get("approach2") or {}
+    if c2.get("available") and c2["n_buckets"] < FEW_BUDGETS:
+        out.append(f"approach 2 rests on {c2['n_buckets']} compute budgets (fewer than {FEW_BUDGETS}): "
+                   "its exponent has little support")
+    return out
+
+
+def cross_checks(points: pd.DataFrame, fit: Any, *, estimator: str = DEFAULT_ESTIMATOR,
+                 window: float = WINDOW_DECADES) -> dict[str, Any]:
+    """Approaches 1 and 2 beside an approach-3 fit (chinchilla form: they estimate N* ~ C^a), with
+    ``warnings`` from :func:`agreement`."""
     if fit.law != "chinchilla":
         reason = (f"approaches 1 and 2 estimate N* ~ C^a from N; the {fit.law} law's groups mix sparsities, "
                   "so they are run for the chinchilla law only")
-        return {key: {"available": False, "reason": reason} for key in ("approach1", "approach2")}
-    return {"approach1": approach1(points, fit), "approach2": approach2(points, fit)}
+        return {**{key: {"available": False, "reason": reason} for key in ("approach1", "approach2")},
+                "warnings": []}
+    out = {"approach1": approach1(points, fit),
+           "approach2": approach2(points, fit, estimator=estimator, window=window)}
+    out["warnings"] = agreement(out, fit)
+    return out
+
+
+def cross_check_groups(points: pd.DataFrame, fits: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """``fits`` (group -> FitResult) with :func:`cross_checks` recomputed per group (keyword arguments
+    as ``cross_checks``); a new dict, the results are immutable."""
+    from dataclasses import replace
+
+    return {g: replace(f, cross_checks=cross_checks(points[points["group"].astype(str) == g]
+                                                    .reset_index(drop=True), f, **kwargs))
+            for g, f in fits.items()}

@@ -33,11 +33,16 @@ Intervals: the fitter's bootstrap resamples of the two laws are paired by resamp
 pushed through the same computation, vectorised over resamples; the interval is their percentile
 interval. Resamples whose matching compute falls outside the bracket are clamped to its edge
 (their savings are bounds); quantiles are unchanged by that unless the quantile touches them.
+
+Rows carry their ``method`` (``law`` here; ``scaling.fitting.envelope`` gives law-free ``envelope``
+rows inside the data). ``withhold_unidentified`` removes the numbers of law rows that extrapolate
+more than a stated number of decades from a law that is not identified (a parameter of the best fit
+on its bound, or most bootstrap fits on one): such a row keeps only its budget and a ``reason``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -49,6 +54,8 @@ from scaling.fitting.laws import Law, get_law, two_term_optimum
 CONVENTIONS = ("candidate-budget", "reference-budget")
 SPAN_DECADES = 6.0
 EXTRAPOLATION_WARN_DECADES = 1.0
+WITHHOLD_DECADES = 1.0  # default: no point estimate from unidentified laws beyond this extrapolation
+MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # 2*span*ln(10) / 2^64: far below float64 resolution of log C
 
 
@@ -178,6 +185,7 @@ class FittedLaw:
     compute_min: float | None = None
     compute_max: float | None = None
     source: str = ""
+    unidentified: str | None = None  # why the fit is not identified (None: identified or unknown)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", self.law.theta_array(self.theta).astype(float))
@@ -210,7 +218,21 @@ class FittedLaw:
             compute_min=_positive_or_none(summary.get("compute_min")),
             compute_max=_positive_or_none(summary.get("compute_max")),
             source=source,
+            unidentified=unidentified(getattr(fit, "diagnostics", None) or {}),
         )
+
+
+def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
+    """Why a fit is not identified, from ``FitResult.diagnostics``: a parameter of the best fit on
+    its bound, or most (> 50%) bootstrap fits on a bound. None when neither holds."""
+    on_bound = list(diagnostics.get("on_bound") or [])
+    why = []
+    if on_bound:
+        why.append(f"{', '.join(map(str, on_bound))} on its bound")
+    frac = _positive_or_none(diagnostics.get("bootstrap_on_bound_fraction"))
+    if frac is not None and frac > 0.5:
+        why.append(f"{100 * frac:.0f}% of bootstrap fits on a bound")
+    return "; ".join(why) or None
 
 
 def _positive_or_none(v: Any) -> float | None:
@@ -232,7 +254,10 @@ class SavingsRow:
     equal compute C = budget (positive: the candidate is better). tokens_per_param: the
     reference's optimum at the budget; candidate_tokens_per_param: the candidate's.
     extrapolation_decades: log10(compute / compute_max) of the furthest point either law is
-    evaluated at (None if no law knows its data range).
+    evaluated at (None if no law knows its data range). method: ``law`` (fitted or published laws)
+    or ``envelope`` (the observed frontiers, ``scaling.fitting.envelope``). A row without a number
+    (``savings`` None, the other quantities NaN) says why in ``reason``; ``extrapolated`` marks a
+    row shown although its laws are not identified far beyond the data (the caller asked for it).
     """
 
     budget: float
@@ -240,7 +265,7 @@ class SavingsRow:
     candidate_compute: float
     reference_compute: float
     candidate_loss: float
-    savings: float
+    savings: float | None
     savings_ci: tuple[float, float] | None
     loss_gap: float
     loss_gap_ci: tuple[float, float] | None
@@ -249,10 +274,24 @@ class SavingsRow:
     extrapolation_decades: float | None
     ci_resamples: int = 0
     ci_clamped: int = 0
+    method: str = "law"
+    reason: str | None = None
+    extrapolated: bool = False
+
+    @classmethod
+    def refused(cls, budget: float, reason: str, *, method: str, sparsity: float | None = None,
+                extrapolation_decades: float | None = None) -> "SavingsRow":
+        """A row that gives no number, only why."""
+        nan = float("nan")
+        return cls(budget=budget, sparsity=sparsity, candidate_compute=nan, reference_compute=nan,
+                   candidate_loss=nan, savings=None, savings_ci=None, loss_gap=nan, loss_gap_ci=None,
+                   tokens_per_param=nan, candidate_tokens_per_param=nan,
+                   extrapolation_decades=extrapolation_decades, method=method, reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "budget": self.budget, "sparsity": self.sparsity,
+            "budget": self.budget, "sparsity": self.sparsity, "method": self.method,
+            "reason": self.reason, "extrapolated": self.extrapolated,
             "candidate_loss": self.candidate_loss, "reference_compute": self.reference_compute,
             "savings": self.savings,
             "savings_ci": None if self.savings_ci is None else list(self.savings_ci),
@@ -273,17 +312,24 @@ class SavingsRow:
         return cls(
             budget=float(d["budget"]),
             sparsity=None if d.get("sparsity") is None else float(d["sparsity"]),
-            candidate_compute=float(d.get("candidate_compute", d["budget"])),
-            reference_compute=float(d["reference_compute"]),
-            candidate_loss=float(d["candidate_loss"]),
-            savings=float(d["savings"]), savings_ci=pair(d.get("savings_ci")),
-            loss_gap=float(d.get("loss_gap", float("nan"))), loss_gap_ci=pair(d.get("loss_gap_ci")),
-            tokens_per_param=float(d["tokens_per_param"]),
-            candidate_tokens_per_param=float(d.get("candidate_tokens_per_param", float("nan"))),
+            candidate_compute=_float(d.get("candidate_compute", d["budget"])),
+            reference_compute=_float(d.get("reference_compute")),
+            candidate_loss=_float(d.get("candidate_loss")),
+            savings=None if d.get("savings") is None else float(d["savings"]),
+            savings_ci=pair(d.get("savings_ci")),
+            loss_gap=_float(d.get("loss_gap")), loss_gap_ci=pair(d.get("loss_gap_ci")),
+            tokens_per_param=_float(d.get("tokens_per_param")),
+            candidate_tokens_per_param=_float(d.get("candidate_tokens_per_param")),
             extrapolation_decades=(None if d.get("extrapolation_decades") is None
                                    else float(d["extrapolation_decades"])),
             ci_resamples=int(d.get("ci_resamples", 0)), ci_clamped=int(d.get("ci_clamped", 0)),
+            method=str(d.get("method", "law")), reason=d.get("reason"),
+            extrapolated=bool(d.get("extrapolated", False)),
         )
+
+
+def _float(v: Any) -> float:
+    return float("nan") if v is None else float(v)
 
 
 @dataclass(frozen=True)
@@ -300,15 +346,16 @@ class SavingsResult:
     source: str = ""
 
     @property
-    def savings_range(self) -> tuple[float, float]:
-        s = [r.savings for r in self.rows]
-        return (min(s), max(s))
+    def savings_range(self) -> tuple[float, float] | None:
+        """(min, max) over the rows that give a number; None if none does."""
+        s = [r.savings for r in self.rows if r.savings is not None]
+        return (min(s), max(s)) if s else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "reference": self.reference, "candidate": self.candidate, "convention": self.convention,
             "rows": [r.to_dict() for r in self.rows],
-            "savings_range": list(self.savings_range),
+            "savings_range": None if self.savings_range is None else list(self.savings_range),
             "ci_level": self.ci_level, "laws": dict(self.laws), "source": self.source,
             "warnings": list(self.warnings),
         }
@@ -328,18 +375,23 @@ class SavingsResult:
             f"Compute savings of {self.candidate} over {self.reference} ({self.convention}: the budget is "
             f"the {who}'s; savings = 1 - C_{self.candidate} / C_{self.reference} at equal optimal loss)",
             f"{'budget':>10} {'S':>5} {'C_cand':>10} {'C_ref':>10} {'loss':>7} {'savings':>8} {'CI':>17} "
-            f"{'gap':>8} {'D/N':>6} {'extrap':>6}",
+            f"{'gap':>8} {'D/N':>6} {'extrap':>6} method",
         ]
         for r in self.rows:
+            if r.savings is None:
+                lines.append(f"{r.budget:>10.3g} no estimate ({r.method}): {r.reason}")
+                continue
             ci = ("" if r.savings_ci is None
                   else f"[{100 * r.savings_ci[0]:.1f}, {100 * r.savings_ci[1]:.1f}]%")
             s = "-" if r.sparsity is None else f"{r.sparsity:.2f}"
             ex = "-" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f}"
             lines.append(f"{r.budget:>10.3g} {s:>5} {r.candidate_compute:>10.4g} "
                          f"{r.reference_compute:>10.4g} {r.candidate_loss:>7.4f} {100 * r.savings:>7.2f}% "
-                         f"{ci:>17} {r.loss_gap:>8.4f} {r.tokens_per_param:>6.1f} {ex:>6}")
-        lo, hi = self.savings_range
-        lines.append(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}%")
+                         f"{ci:>17} {r.loss_gap:>8.4f} {r.tokens_per_param:>6.1f} {ex:>6} {r.method}"
+                         + (" (extrapolated, laws not identified)" if r.extrapolated else ""))
+        if self.savings_range is not None:
+            lo, hi = self.savings_range
+            lines.append(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}%")
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -362,6 +414,17 @@ def _matched(ref: FittedLaw, cand: FittedLaw, theta_r: np.ndarray, theta_c: np.n
             "tpp_ref": fr.tokens_per_param, "tpp_cand": fc.tokens_per_param}
 
 
+def _far_warning(rows: Sequence[SavingsRow]) -> str | None:
+    far = [r for r in rows if r.savings is not None and r.extrapolation_decades is not None
+           and r.extrapolation_decades > EXTRAPOLATION_WARN_DECADES]
+    if not far:
+        return None
+    worst = max(r.extrapolation_decades for r in far)
+    return (f"{len({r.budget for r in far})} budget(s) extrapolate more than {EXTRAPOLATION_WARN_DECADES:g} "
+            f"decade beyond the largest fitted compute (up to {worst:.2f} decades): treat those savings as "
+            "extrapolations")
+
+
 def _interval(x: np.ndarray, level: float) -> tuple[float, float]:
     lo, hi = np.quantile(x, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(lo), float(hi)
@@ -371,11 +434,19 @@ def _decades(compute: float, top: float | None) -> float | None:
     return None if top is None else float(np.log10(compute / top))
 
 
+def check_budget_count(n: int) -> None:
+    """Refuse more than MAX_BUDGETS budgets (each costs a vectorised bisection over the resamples)."""
+    if n > MAX_BUDGETS:
+        raise UserError(f"{n} budgets asked for; at most {MAX_BUDGETS} per call")
+
+
 def check_budgets(budgets: Iterable[float]) -> np.ndarray:
-    """Budgets as a float array; one-line error unless every one is a finite positive number."""
+    """Budgets as a float array; one-line error unless every one is a finite positive number and
+    there are at most MAX_BUDGETS of them."""
     b = np.atleast_1d(np.asarray(list(budgets), dtype=float))
     if b.size == 0:
         raise UserError("no budget given")
+    check_budget_count(int(b.size))
     bad = [v for v in b if not (np.isfinite(v) and v > 0)]
     if bad:
         raise UserError(f"budget must be a positive number of FLOPs, got {bad[0]:g}")
@@ -460,13 +531,9 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
                 extrapolation_decades=max(ex) if ex else None, ci_resamples=n_res, ci_clamped=n_clamped,
             ))
 
-    far = [r for r in rows
-           if r.extrapolation_decades is not None and r.extrapolation_decades > EXTRAPOLATION_WARN_DECADES]
+    far = _far_warning(rows)
     if far:
-        worst = max(r.extrapolation_decades for r in far)
-        warnings.append(f"{len({r.budget for r in far})} budget(s) extrapolate more than "
-                        f"{EXTRAPOLATION_WARN_DECADES:g} decade beyond the largest fitted compute "
-                        f"(up to {worst:.2f} decades): treat those savings as extrapolations")
+        warnings.append(far)
     lows = [(law.name, law.compute_min) for law in (reference, candidate) if law.compute_min is not None]
     low = [c for c in C if any(np.log10(cm / c) > EXTRAPOLATION_WARN_DECADES for _, cm in lows)]
     if low:
@@ -477,3 +544,38 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
         ci_level=level, warnings=tuple(warnings),
         laws={reference.name: reference.law.name, candidate.name: candidate.law.name}, source=source,
     )
+
+
+def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate: FittedLaw, *,
+                          max_decades: float = WITHHOLD_DECADES, extrapolate: bool = False) -> SavingsResult:
+    """No point estimate from an unidentified law far beyond its data.
+
+    A law row whose extrapolation exceeds ``max_decades`` decades beyond the largest fitted
+    compute, while either law is not identified (``FittedLaw.unidentified``: a parameter of the
+    best fit on its bound, or most bootstrap fits on one), loses its numbers and says why: such a
+    law has no identified loss floor, so its frontier far out is set by the bounds, not the data.
+    With ``extrapolate`` the numbers stay and the row is marked ``extrapolated`` instead.
+    """
+    if not np.isfinite(max_decades) or max_decades < 0:
+        raise UserError(f"the extrapolation limit must be a non-negative number of decades, "
+                        f"got {max_decades}")
+    why = [f"{law.name}: {law.unidentified}" for law in (reference, candidate) if law.unidentified]
+    if not why:
+        return result
+    rows = []
+    for r in result.rows:
+        far = (r.method == "law" and r.extrapolation_decades is not None
+               and r.extrapolation_decades > max_decades)
+        if not far or r.savings is None:
+            rows.append(r)
+        elif extrapolate:
+            rows.append(replace(r, extrapolated=True))
+        else:
+            rows.append(SavingsRow.refused(
+                r.budget, f"laws not identified ({'; '.join(why)}) and the budget lies "
+                f"{r.extrapolation_decades:.1f} decades beyond the fitted compute (limit {max_decades:g}): "
+                "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
+                extrapolation_decades=r.extrapolation_decades))
+    old, new = _far_warning(result.rows), _far_warning(rows)
+    warnings = [w for w in result.warnings if w != old] + ([new] if new else [])
+    return replace(result, rows=tuple(rows), warnings=tuple(warnings))

@@ -15,19 +15,40 @@ A runs directory is what the trainer writes: ``<dir>/<run>/config.json`` and, on
 budgets are reached, ``final.json`` = ``{"run", "arch", "tier", "complete", "points": [...]}``
 with one point (``N, D, loss, flops, flops_per_token, sparsity, ...``) per budget; a
 ``final.json`` holding a single point object is accepted too. Folders without ``final.json``
-are unfinished and ignored; folders whose ``final.json`` cannot be read are skipped with a
-warning that names them.
+(unfinished) and folders whose ``final.json`` cannot be read are left out, each named with the
+reason in the returned ``skipped`` list (also logged at INFO, logger ``scaling.fitting.tables``).
+The trainer's ``metrics.jsonl`` is not read here.
 
-With a compute column (``c_col``) and no token column, D = C / (6 N), as Besiroglu et al.
-(2024) derive tokens for the Chinchilla runs.
+Tables a user brings (:func:`load_table`), and the traps this module guards against:
+
+- Units: a column may be given as ``name:unit`` (``params:M``, ``tokens:B``; units K, M, B or G,
+  T, or a number such as ``1e6``), multiplied out on reading. A plausibility note is raised when
+  N < 1e4 or tokens per parameter D/N fall outside 1e-2..1e5 (a column in millions or billions
+  read as raw counts does this).
+- Derived columns: with total compute C and one of N, D, the other is C / (k X) with k the
+  FLOPs per parameter per token (``flops_per_nd``, default 6: C = 6 N D, Kaplan et al. 2020;
+  Besiroglu et al. 2024 derive the Chinchilla tokens this way).
+- Guessed columns: ``arch`` is taken as the group and ``flops`` as total compute and ``run`` as the
+  run id when present and not named otherwise; every such guess is reported in ``mapping`` and
+  ``notes`` and can be switched off with the column name ``"none"``. A guessed ``flops`` column
+  whose median flops/(N D) lies outside [0.5, 100] is not total compute (a per-token FLOPs column
+  gives ~1e-9) and is ignored with a note.
+- Row filters: ``where`` holds pandas query expressions on the table's own column names (applied
+  in order, before anything else); row numbers in messages are those of the file.
+- A cell that is not a number (``n/a``, ``-``) is an error naming its column, row and value; only
+  empty cells are missing values.
+- Runs: without a run column every row is its own run, so the bootstrap treats rows as
+  independent; a run column clusters them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -39,11 +60,25 @@ CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "spar
 INPUT_COLUMNS = {"N": "N", "D": "D", "F": "flops_per_token", "S": "sparsity"}
 DEFAULT_GROUP = "default"
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+NONE = "none"          # column name that switches a guessed column off
+DEFAULT_FLOPS_PER_ND = 6.0
+UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+PLAUSIBLE_N_MIN = 1e4
+PLAUSIBLE_TOKENS_PER_PARAM = (1e-2, 1e5)
+PLAUSIBLE_K = (0.5, 100.0)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Columns:
-    """Source column names. ``group=None`` means ``arch`` when present, else one group."""
+    """Source column names, each optionally ``name:unit`` (see module doc).
+
+    ``group``, ``c`` and ``run`` None: guess (``arch``, ``flops``, ``run`` when present); ``"none"``:
+    no such column. ``flops_per_nd``: k in C = k N D for deriving N or D, and for the compute of
+    points without a compute column; None means 6 and, without a compute column, leaves the
+    compute unrecorded (the fitter then uses 6).
+    """
 
     n: str = "N"
     d: str = "D"
@@ -52,20 +87,85 @@ class Columns:
     c: str | None = None
     flops_per_token: str = "flops_per_token"
     sparsity: str = "sparsity"
-    run: str = "run"
+    run: str | None = None
+    flops_per_nd: float | None = None
+    where: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SkippedRun:
+    """A run folder left out of the points, and why."""
+
+    folder: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"skipped run {self.folder}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """Canonical points and how they were read: ``mapping`` (canonical name -> source, with its unit,
+    guess or derivation), ``notes`` (guesses switched off, plausibility), ``skipped`` run folders,
+    ``rows_read`` / ``rows_kept`` (before and after ``where``), and ``settings`` for a fit's record."""
+
+    points: pd.DataFrame
+    mapping: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    skipped: list[SkippedRun] = field(default_factory=list)
+    rows_read: int = 0
+    rows_kept: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def messages(self) -> list[str]:
+        """Every note and skipped run, one line each (for a caller to print once)."""
+        return [*self.notes, *map(str, self.skipped)]
+
+
+def parse_column(spec: str, columns: Iterable[str] = ()) -> tuple[str, float]:
+    """``name`` or ``name:unit`` -> (name, scale). A name present in ``columns`` as written wins, so a
+    column whose name holds a colon still works."""
+    if spec in set(map(str, columns)) or ":" not in spec:
+        return spec, 1.0
+    name, unit = spec.rsplit(":", 1)
+    u = unit.strip()
+    if u.upper() in UNITS:
+        return name, UNITS[u.upper()]
+    try:
+        scale = float(u)
+    except ValueError:
+        scale = math.nan
+    if not (math.isfinite(scale) and scale > 0):
+        raise UserError(f"unknown unit {unit!r} in column {spec!r}; use K, M, B (or G), T or a positive "
+                        "number such as 1e6")
+    return name, scale
+
+
+def load_table(path: str | Path, columns: Columns = Columns()) -> Table:
+    """Points from a runs directory or a table file, with how they were read (see module doc)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no such file or directory: {path}")
+    skipped: list[SkippedRun] = []
+    if path.is_dir():
+        raw, skipped = read_runs_dir(path, return_skipped=True)
+    else:
+        raw = read_table(path)
+    table = canonicalize_table(raw, columns, source=str(path))
+    for s in skipped:     # info, not warning: the caller prints the returned list once
+        log.info("%s", s)
+    return Table(points=table.points, mapping=table.mapping, notes=table.notes, skipped=skipped,
+                 rows_read=table.rows_read, rows_kept=table.rows_kept, settings=table.settings)
 
 
 def load_points(path: str | Path, columns: Columns = Columns(), *,
                 warn: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Points from a runs directory or a table file, canonical columns, validated (see module doc)."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"no such file or directory: {path}")
-    if path.is_dir():
-        raw = read_runs_dir(path, warn=warn)
-    else:
-        raw = read_table(path)
-    return canonicalize(raw, columns, source=str(path))
+    """Points only (:func:`load_table`); its notes and skipped runs go to ``warn`` when given."""
+    table = load_table(path, columns)
+    if warn is not None:
+        for m in table.messages():
+            warn(m)
+    return table.points
 
 
 # -- readers ------------------------------------------------------------------------------
@@ -74,7 +174,9 @@ def read_table(path: Path) -> pd.DataFrame:
     suffix = path.suffix.lower()
     try:
         if suffix in (".csv", ".tsv"):
-            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",")
+            # only empty cells are missing: "n/a", "NA", "-" stay text and are reported as not numeric
+            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False,
+                               na_values=[""])
         if suffix in (".jsonl", ".ndjson"):
             return pd.DataFrame(_read_jsonl(path))
         if suffix == ".json":
@@ -128,112 +230,241 @@ def _points_of(obj: object, where: str) -> list[dict]:
     raise UserError(f"{where}: expected a point object, a list of them or {{'points': [...]}}")
 
 
-def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None) -> pd.DataFrame:
+def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
+                  return_skipped: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, list[SkippedRun]]:
     """All points of the finished runs under ``root`` (searched recursively).
 
     A run folder is any folder holding ``config.json`` or ``final.json``. Unfinished runs (no
-    final.json) are left out; unreadable ones are skipped with a warning. No points at all is an
-    error.
+    final.json) and unreadable ones are left out, each as a :class:`SkippedRun` (passed to ``warn``,
+    and returned with ``return_skipped``). No points at all is an error.
     """
     folders = sorted({p.parent for name in ("config.json", "final.json") for p in root.rglob(name)})
     rows: list[dict] = []
-    unfinished, corrupt = [], []
+    skipped: list[SkippedRun] = []
+    n_unfinished = n_corrupt = 0
     for folder in folders:
         final = folder / "final.json"
+        name = str(folder.relative_to(root)) if folder != root else folder.name
         if not final.exists():
-            unfinished.append(folder)
+            n_unfinished += 1
+            skipped.append(SkippedRun(name, "no final.json (unfinished: not all its token budgets reached)"))
             continue
         try:
             pts = _points_of(json.loads(final.read_text()), str(final))
             if not pts:
                 raise UserError("no points")
         except (UserError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-            corrupt.append(folder)
-            if warn is not None:
-                warn(f"skipping run {folder}: unreadable final.json ({' '.join(str(exc).split())})")
+            n_corrupt += 1
+            skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
             continue
-        default_run = str(folder.relative_to(root)) if folder != root else folder.name
-        rows.extend({"run": default_run, **p} for p in pts)
+        rows.extend({"run": name, **p} for p in pts)
+    if warn is not None:
+        for s in skipped:
+            warn(str(s))
     if not rows:
         raise UserError(f"no finished runs under {root} ({len(folders)} run folders: "
-                        f"{len(unfinished)} unfinished, {len(corrupt)} unreadable)")
-    return pd.DataFrame(rows)
+                        f"{n_unfinished} unfinished, {n_corrupt} unreadable)")
+    df = pd.DataFrame(rows)
+    return (df, skipped) if return_skipped else df
 
 
 # -- canonical columns and validation -----------------------------------------------------
-def _numeric(df: pd.DataFrame, col: str, source: str) -> np.ndarray:
+# Roles as library messages name them (the CLI maps each to its option).
+ROLES = {"N": "parameter", "D": "token", "loss": "loss", "C": "compute", "group": "group", "run": "run",
+         "F": "FLOPs-per-token", "S": "sparsity"}
+
+
+def _numeric(df: pd.DataFrame, col: str, source: str, rows: np.ndarray | None = None) -> np.ndarray:
     s = df[col]
     num = pd.to_numeric(s, errors="coerce")
-    bad = num.isna() & s.notna()
+    bad = (num.isna() & s.notna()) | ~np.isfinite(num.fillna(0).to_numpy(dtype=float))
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise UserError(f"{source}: column {col!r} is not numeric (row {i + 1}: {s.iloc[i]!r})")
+        row = int(rows[i]) if rows is not None else i + 1
+        n_bad = int(bad.sum())
+        raise UserError(f"{source}: column {col!r} has a value that is not a finite number: row {row} "
+                        f"reads {s.iloc[i]!r} ({n_bad} such cell{'s' if n_bad > 1 else ''} in all)")
     return num.to_numpy(dtype=float)
 
 
-def _require(df: pd.DataFrame, col: str, source: str, option: str) -> None:
-    if col not in df.columns:
-        raise UserError(f"{source}: no column {col!r} (columns: {', '.join(map(str, df.columns))}); "
-                        f"name it with {option}")
+def _missing(df: pd.DataFrame, role: str, col: str, source: str, extra: str = "") -> UserError:
+    return UserError(f"{source}: no {ROLES[role]} column {col!r} (columns: {', '.join(map(str, df.columns))})"
+                     + extra)
+
+
+def _apply_where(raw: pd.DataFrame, where: Iterable[str], source: str) -> pd.DataFrame:
+    for expr in where:
+        try:
+            kept = raw.query(expr, engine="python")
+        except Exception as exc:    # pandas raises many types for a bad expression; all are user input
+            raise UserError(f"{source}: cannot apply the row filter {expr!r}: "
+                            f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        if not isinstance(kept, pd.DataFrame):
+            raise UserError(f"{source}: the row filter {expr!r} is not a condition on rows")
+        raw = kept
+    return raw
+
+
+def _off(name: str | None) -> bool:
+    return name is not None and name.strip().lower() == NONE
 
 
 def canonicalize(raw: pd.DataFrame, columns: Columns = Columns(), *, source: str = "table") -> pd.DataFrame:
-    """Rename and convert a raw table to the canonical columns; N, D, loss checked (finite, > 0)."""
+    """Rename and convert a raw table to the canonical columns (see :func:`canonicalize_table`)."""
+    return canonicalize_table(raw, columns, source=source).points
+
+
+def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, source: str = "table") -> Table:
+    """Filter, rename, unit-convert and derive a raw table's columns (see module doc); N, D, loss checked
+    (finite, > 0). Returns the points with the mapping used and the notes to show the user."""
     if raw.empty:
         raise UserError(f"{source}: no rows")
     c = columns
-    out = pd.DataFrame(index=range(len(raw)))
     raw = raw.reset_index(drop=True)
+    raw.columns = [str(x) for x in raw.columns]
+    rows_read = len(raw)
+    raw = _apply_where(raw, c.where, source)
+    if raw.empty:
+        raise UserError(f"{source}: no rows left after the row filters ({'; '.join(c.where)})")
+    rownum = raw.index.to_numpy() + 1                # rows as numbered in the file's data
+    raw = raw.reset_index(drop=True)
+    cols = list(raw.columns)
+    mapping: dict[str, str] = {}
+    notes: list[str] = []
+    k_given = c.flops_per_nd is not None
+    k = float(c.flops_per_nd) if k_given else DEFAULT_FLOPS_PER_ND
+    if not (math.isfinite(k) and k > 0):
+        raise UserError(f"the FLOPs per parameter per token k (C = k N D) must be > 0, got {k}")
 
-    _require(raw, c.n, source, "--n-col")
-    _require(raw, c.loss, source, "--loss-col")
-    out["N"] = _numeric(raw, c.n, source)
-    out["loss"] = _numeric(raw, c.loss, source)
+    def col(role: str, spec: str) -> tuple[str, float, bool]:
+        name, scale = parse_column(spec, cols)
+        return name, scale, name in cols
 
+    def values(name: str, scale: float) -> np.ndarray:
+        return _numeric(raw, name, source, rownum) * scale
+
+    def described(name: str, scale: float, how: str = "") -> str:
+        unit = f" x {scale:g}" if scale != 1 else ""
+        return f"{name!r}{unit}{how}"
+
+    n_name, n_scale, has_n = col("N", c.n)
+    d_name, d_scale, has_d = col("D", c.d)
+    l_name, _, has_l = col("loss", c.loss)
+    if not has_l:
+        raise _missing(raw, "loss", l_name, source)
     compute = None
-    if c.c is not None:
-        _require(raw, c.c, source, "--c-col")
-        compute = _numeric(raw, c.c, source)
-    elif "flops" in raw.columns:
-        compute = _numeric(raw, "flops", source)
-    if c.d in raw.columns:
-        out["D"] = _numeric(raw, c.d, source)
-    elif c.c is not None:
-        out["D"] = compute / (6.0 * out["N"].to_numpy())
-    else:
-        raise UserError(f"{source}: no column {c.d!r} (columns: {', '.join(map(str, raw.columns))}); "
-                        "name the token column with --d-col, or a compute column with --c-col to use "
-                        "D = C/(6N)")
-    out["flops"] = compute if compute is not None else np.nan
-    for canon, col in (("flops_per_token", c.flops_per_token), ("sparsity", c.sparsity)):
-        out[canon] = _numeric(raw, col, source) if col in raw.columns else np.nan
+    if c.c is not None and not _off(c.c):
+        c_name, c_scale, has_c = col("C", c.c)
+        if not has_c:
+            raise _missing(raw, "C", c_name, source)
+        compute = values(c_name, c_scale)
+        mapping["C"] = described(c_name, c_scale)
+    elif c.c is None and "flops" in cols:
+        guess = values("flops", 1.0)
+        if has_n and has_d:
+            ratio = guess / (values(n_name, n_scale) * values(d_name, d_scale))
+            med = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else math.nan
+            if not (PLAUSIBLE_K[0] <= med <= PLAUSIBLE_K[1]):
+                notes.append(f"column 'flops' is not total training compute (its median flops/(N D) is "
+                             f"{med:.3g}, not ~6): ignored; name a compute column explicitly if there is one")
+                guess = None
+        if guess is not None:
+            compute = guess
+            mapping["C"] = "'flops' (guessed: column named flops)"
 
-    if c.group is not None:
-        _require(raw, c.group, source, "--group-col")
+    def derive(target: str, other: np.ndarray, other_name: str) -> np.ndarray:
+        return compute / (k * other)
+
+    if has_n:
+        N = values(n_name, n_scale)
+        mapping["N"] = described(n_name, n_scale)
+    if has_d:
+        D = values(d_name, d_scale)
+        mapping["D"] = described(d_name, d_scale)
+    if not has_n:
+        if not (has_d and compute is not None):
+            raise _missing(raw, "N", n_name, source, "; or give compute C and tokens D to derive N = C/(k D)")
+        N = derive("N", D, "D")
+        mapping["N"] = f"derived: C / ({k:g} D)"
+    if not has_d:
+        if compute is None:
+            raise _missing(raw, "D", d_name, source, "; or give compute C to derive D = C/(k N)")
+        D = derive("D", N, "N")
+        mapping["D"] = f"derived: C / ({k:g} N)"
+    out = pd.DataFrame({"N": N, "D": D, "loss": values(l_name, 1.0)})
+    mapping["loss"] = repr(l_name)
+    if compute is None and k_given:
+        compute = k * N * D
+        mapping["C"] = f"{k:g} N D"
+    out["flops"] = compute if compute is not None else np.nan
+    for canon, role, name in (("flops_per_token", "F", c.flops_per_token), ("sparsity", "S", c.sparsity)):
+        if _off(name) or name not in cols:
+            out[canon] = np.nan
+        else:
+            out[canon] = values(name, 1.0)
+            mapping[canon] = repr(name)
+
+    if c.group is not None and not _off(c.group):
+        if c.group not in cols:
+            raise _missing(raw, "group", c.group, source)
         out["group"] = raw[c.group].astype(str).to_numpy()
-    elif "arch" in raw.columns:
+        mapping["group"] = repr(c.group)
+    elif c.group is None and "arch" in cols:
         out["group"] = raw["arch"].fillna(DEFAULT_GROUP).astype(str).to_numpy()
+        mapping["group"] = "'arch' (guessed: column named arch)"
     else:
         out["group"] = DEFAULT_GROUP
-    # Without run ids every row is its own run, so the bootstrap resamples points.
-    out["run"] = (raw[c.run].astype(str).to_numpy() if c.run in raw.columns
-                  else [f"row{i + 1}" for i in range(len(raw))])
+        mapping["group"] = f"none: one group {DEFAULT_GROUP!r}"
+    run_name = "run" if c.run is None else c.run
+    if not _off(run_name) and run_name in cols:
+        out["run"] = raw[run_name].astype(str).to_numpy()
+        mapping["run"] = repr(run_name) + (" (guessed: column named run)" if c.run is None else "")
+    elif c.run is not None and not _off(c.run):
+        raise _missing(raw, "run", c.run, source)
+    else:
+        # without run ids every row is its own run, so the bootstrap resamples rows as independent
+        out["run"] = [f"row{int(i)}" for i in rownum]
+        mapping["run"] = "none: each row is its own run (the bootstrap treats rows as independent)"
 
-    for col in ("N", "D", "loss"):
-        check_positive_finite(out[col].to_numpy(), col, source)
-    return out[list(CANONICAL)]
+    for name in ("N", "D", "loss"):
+        check_positive_finite(out[name].to_numpy(), name, source, rows=rownum)
+    notes += plausibility(out["N"].to_numpy(), out["D"].to_numpy())
+    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
+    mapping = {key: mapping[key] for key in order if key in mapping}
+    # k matters where it derived a column, or stands in for an unrecorded compute
+    k_used = not (has_n and has_d) or compute is None or k_given
+    settings = {"columns": mapping, "where": list(c.where), "flops_per_nd": k, "flops_per_nd_used": k_used,
+                "rows_read": rows_read, "rows_kept": len(out)}
+    return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
+                 rows_kept=len(out), settings=settings)
 
 
-def check_positive_finite(x: np.ndarray, name: str, source: str) -> None:
+def plausibility(N: np.ndarray, D: np.ndarray) -> list[str]:
+    """Notes when N or D/N look like counts in the wrong unit (see module doc)."""
+    out = []
+    if N.min() < PLAUSIBLE_N_MIN:
+        out.append(f"implausible parameter counts: N down to {N.min():.3g} (below {PLAUSIBLE_N_MIN:.0e}); "
+                   "is the column in millions or billions? give its unit (e.g. params:M)")
+    tpp = D / N
+    lo, hi = PLAUSIBLE_TOKENS_PER_PARAM
+    if tpp.min() < lo or tpp.max() > hi:
+        out.append(f"implausible tokens per parameter: D/N spans {tpp.min():.3g} to {tpp.max():.3g} "
+                   f"(expected within {lo:g} to {hi:g}); are N and D in the same unit? give units "
+                   "(e.g. params:M, tokens:B)")
+    return out
+
+
+def check_positive_finite(x: np.ndarray, name: str, source: str, rows: np.ndarray | None = None) -> None:
     bad = ~np.isfinite(x)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise UserError(f"{source}: {name} has {int(bad.sum())} NaN/inf values (first at row {i + 1})")
+        raise UserError(f"{source}: {name} is missing or not finite in {int(bad.sum())} rows (first: row "
+                        f"{int(rows[i]) if rows is not None else i + 1})")
     bad = x <= 0
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise UserError(f"{source}: {name} must be > 0; {int(bad.sum())} rows are not "
-                        f"(row {i + 1}: {x[i]:g})")
+                        f"(row {int(rows[i]) if rows is not None else i + 1}: {x[i]:g})")
 
 
 def law_inputs(df: pd.DataFrame, law_inputs: Iterable[str], *,
@@ -245,13 +476,13 @@ def law_inputs(df: pd.DataFrame, law_inputs: Iterable[str], *,
         x = df[col].to_numpy(dtype=float)
         if col == "sparsity":
             if not np.isfinite(x).all():
-                raise UserError(f"{source}: the law needs sparsity for every point (column missing or NaN; "
-                                "name it with --sparsity-col)")
+                raise UserError(f"{source}: the law needs sparsity for every point (no sparsity column, "
+                                "or empty cells in it)")
             if ((x < 0) | (x >= 1)).any():
                 raise UserError(f"{source}: sparsity must lie in [0, 1)")
         elif col == "flops_per_token" and not np.isfinite(x).all():
-            raise UserError(f"{source}: the law needs flops_per_token for every point (column missing "
-                            "or NaN; name it with --flops-col)")
+            raise UserError(f"{source}: the law needs flops_per_token for every point (no FLOPs-per-token "
+                            "column, or empty cells in it)")
         else:
             check_positive_finite(x, col, source)
         out[name] = x

@@ -31,8 +31,8 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.conf
 
 The parameter count equals ``scaling.accounting.costs.total_params(cfg)`` exactly (tested).
 
-CPU speed: call ``tune_cpu_allocator()`` once per training process (~1.2x per step here). The model compiles
-with ``torch.compile(model, fullgraph=True)`` (grouped_mm is wrapped
+CPU speed: call ``scaling.training.cpu.tune_cpu_allocator()`` once per training process (~1.2x
+per step here). The model compiles with ``torch.compile(model, fullgraph=True)`` (grouped_mm is wrapped
 as a custom op for that), but on CPU fp32 that measured no faster than eager (~1%): the step
 is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
 """
@@ -416,99 +416,3 @@ class MoETransformer(nn.Module):
             attn=attn,
             expert_counts=torch.stack(counts).detach(),
         )
-
-
-# ----- CPU allocator and reference model ------------------------------------------------------
-
-
-def tune_cpu_allocator(max_cached_bytes: int = 1 << 30) -> bool:
-    """Keep large freed blocks in glibc's heap instead of returning them to the OS (Linux only).
-
-    glibc serves allocations above M_MMAP_THRESHOLD (dynamic, at most 32 MiB) with fresh
-    mmap pages, so every step's multi-MiB activations page-fault again on first touch. On this
-    project's 2-core VM that made elementwise ops on a 64 MiB tensor ~4x slower (a clone 35 ms
-    vs 8.7 ms) and a d=128 proxy training step ~1.2x slower (5.2k vs 6.0-6.4k tokens/s, one
-    thread, benchmarks/train_throughput.py --no-tune-malloc). mallopt(M_MMAP_THRESHOLD) and
-    mallopt(M_TRIM_THRESHOLD) set to ``max_cached_bytes`` make glibc reuse that memory
-    (the effect LD_PRELOAD=jemalloc/tcmalloc is usually used for). Process-wide; call once,
-    early, in a training process. Returns False where it does not apply (non-glibc).
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-        return bool(
-            libc.mallopt(m_mmap_threshold, int(max_cached_bytes))
-            and libc.mallopt(m_trim_threshold, int(max_cached_bytes))
-        )
-    except (OSError, AttributeError):
-        return False
-
-
-def to_hf_mixtral(model: MoETransformer, experts_implementation: str | None = None):
-    """An equivalent Hugging Face ``MixtralForCausalLM`` holding a copy of ``model``'s weights.
-
-    Needs ``transformers`` (a test extra) and an unlooped model without shared expert and with an
-    even head_dim (Mixtral rotates the whole head). Used by the parity test and the throughput
-    benchmark. Weight layout (transformers 5): ``experts.gate_up_proj`` [E, 2f, d] (rows gate|up),
-    ``experts.down_proj`` [E, d, f], ``gate.weight`` [E, d]; q/k/v/o_proj [out, in].
-    """
-    from scaling.common.errors import UserError
-
-    try:
-        from transformers import MixtralConfig, MixtralForCausalLM
-    except ImportError:
-        raise UserError("transformers is not installed (pip install -e '.[test]')") from None
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) < 5:
-        raise UserError(
-            f"transformers >= 5 is needed (fused expert weights), found {transformers.__version__}"
-        )
-    cfg = model.cfg
-    if cfg.is_looped or cfg.shared_expert_hidden or cfg.head_dim % 2:
-        raise UserError("Mixtral has no loop, no shared expert and rotates the whole (even) head")
-    hf_cfg = MixtralConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.expert_hidden,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        tie_word_embeddings=cfg.tie_embeddings,
-        sliding_window=None,
-        num_local_experts=cfg.n_experts,
-        num_experts_per_tok=cfg.top_k,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    kwargs = {"attn_implementation": "sdpa"}
-    if experts_implementation is not None:
-        kwargs["experts_implementation"] = experts_implementation
-    hf_cfg._attn_implementation = "sdpa"
-    ref = MixtralForCausalLM._from_config(hf_cfg, **kwargs)
-    H, Hkv, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    with torch.no_grad():
-        ref.model.embed_tokens.weight.copy_(model.embed.weight)
-        ref.model.norm.weight.copy_(model.norm.weight)
-        if model.lm_head is not None:
-            ref.lm_head.weight.copy_(model.lm_head.weight)
-        for ours, theirs in zip(model.layers, ref.model.layers):
-            q, k, v = ours.attn.wqkv.weight.split([H * h, Hkv * h, Hkv * h])
-            theirs.self_attn.q_proj.weight.copy_(q)
-            theirs.self_attn.k_proj.weight.copy_(k)
-            theirs.self_attn.v_proj.weight.copy_(v)
-            theirs.self_attn.o_proj.weight.copy_(ours.attn.wo.weight)
-            theirs.input_layernorm.weight.copy_(ours.attn_norm.weight)
-            theirs.post_attention_layernorm.weight.copy_(ours.moe_norm.weight)
-            theirs.mlp.gate.weight.copy_(ours.moe.router.weight)
-            theirs.mlp.experts.gate_up_proj.copy_(ours.moe.w_gate_up.transpose(1, 2))
-            theirs.mlp.experts.down_proj.copy_(ours.moe.w_down.transpose(1, 2))
-    return ref

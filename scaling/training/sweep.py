@@ -19,7 +19,7 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
 from scaling.training.data import DATA_TO_TRAIN, expand_path
-from scaling.training.sweep_plan import Plan, PlannedRun
+from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
 # [train] keys that are options of train() rather than TrainConfig fields
@@ -136,7 +136,7 @@ class RunEstimate:
         }
 
 
-def estimate(plan: Plan, probe: bool = True) -> list[RunEstimate]:
+def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
     """FLOPs of every run, time on this machine from a measured probe (proxy tiers) and
     GPU-hours at the plan's stated MFU (paper tiers): hours = FLOPs / (mfu * peak) / 3600."""
     ex = plan.executor
@@ -176,7 +176,7 @@ def lanes(runs: list[PlannedRun], weights: dict[str, float], n: int) -> list[lis
     return [b for b in buckets if b]
 
 
-def make_executor(plan: Plan, log_dir: Path, kind: str | None = None):
+def make_executor(plan: SweepPlan, log_dir: Path, kind: str | None = None):
     import submitit
 
     ex = plan.executor
@@ -208,7 +208,7 @@ def make_executor(plan: Plan, log_dir: Path, kind: str | None = None):
 
 
 def submit(
-    plan: Plan,
+    plan: SweepPlan,
     *,
     kind: str | None = None,
     concurrency: int | None = None,

@@ -88,7 +88,7 @@ class PlannedRun:
 
 
 @dataclass(frozen=True)
-class Plan:
+class SweepPlan:
     name: str
     path: Path | None
     runs_dir: Path
@@ -114,8 +114,8 @@ def run_name(tier: str, arch: str, seed: int) -> str:
     return f"{tier}-{arch}-s{seed}"
 
 
-def parse_plan(data: dict[str, Any], path: Path | None = None) -> Plan:
-    """Validate a plan dict (as read from TOML) into a Plan; UserError on any problem."""
+def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
+    """Validate a plan dict (as read from TOML) into a SweepPlan; UserError on any problem."""
     where = str(path) if path else "plan"
     sweep = data.get("sweep")
     if not isinstance(sweep, dict):
@@ -172,7 +172,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> Plan:
                         proxy=proxy,
                     )
                 )
-    return Plan(
+    return SweepPlan(
         name=str(sweep.get("name", path.stem if path else "sweep")),
         path=path,
         runs_dir=runs_dir,
@@ -205,5 +205,5 @@ def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
         raise UserError(f"{path} is not valid TOML: {exc}") from None
 
 
-def load_plan(path: Path | str) -> Plan:
+def load_plan(path: Path | str) -> SweepPlan:
     return parse_plan(read_toml(path), Path(path))

@@ -1,0 +1,86 @@
+"""Saved analysis results: the base of the frozen result classes and their files.
+
+Each analysis result has ``summary()``, ``to_dict()``/``from_dict()`` (the generic dataclass
+serializer of ``scaling.common.serialize``) and ``to_frame()`` (pandas). :func:`save_result` writes
+one to ``runs/<run>/analysis/<kind>.json`` and :func:`load_result` reads it back, so notebooks
+and ``smelt-scale plot`` need not recompute; :func:`saved_analyses` collects one kind over a runs
+folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from scaling.common.errors import UserError
+from scaling.common.files import read_config
+from scaling.common.serialize import Record, to_json
+from scaling.training import runlog
+
+ANALYSIS_DIR = "analysis"
+# The saved kinds (file names under analysis/): the attention sink on validation documents and on
+# Dyck prompts, loss by length/position, the SMELT-over-Baseline gain, in-context learning.
+KINDS = ("sink", "sink_dyck", "lengths", "lengths_gain", "icl")
+
+
+class Result(Record):
+    """JSON for the frozen results (nested dataclasses, tuples); NaN/inf become None."""
+
+    kind: str = ""
+
+    def to_dict(self) -> dict:
+        return json.loads(to_json(super().to_dict(), indent=None))
+
+    def to_json(self) -> str:
+        return to_json(self.to_dict())
+
+    @property
+    def result_kind(self) -> str:
+        """The file name under analysis/ (without .json)."""
+        return self.kind
+
+
+def _result_class(kind: str) -> type:
+    if kind not in KINDS:
+        raise UserError(f"unknown analysis kind {kind!r}; one of {', '.join(KINDS)}")
+    from scaling.analysis.icl import ICLResult
+    from scaling.analysis.lengths import LengthGain, LengthsResult
+    from scaling.analysis.sink import SinkResult
+
+    return {"sink": SinkResult, "sink_dyck": SinkResult, "lengths": LengthsResult,
+            "lengths_gain": LengthGain, "icl": ICLResult}[kind]
+
+
+def save_result(result: Result, run_dir: Path | str, kind: str | None = None) -> Path:
+    """Write ``result`` to ``<run_dir>/analysis/<kind>.json`` (atomic) and return the path."""
+    kind = kind or result.result_kind
+    folder = Path(run_dir) / ANALYSIS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}.json"
+    runlog.write_json(path, {"kind": kind, "result": result.to_dict()})
+    return path
+
+
+def load_result(run_dir: Path | str, kind: str):
+    """Read back ``<run_dir>/analysis/<kind>.json`` as its result object."""
+    cls = _result_class(kind)
+    path = Path(run_dir) / ANALYSIS_DIR / f"{kind}.json"
+    if not path.is_file():
+        raise UserError(f"no saved {kind} analysis at {path}; run the {kind} analysis first "
+                        "(smelt-scale analyze)")
+    return cls.from_dict(read_config(path, f"{kind} analysis")["result"])
+
+
+def saved_analyses(runs_dir: str | Path, kind: str) -> list[tuple[Path, Any]]:
+    """Every saved ``runs/<run>/analysis/<kind>.json`` under ``runs_dir`` as (run folder, result),
+    read with :func:`load_result`; [] when there is none."""
+    _result_class(kind)
+    files = sorted(Path(runs_dir).rglob(f"{ANALYSIS_DIR}/{kind}.json"))
+    out = []
+    for f in files:
+        try:
+            out.append((f.parent.parent, load_result(f.parent.parent, kind)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"cannot read {f}: {exc}") from None
+    return out

@@ -1,0 +1,117 @@
+"""`smelt-scale compare`: paired candidate − reference validation loss at matched (tier, budget, seed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from scaling.cli._util import emit_json, run_cli, stdout, warn
+from scaling.common.errors import UserError
+from scaling.fitting.compare import (
+    CLUSTERS,
+    CompareResult,
+    PairStats,
+    at_least_tokens,
+    compare,
+    length_buckets,
+)
+from scaling.fitting.tables import read_runs_dir
+
+
+def _row(s: PairStats) -> list[str]:
+    se = "—" if s.se is None else f"{s.se:.4f}"
+    iid = "—" if s.se_iid is None else f"{s.se_iid:.4f}"
+    p = "—" if s.sign_p is None else f"{s.sign_p:.3g}"
+    tokens = "—" if s.tokens is None else f"{s.tokens / 1e6:.3g}M"
+    return [s.label, tokens, f"{s.mean:+.4f}", se, iid, str(s.n_pairs), str(s.n_clusters),
+            f"{s.n_candidate_better}/{s.n_pairs}", p]
+
+
+def print_result(res: CompareResult, show_cells: bool) -> None:
+    stdout.print(f"[bold]{res.candidate} − {res.reference}[/bold] validation loss at matched (tier, budget, "
+                 f"seed), nats/token; negative = {res.candidate} better. s.e. clustered by "
+                 f"[bold]{res.cluster}[/bold] (CR1); sign test exact binomial over pairs.", highlight=False)
+    table = Table(title_justify="left")
+    for c in ("", "tokens", "mean", "s.e.", "s.e. iid", "pairs", "clusters", f"{res.candidate} better",
+              "sign p"):
+        table.add_column(c, justify="left" if not c else "right", no_wrap=True)
+    table.add_row(*_row(res.overall), end_section=True)
+    for i, s in enumerate(res.by_tier):
+        table.add_row(*_row(s), end_section=i == len(res.by_tier) - 1)
+    for i, s in enumerate(res.by_budget):
+        table.add_row(*_row(s), end_section=i == len(res.by_budget) - 1)
+    if show_cells:
+        for s in res.cells:
+            table.add_row(*_row(s))
+    stdout.print(table)
+    for name, s in res.by_source.items():
+        stdout.print(f"source {name}: {s.mean:+.4f} ± {s.se if s.se is not None else float('nan'):.4f} "
+                     f"({s.n_pairs} pairs)", highlight=False)
+    if res.by_length:
+        lt = Table(title="length buckets (final weights of the run pairs with analysis/lengths.json)",
+                   title_justify="left")
+        for c in ("pair", "bucket", "diff", "s.e.", "sequences", "tokens"):
+            lt.add_column(c, justify="right", no_wrap=True)
+        for b in res.by_length:
+            hi = "∞" if b["hi"] is None else b["hi"]
+            se = "—" if b["se"] is None else f"{b['se']:.4f}"
+            lt.add_row(f"{b['tier']} s{b['seed']}", f"{b['by']} [{b['lo']}, {hi})", f"{b['diff']:+.4f}", se,
+                       str(b["n_sequences"]), str(b["n_tokens"]))
+        stdout.print(lt)
+    spread = "—" if res.seed_spread is None else f"{res.seed_spread:.4f}"
+    stdout.print(f"{res.candidate} better in {res.n_cells_candidate_better} of {len(res.cells)} "
+                 f"(tier, budget) cells (cell mean over seeds); seeds of one config differ by {spread} nats "
+                 "on average "                 f"({res.n_seeds} seeds).", highlight=False)
+    for n in res.notes:
+        stdout.print(f"note: {n}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compare")
+    @run_cli
+    def compare_cmd(
+        runs: Path = typer.Argument(..., help="Runs folder (run folders with final.json)."),
+        reference: str = typer.Option("baseline", "--reference", help="Architecture subtracted."),
+        candidate: str = typer.Option("smelt", "--candidate", help="Architecture compared."),
+        cluster: str = typer.Option("run", "--cluster", help="Clusters of the s.e.: run (the (tier, seed) "
+                                    "run pair: its budgets share a trunk), seed, or none (independent)."),
+        min_tokens: float = typer.Option(0.0, "--min-tokens", help="Only budgets of at least this many "
+                                         "tokens (the requested budget, e.g. 5e5)."),
+        cells: bool = typer.Option(False, "--cells", help="Also list every (tier, budget) cell."),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure of the differences "
+                                            "(.png, .pdf or .svg)."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    ) -> None:
+        """Paired loss difference candidate − reference at matched (tier, budget, seed).
+
+        Per (tier, budget) cell, per tier, per budget and overall: mean, cluster-robust s.e. (CR1;
+        default clusters: the run pair, because a run's budgets are cooldown branches of one trunk),
+        the i.i.d. s.e. beside it, and an exact sign test over pairs. Per-source losses
+        (val_loss/<source>) and length buckets (analysis/lengths.json) where the runs have them.
+        """
+        if cluster not in CLUSTERS:
+            raise UserError(f"--cluster must be one of {', '.join(CLUSTERS)}, got {cluster!r}")
+        if not runs.is_dir():
+            raise UserError(f"{runs} is not a runs folder")
+        if plot is not None and plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise UserError(f"--plot {plot}: use a .png, .pdf or .svg file name")
+        points = read_runs_dir(runs, warn=warn)
+        if min_tokens > 0:
+            points = at_least_tokens(points, min_tokens)
+            if points.empty:
+                raise UserError(f"no budget of at least {min_tokens:g} tokens in {runs}")
+        lengths = length_buckets(runs, points, reference, candidate, warn=warn)
+        res = compare(points, reference, candidate, cluster=cluster, lengths=lengths)
+        if plot is not None:
+            from scaling import plots
+
+            plots.save(plots.compare(res), plot)
+        if json_out:
+            emit_json(res.to_dict())
+        else:
+            print_result(res, cells)
+            if plot is not None:
+                stdout.print(f"figure: {plot}", highlight=False)

@@ -1,0 +1,45 @@
+"""Number formats for tables, titles and figure labels (one place, so they agree)."""
+
+from __future__ import annotations
+
+import math
+
+
+def _missing(x: float | None) -> bool:
+    return x is None or not math.isfinite(x)
+
+
+def number(x: float | None, spec: str = ".4g", missing: str = "-") -> str:
+    """``format(x, spec)``; ``missing`` for None, NaN and infinities."""
+    return missing if _missing(x) else format(x, spec)
+
+
+def percent(x: float | None, digits: int = 1, missing: str = "-") -> str:
+    """A fraction as a percentage: 0.123 -> "12.3%"."""
+    return missing if _missing(x) else f"{100 * x:.{digits}f}%"
+
+
+def si(x: float | None, unit: str = "", missing: str = "-") -> str:
+    """Compact engineering format, three significant digits: 273k, 1.2M, 3.4B; from 1e12 on
+    scientific (2e+12), since counts that large are FLOPs, not parameters."""
+    if _missing(x):
+        return missing
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale and abs(x) < 1e12:
+            return f"{x / scale:.3g}{suffix}{unit}"
+    if abs(x) >= 1e12:
+        return f"{x:.2g}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def count(x: float) -> str:
+    """An exact count with thousands separators below a million, else three digits: 27,648; 1.2e+07."""
+    return f"{x:.3g}" if x >= 1e6 else f"{int(x):,d}"
+
+
+def duration(seconds: float | None, missing: str = "-") -> str:
+    """Seconds as s, min or h: 42 s, 3.5 min, 1.2 h."""
+    if _missing(seconds):
+        return missing
+    s = float(seconds)
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"

@@ -1,0 +1,215 @@
+"""Law-free compute savings inside the data: the observed loss-compute frontier of each architecture.
+
+Frontier (per architecture): the lower envelope of the observed (C, L) points, C = total training
+FLOPs of a point (recorded FLOPs, else F*D, else k N D: ``scaling.fitting.tables.total_flops``).
+Its vertices are the Pareto points (C_i, L_i) whose loss is strictly below that of every point with
+less compute; between vertices log L is linear in log C, and from the last vertex to the largest
+observed compute the frontier is flat (more compute bought nothing lower). The frontier is
+monotone non-increasing and lies on or below every point: a point between two vertices a < b has
+L >= L_a >= the interpolated value, or it would be a vertex. It is defined on [C_min, C_max], the
+architecture's observed compute, and nowhere else: no law, no extrapolation.
+
+Savings at a budget C, the conventions of ``scaling.fitting.savings``:
+
+- candidate-budget: L = F_cand(C); C_ref = F_ref^-1(L) (the least compute on the reference's
+  frontier reaching L); savings = 1 - C / C_ref.
+- reference-budget: L = F_ref(C); C_cand = F_cand^-1(L); savings = 1 - C_cand / C.
+
+Refused (no number, a reason instead) unless C lies inside both architectures' observed compute
+and the matched compute lies inside the other architecture's frontier.
+
+Interval: a bootstrap over runs. Runs are grouped into units; a unit holding runs of both
+architectures (the same tier and seed in a runs folder: the compute-matched pair) is drawn as a
+whole, so the two frontiers of a resample come from the same pairs; runs without a partner are
+resampled per architecture. Each resample rebuilds both frontiers from the runs drawn and recomputes
+the saving; resamples in which the budget or the matched compute leaves a resampled frontier give no
+value and are dropped (``ci_resamples`` counts those kept; below half of them, no interval). The
+interval is the percentile interval of the kept values. A frontier is a minimum, so resampled
+frontiers (drawn from fewer distinct runs) lie on or above the full one: read the interval as the
+sensitivity of the saving to which runs were trained, not as an exact coverage statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scaling.common.errors import UserError
+from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
+from scaling.fitting.tables import flops_per_param_k, total_flops
+
+METHOD = "envelope"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Lower envelope of (compute, loss): vertices with increasing compute and decreasing loss."""
+
+    compute: np.ndarray
+    loss: np.ndarray
+    c_min: float
+    c_max: float
+
+    @classmethod
+    def of(cls, compute: Iterable[float], loss: Iterable[float]) -> "Envelope":
+        C = np.asarray(list(compute) if not isinstance(compute, np.ndarray) else compute, dtype=float)
+        L = np.asarray(list(loss) if not isinstance(loss, np.ndarray) else loss, dtype=float)
+        ok = np.isfinite(C) & np.isfinite(L) & (C > 0) & (L > 0)
+        if not ok.any():
+            raise UserError("no finite positive (compute, loss) point to build a frontier from")
+        C, L = C[ok], L[ok]
+        # Computes equal up to rounding (6 N D vs F D) count as one compute: otherwise a vertex a
+        # few ulps to the right makes log C non-increasing after the log and np.interp undefined.
+        key = np.round(np.log(C), 9)
+        order = np.lexsort((L, key))
+        C, L = C[order], L[order]
+        best = np.minimum.accumulate(L)
+        keep = np.ones(C.size, dtype=bool)
+        keep[1:] = L[1:] < best[:-1]
+        return cls(C[keep], L[keep], float(C[0]), float(C[-1]))
+
+    def loss_at(self, C: np.ndarray | float) -> np.ndarray:
+        """Frontier loss at compute C; NaN outside [c_min, c_max]."""
+        C = np.asarray(C, dtype=float)
+        out = np.exp(np.interp(np.log(C), np.log(self.compute), np.log(self.loss)))
+        return np.where((C >= self.c_min) & (C <= self.c_max), out, np.nan)
+
+    def compute_at(self, L: np.ndarray | float) -> np.ndarray:
+        """Least compute at which the frontier reaches loss L; NaN if it never does within the data."""
+        L = np.asarray(L, dtype=float)
+        out = np.exp(np.interp(-np.log(L), -np.log(self.loss), np.log(self.compute)))
+        return np.where((L >= self.loss[-1]) & (L <= self.loss[0]), out, np.nan)
+
+
+def _matched(ref: Envelope, cand: Envelope, C: np.ndarray, convention: str) -> dict[str, np.ndarray]:
+    l_ref, l_cand = ref.loss_at(C), cand.loss_at(C)
+    if convention == "candidate-budget":
+        c_cand, loss = C, l_cand
+        c_ref = ref.compute_at(l_cand)
+    else:
+        c_ref, loss = C, l_ref
+        c_cand = cand.compute_at(l_ref)
+    return {"c_cand": c_cand, "c_ref": c_ref, "loss": loss, "savings": 1.0 - c_cand / c_ref,
+            "gap": l_ref - l_cand}
+
+
+def _refusal(c: float, ref: Envelope, cand: Envelope, names: tuple[str, str], m: dict, i: int,
+             convention: str) -> str | None:
+    """Why the budget c gets no envelope saving (None: it gets one)."""
+    for env, name in zip((ref, cand), names):
+        if not env.c_min <= c <= env.c_max:
+            return (f"budget outside the observed compute of {name} ({env.c_min:.3g}-{env.c_max:.3g} FLOPs): "
+                    "the envelope does not extrapolate")
+    if not np.isfinite(m["savings"][i]):
+        solved, env = (names[0], ref) if convention == "candidate-budget" else (names[1], cand)
+        return (f"{solved}'s observed frontier never reaches the matched loss {float(m['loss'][i]):.4f} "
+                f"(its range {env.loss[-1]:.4f}-{env.loss[0]:.4f})")
+    return None
+
+
+def envelope_savings(points: pd.DataFrame, reference: str, candidate: str, budgets: Iterable[float], *,
+                     convention: str = "candidate-budget", n_bootstrap: int = 200, seed: int = 0,
+                     level: float = 0.95) -> tuple[SavingsRow, ...]:
+    """Envelope savings of ``candidate`` over ``reference`` at each budget (module docstring).
+
+    ``points``: columns group, compute (total FLOPs), loss, unit (the resampling unit: runs
+    sharing a unit are drawn together; give each run its own unit when nothing pairs them).
+    Returns one ``SavingsRow`` per budget with ``method="envelope"``; a refused budget has
+    ``savings=None`` and its ``reason``.
+    """
+    if convention not in CONVENTIONS:
+        raise UserError(f"unknown convention {convention!r}; choose one of: {', '.join(CONVENTIONS)}")
+    if not 0.0 < level < 1.0:
+        raise UserError(f"interval level must lie in (0, 1), got {level}")
+    C = check_budgets(np.atleast_1d(budgets))
+    if n_bootstrap < 0:
+        raise UserError(f"the number of bootstrap resamples must be 0 or more, got {n_bootstrap}")
+    names = (reference, candidate)
+    for col in ("group", "compute", "loss", "unit"):
+        if col not in points.columns:
+            raise UserError(f"envelope savings need a {col!r} column")
+    groups = points["group"].astype(str).to_numpy()
+    for g in names:
+        if g not in groups:
+            raise UserError(f"no runs of group {g!r}; groups: {', '.join(sorted(set(groups)))}")
+    compute = points["compute"].to_numpy(dtype=float)
+    loss = points["loss"].to_numpy(dtype=float)
+    units = points["unit"].astype(str).to_numpy()
+    ref, cand = (Envelope.of(compute[groups == g], loss[groups == g]) for g in names)
+    m = _matched(ref, cand, C, convention)
+    boot = bootstrap_savings(groups, units, compute, loss, names, C, convention, n_bootstrap, seed)
+    rows = []
+    for i, c in enumerate(C):
+        why = _refusal(float(c), ref, cand, names, m, i, convention)
+        if why is not None:
+            rows.append(SavingsRow.refused(float(c), why, method=METHOD))
+            continue
+        s_ci = g_ci = None
+        kept = 0
+        if boot is not None:
+            s, g = boot[0][:, i], boot[1][:, i]
+            ok = np.isfinite(s)
+            kept = int(ok.sum())
+            if kept >= max(2, n_bootstrap // 2):
+                s_ci = _interval(s[ok], level)
+                g_ok = np.isfinite(g)
+                g_ci = _interval(g[g_ok], level) if g_ok.any() else None
+        rows.append(SavingsRow(
+            budget=float(c), sparsity=None, candidate_compute=float(m["c_cand"][i]),
+            reference_compute=float(m["c_ref"][i]), candidate_loss=float(m["loss"][i]),
+            savings=float(m["savings"][i]), savings_ci=s_ci, loss_gap=float(m["gap"][i]), loss_gap_ci=g_ci,
+            tokens_per_param=float("nan"), candidate_tokens_per_param=float("nan"),
+            extrapolation_decades=float(np.log10(max(float(c), float(m["c_cand"][i]), float(m["c_ref"][i]))
+                                                 / min(ref.c_max, cand.c_max))),
+            ci_resamples=kept, ci_clamped=0, method=METHOD,
+        ))
+    return tuple(rows)
+
+
+def bootstrap_savings(groups: np.ndarray, units: np.ndarray, compute: np.ndarray, loss: np.ndarray,
+                      names: Sequence[str], C: np.ndarray, convention: str, n_bootstrap: int,
+                      seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(savings, loss gap) of each resample, shape (K, len(C)), NaN where a resample gives none."""
+    if n_bootstrap <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    ref_units = set(units[groups == names[0]])
+    cand_units = set(units[groups == names[1]])
+    pools = [np.array(sorted(ref_units & cand_units)), np.array(sorted(ref_units - cand_units)),
+             np.array(sorted(cand_units - ref_units))]
+    out_s = np.full((n_bootstrap, C.size), np.nan)
+    out_g = np.full((n_bootstrap, C.size), np.nan)
+    in_group = [groups == g for g in names]
+    for b in range(n_bootstrap):
+        drawn = np.concatenate([p[rng.integers(0, p.size, p.size)] for p in pools if p.size])
+        mask = np.isin(units, drawn)
+        sel = [mask & g for g in in_group]
+        if not (sel[0].any() and sel[1].any()):
+            continue
+        ref, cand = (Envelope.of(compute[s], loss[s]) for s in sel)
+        m = _matched(ref, cand, C, convention)
+        out_s[b], out_g[b] = m["savings"], m["gap"]
+    return out_s, out_g
+
+
+def _interval(x: np.ndarray, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(x, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def envelope_points(points: pd.DataFrame, units: pd.Series | None = None) -> pd.DataFrame:
+    """(group, compute, loss, unit) from canonical points (``scaling.fitting.tables``).
+
+    ``units``: the resampling unit per point (e.g. tier and seed of a runs folder); default: the run.
+    """
+    out = pd.DataFrame({
+        "group": points["group"].astype(str).to_numpy(),
+        "compute": total_flops(points, flops_per_param_k(points)),
+        "loss": points["loss"].to_numpy(dtype=float),
+    })
+    out["unit"] = (points["run"].astype(str).to_numpy() if units is None
+                   else np.asarray(units, dtype=str))
+    return out

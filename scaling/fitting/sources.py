@@ -1,0 +1,146 @@
+"""Where the laws of a savings, design or simulation come from, decided in one place, and the one
+default-sparsity rule.
+
+A computation on two groups' laws takes them from exactly one source: a published law set
+(``scaling.fitting.reference_laws``), a fits file (``FitSet``, written by ``smelt-scale fit
+--out``), or fits made here of a runs folder or points table (``fit_law`` per group, default the
+``runs/`` folder of the working directory). :func:`load_laws` makes that choice and describes it
+in one line (``LawSource.source``), which the results carry.
+
+Default sparsity (smelt-form laws, L(F, D, S), evaluated at one S): a law set's own sparsities
+(the ones its source reports results at); for fitted laws the median of the distinct sparsities
+recorded in the fitted data of both groups (``FitResult.data_summary["sparsities"]``), rounded
+to 4 decimals. One value, inside the fitted data, the same for every command: the shipped
+proxy tiers each have their own sparsity, so "every recorded sparsity" would give one row (or
+IsoFLOP set) per run size, and a median per group would compare the groups at different S.
+Chinchilla-form laws take no sparsity (None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from scaling.common.errors import UserError
+from scaling.fitting.fit import FitResult, FitSet, fit_law
+from scaling.fitting.reference_laws import LawSet, load_law_set
+from scaling.fitting.savings import FittedLaw, uses_sparsity
+from scaling.fitting.tables import load_points
+
+DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
+SPARSITY_DECIMALS = 4
+
+
+def default_sparsity(recorded: Iterable[float]) -> float:
+    """The default sparsity of fitted smelt-form laws: the median of the distinct recorded
+    sparsities (of both groups together), rounded to 4 decimals (see the module doc)."""
+    seen = sorted({float(s) for s in recorded})
+    if not seen:
+        raise UserError("a smelt-form law needs a sparsity and the fitted data record none: give one")
+    return round(float(np.median(seen)), SPARSITY_DECIMALS)
+
+
+@dataclass(frozen=True)
+class LawSource:
+    """The laws of some groups and where they come from.
+
+    laws       group -> FittedLaw
+    source     one line naming the source (law set and citation, fits file, or runs and settings)
+    fits       the FitResults behind the laws, in group order (None for a law set)
+    law_set    the LawSet (None unless the laws are published ones)
+    runs_dir   the runs folder that was fitted (None unless the source is a runs folder)
+    """
+
+    laws: dict[str, FittedLaw]
+    source: str
+    fits: tuple[FitResult, ...] | None = None
+    law_set: LawSet | None = None
+    runs_dir: Path | None = None
+
+    @property
+    def smelt_form(self) -> bool:
+        return any(uses_sparsity(fl.law) for fl in self.laws.values())
+
+    def default_sparsities(self) -> tuple[float | None, ...]:
+        """(None,) for chinchilla-form laws; a law set's sparsities; else the one default of
+        :func:`default_sparsity` over both groups' recorded sparsities."""
+        if not self.smelt_form:
+            return (None,)
+        if self.law_set is not None:
+            return tuple(self.law_set.sparsities)
+        return (default_sparsity(s for f in self.fits or () for s in f.data_summary.get("sparsities", [])),)
+
+    def sparsities(self, given: Sequence[float] = ()) -> tuple[float | None, ...]:
+        """``given`` if any (an error for chinchilla-form laws), else :meth:`default_sparsities`."""
+        if given and not self.smelt_form:
+            raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
+        return tuple(given) or self.default_sparsities()
+
+    @property
+    def noise(self) -> float | None:
+        """The largest RMSE of log loss of the fits (None for a law set): the noise of the data."""
+        rmse = [f.diagnostics.get("rmse_log") for f in self.fits or ()]
+        return max((float(r) for r in rmse if r is not None), default=None)
+
+
+def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed: int, *,
+             is_default: bool = False, warn: Callable[[str], None] | None = None) -> list[FitResult]:
+    """Fit ``groups`` of a runs folder or points table: one FitResult per group, in order. The
+    fits' own warnings go to ``warn`` as "fit of <group>: ..."."""
+    hint = "train runs into it, or give another runs folder, a fits file or a law set"
+    if is_default and (not path.is_dir() or not any(path.iterdir())):
+        raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
+    try:
+        points = load_points(path, warn=warn)
+    except UserError as exc:
+        raise UserError(f"{exc}; {hint}" if is_default else str(exc)) from None
+    present = sorted(points["group"].unique(), key=str)
+    out = []
+    for g in groups:
+        if g not in present:
+            raise UserError(f"no runs of group {g!r} in {path}; groups: {', '.join(map(str, present))}")
+        sub = points[points["group"] == g].reset_index(drop=True)
+        fit = fit_law(sub, law, group=g, n_bootstrap=n_bootstrap, seed=seed)
+        if warn is not None:
+            for w in fit.diagnostics.get("warnings", []):
+                warn(f"fit of {g}: {w}")
+        out.append(fit)
+    return out
+
+
+def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | None = None,
+              law_set: str | None = None, law: str = "chinchilla", n_bootstrap: int = 0, seed: int = 0,
+              default: str = "runs", warn: Callable[[str], None] | None = None) -> LawSource:
+    """The laws of ``groups`` from the one source given: ``runs`` (a runs folder or points table,
+    fitted here with ``law``, ``n_bootstrap`` resamples and ``seed``), ``fits`` (a fits file) or
+    ``law_set`` (a published set's name). With none given, ``default`` decides: "runs" fits
+    ``DEFAULT_RUNS``, "law_set" takes the paper's laws. UserError for two sources at once."""
+    given = [name for name, v in (("a runs folder", runs), ("a fits file", fits), ("a law set", law_set))
+             if v is not None]
+    if len(given) > 1:
+        raise UserError(f"give one source of laws, not {' and '.join(given)}")
+    if default not in ("runs", "law_set"):
+        raise ValueError(f"default must be 'runs' or 'law_set', got {default!r}")
+    if not given and default == "law_set":
+        law_set = "paper"
+    if law_set is not None:
+        ls = load_law_set(law_set)
+        source = f"law set {ls.name!r}: {ls.citation} {ls.provenance}"
+        return LawSource({g: ls.fitted(g) for g in groups}, source, law_set=ls)
+    if fits is not None:
+        fs = FitSet.load(fits)
+        pair = [fs.get(g) for g in groups]
+        source, runs_dir = f"fits file {fits}", None
+    else:
+        path = DEFAULT_RUNS if runs is None else runs
+        pair = fit_runs(path, law, groups, n_bootstrap, seed, is_default=runs is None, warn=warn)
+        source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
+        runs_dir = path if path.is_dir() else None
+    laws = {g: FittedLaw.from_fit(f, name=g, source=source) for g, f in zip(groups, pair)}
+    return LawSource(laws, source, fits=tuple(pair), runs_dir=runs_dir)
+
+
+__all__ = ["DEFAULT_RUNS", "LawSource", "default_sparsity", "fit_runs", "load_laws"]

@@ -1,0 +1,98 @@
+"""Training curves: training and validation loss per tier, Baseline and SMELT overlaid. The curves
+table comes from ``scaling.fitting.curves.read_curves``."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from scaling.common.errors import UserError
+from scaling.plots.style import (
+    MARKERS,
+    figure,
+    group_colours,
+    group_label,
+    log_axis,
+    order,
+    si,
+    styled,
+)
+
+
+def _tierorder(df: pd.DataFrame) -> list[str]:
+    return list(df.groupby("tier")["N"].max().sort_values().index)
+
+
+@styled
+def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5) -> Figure:
+    """Training and validation loss per tier (one panel each), Baseline and SMELT overlaid.
+
+    Lines: training loss (running mean over ``smooth`` logged steps) on the WSD trunk (light) and
+    on each cooldown branch (full colour). Hollow markers: validation on the trunk; filled
+    markers: validation at the end of each token budget (the points the scaling fits use).
+    ``x`` is "tokens" (training tokens) or "flops" (training FLOPs = F * tokens).
+    """
+    if x not in ("tokens", "flops"):
+        raise UserError(f"x must be tokens or flops, got {x!r}")
+    tiers = _tierorder(curves)
+    groups = order(curves["arch"])
+    colours = group_colours(groups)
+    ncol = min(4, len(tiers))
+    nrow = math.ceil(len(tiers) / ncol)
+    fig, axes = figure(nrow, ncol, 2.6 * ncol + 0.6, 2.6 * nrow + 0.4, sharex=True, sharey=True)
+    for ax in axes.flat[len(tiers):]:
+        ax.set_visible(False)
+    for ax, tier in zip(axes.flat, tiers):
+        sub = curves[curves["tier"] == tier]
+        title = []
+        for g in groups:
+            arch = sub[sub["arch"] == g]
+            if arch.empty:
+                continue
+            c = colours[g]
+            names = sorted(arch["run"].unique())
+            running = sum(not arch.loc[arch["run"] == r, "complete"].iloc[0] for r in names)
+            title.append(f"{group_label(g)} N={si(arch['N'].iloc[0])}"
+                         + (f", {len(names)} seeds" if len(names) > 1 else "")
+                         + (f" ({running} running)" if running and len(names) > 1 else
+                            " (running)" if running else ""))
+            for name in names:
+                run = arch[arch["run"] == name]
+                trunk = run[run["branch"].isna()].sort_values("step")
+                tr = trunk["train_loss"].rolling(smooth, min_periods=1).mean()
+                ax.plot(trunk[x], tr, color=c, alpha=0.35, lw=1.0)
+                for _, br in run[run["branch"].notna()].groupby("branch"):
+                    br = br.sort_values("step")
+                    ax.plot(br[x], br["train_loss"].rolling(smooth, min_periods=1).mean(), color=c, lw=1.0,
+                            alpha=0.9)
+                ev = run[run["val_loss"].notna()]
+                mid = ev[ev["budget_index"].isna()]
+                end = ev[ev["budget_index"].notna()]
+                ax.plot(mid[x], mid["val_loss"], ls="none", marker="o", mfc="white", mec=c, ms=4)
+                ax.plot(end[x], end["val_loss"], ls="none", marker=MARKERS[groups.index(g) % len(MARKERS)],
+                        color=c, ms=5.5)
+        log_axis(ax, "x")
+        ax.set_title(f"{tier}\n" + "\n".join(title), fontsize=8)
+        ax.set_xlabel("training tokens" if x == "tokens" else "training compute C (FLOPs)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("loss (nats/token)")
+    # one legend explaining the encodings
+    ax0 = axes.flat[0]
+    handles = [mpl.lines.Line2D([], [], color=colours[g], marker=MARKERS[i % len(MARKERS)], ls="none",
+                                label=f"{group_label(g)}: validation at a budget's end")
+               for i, g in enumerate(groups)]
+    handles += [mpl.lines.Line2D([], [], color="0.4", marker="o", mfc="white", ls="none",
+                                 label="validation on the trunk"),
+                mpl.lines.Line2D([], [], color="0.4", alpha=0.35, label="train loss, WSD trunk"),
+                mpl.lines.Line2D([], [], color="0.4", label="train loss, cooldown branch")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7)
+    lo = curves["val_loss"].min()
+    hi = curves["train_loss"].quantile(0.995) if curves["train_loss"].notna().any() else None
+    if np.isfinite(lo) and hi is not None and np.isfinite(hi):
+        ax0.set_ylim(lo - 0.2, hi + 0.1)
+    return fig
+

@@ -1,0 +1,101 @@
+"""Compute savings of a candidate over a reference against the training budget, and the loss gap
+at equal compute (a ``scaling.fitting.savings.SavingsResult``, e.g. from
+``scaling.fitting.savings_sweep.savings_over``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from scaling.plots.style import (
+    ARCH_COLOURS,
+    EXTRA,
+    fig_legend,
+    figure,
+    group_label,
+    log_axis,
+    shade_extrapolation,
+    styled,
+)
+
+
+@styled
+def savings(result: Any, *, data_range: tuple[float, float] | None = None,
+            reference: Any | None = None, mark: float | None = 1e21) -> Figure:
+    """Compute savings of the candidate over the reference against the budget (left, %, with the
+    bootstrap interval) and the loss gap at equal compute (right, nats/token).
+
+    ``data_range``: (min, max) total FLOPs of the fitted runs; the data range is shaded and
+    everything right of its end is marked as extrapolation. ``reference``: another
+    SavingsResult (e.g. the paper's laws, ``--law-set paper``) drawn in grey, one line per
+    sparsity. ``mark``: annotate the value at this budget when it is one of the rows.
+    """
+    c_cand = ARCH_COLOURS.get(result.candidate, EXTRA[0])
+    fig, axes = figure(1, 2, 8.4, 3.2)
+    ax, ax2 = axes[0]
+    sparsities = sorted({r.sparsity for r in result.rows}, key=lambda s: -1 if s is None else s)
+    styles = ["-", "--", ":", "-."]
+    for k, S in enumerate(sparsities):
+        rs = sorted([r for r in result.rows if r.sparsity == S], key=lambda r: r.budget)
+        b = np.array([r.budget for r in rs])
+        s = 100 * np.array([r.savings for r in rs])
+        gap = np.array([r.loss_gap for r in rs])
+        lab = f"{group_label(result.candidate)} vs {group_label(result.reference)}" + (
+            "" if S is None else f", S = {S:g}")
+        ax.plot(b, s, color=c_cand, marker="o", ms=3, ls=styles[k % 4], label=lab)
+        ax2.plot(b, gap, color=c_cand, marker="o", ms=3, ls=styles[k % 4], label=lab)
+        if all(r.savings_ci is not None for r in rs):
+            ax.fill_between(b, [100 * r.savings_ci[0] for r in rs], [100 * r.savings_ci[1] for r in rs],
+                            color=c_cand, alpha=0.18, lw=0,
+                            label=f"{100 * result.ci_level:.0f}% bootstrap interval")
+        if all(r.loss_gap_ci is not None for r in rs):
+            ax2.fill_between(b, [r.loss_gap_ci[0] for r in rs], [r.loss_gap_ci[1] for r in rs], color=c_cand,
+                             alpha=0.18, lw=0)
+        if mark is not None and S == sparsities[0]:
+            hit = [r for r in rs if np.isclose(r.budget, mark, rtol=1e-6)]
+            if hit:
+                r = hit[0]
+                ci = "" if r.savings_ci is None else (
+                    f"\n{100 * result.ci_level:.0f}% CI [{100 * r.savings_ci[0]:.3g}%, "
+                    f"{100 * r.savings_ci[1]:.3g}%]")
+                ci += "" if r.extrapolation_decades is None else (
+                    f"\n{r.extrapolation_decades:.1f} decades beyond the data")
+                ax.plot([r.budget], [100 * r.savings], marker="o", ms=7, mfc="none", mec="k", ls="none")
+                ax.text(0.98, 0.04, f"at {mark:.0e} FLOPs: {100 * r.savings:.3g}%{ci}",
+                        transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+                        bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5})
+    if reference is not None:
+        greys = ["0.35", "0.55", "0.7", "0.8"]
+        ref_s = sorted({r.sparsity for r in reference.rows}, key=lambda s: -1 if s is None else s)
+        for k, S in enumerate(ref_s):
+            rs = sorted([r for r in reference.rows if r.sparsity == S], key=lambda r: r.budget)
+            b = [r.budget for r in rs]
+            lab = f"paper's laws{'' if S is None else f', S = {S:g}'}"
+            ax.plot(b, [100 * r.savings for r in rs], color=greys[k % 4], lw=1.0, ls="--", label=lab)
+            ax2.plot(b, [r.loss_gap for r in rs], color=greys[k % 4], lw=1.0, ls="--", label=lab)
+    # The y range follows the point estimates (and the reference): far from the data a bootstrap
+    # interval can run to -1e5 % (resamples clamped at the 6-decade bracket); it is cut at the axes.
+    shown = [100 * r.savings for r in result.rows] + (
+        [100 * r.savings for r in reference.rows] if reference is not None else [])
+    lo_y, hi_y = min(min(shown), 0.0), max(max(shown), 0.0)
+    pad = 0.25 * max(hi_y - lo_y, 5.0)
+    ax.set_ylim(max(lo_y - pad, -100.0), min(hi_y + pad, 100.0))
+    budgets = np.array([r.budget for r in result.rows])
+    xmax = budgets.max() * 1.5
+    xmin = budgets.min() / 1.5
+    for a in (ax, ax2):
+        a.axhline(0, color="0.2", lw=0.8)
+        log_axis(a, "x")
+        whose = "candidate" if result.convention == "candidate-budget" else "reference"
+        a.set_xlabel(f"training budget C (FLOPs, the {whose}'s)")
+        if data_range is not None:
+            shade_extrapolation(a, data_range, (xmin, xmax))
+        a.set_xlim(xmin, xmax)
+    ax.set_ylabel(r"compute savings $1 - C_{cand}/C_{ref}$ (%)")
+    ax.set_title("Training compute saved at equal optimal loss")
+    ax2.set_ylabel(r"loss gap $L^*_{ref} - L^*_{cand}$ (nats/token)")
+    ax2.set_title("Loss gap at equal compute")
+    fig_legend(fig, [ax, ax2], ncol=3)
+    return fig

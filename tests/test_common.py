@@ -1,0 +1,138 @@
+"""The shared helpers of scaling.common and the one default-sparsity rule of scaling.fitting.sources."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from scaling.common import format as fmt
+from scaling.common.errors import UserError
+from scaling.common.files import read_config, read_jsonl
+from scaling.common.run_folder import RunFolder, find_run_folders
+from scaling.common.serialize import Record, from_dict, to_dict
+from scaling.common.stats import percentile_interval
+from scaling.fitting.sources import default_sparsity
+
+
+# -- JSONL: only a torn final line may be dropped ------------------------------------------------
+def test_jsonl_drops_only_a_torn_final_line(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3, "b"')
+    got = read_jsonl(p)
+    assert got.rows == [{"a": 1}, {"a": 2}] and got.skipped == 1
+    p.write_text('{"a": 1}\n{"a": 2}')  # complete object without its newline: kept
+    assert read_jsonl(p).rows == [{"a": 1}, {"a": 2}] and read_jsonl(p).skipped == 0
+
+
+def test_jsonl_corrupt_line_mid_file_is_an_error_naming_it(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(UserError, match=r"m.jsonl:2: not JSON"):
+        read_jsonl(p)
+    p.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(UserError, match=r"m.jsonl:2: expected a JSON object"):
+        read_jsonl(p)
+    assert read_jsonl(tmp_path / "absent.jsonl", missing_ok=True).rows == []
+    with pytest.raises(UserError, match="no such file"):
+        read_jsonl(tmp_path / "absent.jsonl")
+
+
+# -- config files and run folders ----------------------------------------------------------------
+def test_read_config_toml_json_and_errors(tmp_path):
+    (tmp_path / "a.toml").write_text('[model]\nd_model = 64\n')
+    (tmp_path / "a.json").write_text('{"d_model": 64}')
+    assert read_config(tmp_path / "a.toml") == {"model": {"d_model": 64}}
+    assert read_config(tmp_path / "a.json") == {"d_model": 64}
+    (tmp_path / "t.txt").write_text('x = 1\n')
+    assert read_config(tmp_path / "t.txt", fmt="toml") == {"x": 1}
+    for name, text, msg in [("b.toml", "x = ", "not valid TOML"), ("b.json", "{", "not valid JSON"),
+                            ("c.json", "[1]", "must hold one")]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(UserError, match=msg):
+            read_config(tmp_path / name)
+    with pytest.raises(UserError, match="plan file not found"):
+        read_config(tmp_path / "none.toml", "plan")
+
+
+def test_run_folders_status(tmp_path):
+    with pytest.raises(UserError, match="no such runs folder"):
+        find_run_folders(tmp_path / "absent")
+    for name, final in (("a", {"complete": True}), ("b", {"complete": False}), ("c", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        if final is not None:
+            (tmp_path / name / "final.json").write_text(json.dumps(final))
+    (tmp_path / "c" / "metrics.jsonl").write_text('{"step": 1}\n{"st')
+    runs = find_run_folders(tmp_path)
+    assert [r.name for r in runs] == ["a", "b", "c"]
+    assert [r.status() for r in runs] == ["done", "partial", "partial"]
+    assert runs[2].metrics().rows == [{"step": 1}] and runs[2].metrics().skipped == 1
+    assert RunFolder(tmp_path / "d").status() == "new"
+
+
+# -- statistics and formats ----------------------------------------------------------------------
+def test_percentile_interval_leaves_out_failed_resamples():
+    x = np.arange(101, dtype=float)
+    assert percentile_interval(x, 0.9) == pytest.approx((5.0, 95.0))
+    assert percentile_interval(np.r_[x, np.nan, np.inf], 0.9) == pytest.approx((5.0, 95.0))
+    lo, hi = percentile_interval(np.full(3, np.nan))
+    assert math.isnan(lo) and math.isnan(hi)
+    cols = np.stack([x, 2 * x], axis=1)
+    lo, hi = percentile_interval(cols, 0.9, axis=0)
+    np.testing.assert_allclose(lo, [5.0, 10.0])
+    np.testing.assert_allclose(hi, [95.0, 190.0])
+
+
+def test_number_formats():
+    assert fmt.si(273_000) == "273k" and fmt.si(1.2e6) == "1.2M" and fmt.si(3.4e12) == "3.4e+12"
+    assert fmt.si(float("nan")) == "-" and fmt.number(None) == "-" and fmt.number(1.23456, ".3f") == "1.235"
+    assert fmt.percent(0.1234, 2) == "12.34%" and fmt.percent(float("inf"), missing="—") == "—"
+    assert fmt.count(27648) == "27,648" and fmt.count(1.23e7) == "1.23e+07"
+    assert fmt.duration(42) == "42 s" and fmt.duration(210) == "3.5 min" and fmt.duration(4320) == "1.2 h"
+
+
+# -- the generic dataclass serializer ------------------------------------------------------------
+@dataclass(frozen=True)
+class _Inner:
+    k: int
+    pass_: int = field(metadata={"key": "pass"})
+    extra: float | None = field(default=None, metadata={"omit_none": True})
+
+
+@dataclass(frozen=True)
+class _Outer(Record):
+    name: str
+    items: tuple[_Inner, ...]
+    by_group: dict[str, float]
+    interval: tuple[float, float] | None = None
+    tags: tuple[str, ...] = ()
+
+    _computed = ("n_items",)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.items)
+
+
+def test_serializer_round_trip_keys_and_computed():
+    obj = _Outer("x", (_Inner(1, 2), _Inner(3, 1, 0.5)), {"a": 1.0}, (0.1, 0.2), ("t",))
+    d = obj.to_dict()
+    assert d["items"] == [{"k": 1, "pass": 2}, {"k": 3, "pass": 1, "extra": 0.5}]
+    assert d["interval"] == [0.1, 0.2] and d["tags"] == ["t"] and d["n_items"] == 2
+    back = _Outer.from_dict(json.loads(json.dumps(d)))
+    assert back == obj and isinstance(back.items[0], _Inner) and isinstance(back.interval, tuple)
+    assert from_dict(_Outer, {"name": "y", "items": [], "by_group": {}}) == _Outer("y", (), {})
+    assert to_dict(_Inner(1, 2)) == {"k": 1, "pass": 2}
+
+
+# -- the one default-sparsity rule ---------------------------------------------------------------
+def test_default_sparsity_is_the_median_of_distinct_recorded_values():
+    # both groups' recorded sparsities together, duplicates counted once
+    assert default_sparsity([0.5, 0.7, 0.7, 0.9, 0.6]) == pytest.approx(0.65)
+    assert default_sparsity([0.123456]) == 0.1235
+    with pytest.raises(UserError, match="record none"):
+        default_sparsity([])

@@ -1,0 +1,138 @@
+"""`smelt-scale compare`: the README's paired numbers on the shipped runs, the clustered s.e., the sign
+test, per-source and length-bucket breakdowns, the figure and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import binom
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.common.errors import UserError
+from scaling.fitting.compare import at_least_tokens, cluster_se, compare, length_buckets, pair_stats
+from scaling.fitting.tables import read_runs_dir
+
+RUNS = Path(__file__).resolve().parents[1] / "runs"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def shipped() -> pd.DataFrame:
+    return read_runs_dir(RUNS)
+
+
+def test_shipped_runs_reproduce_the_readme(shipped):
+    res = compare(shipped)
+    o = res.overall
+    # README: "+0.074 ± 0.029 nats (mean ± cluster-robust s.e., 10 run pairs; i.i.d. s.e. 0.018; 48 pairs)"
+    assert (o.n_pairs, o.n_clusters) == (48, 10)
+    assert round(o.mean, 3) == 0.074 and round(o.se, 3) == 0.029 and round(o.se_iid, 3) == 0.018
+    assert (res.n_cells_candidate_better, len(res.cells)) == (8, 24)
+    assert round(res.seed_spread, 3) == 0.045
+    late = compare(at_least_tokens(shipped, 5e5)).overall   # "+0.037 ± 0.038 at 0.5M tokens and above"
+    assert late.n_pairs == 28 and round(late.mean, 3) == 0.037 and round(late.se, 3) == 0.038
+    assert round(late.se_iid, 3) == 0.024
+    assert any("no per-source loss" in n for n in res.notes) and not res.by_source
+
+
+def test_cluster_se_matches_the_textbook_special_cases():
+    rng = np.random.default_rng(0)
+    d = rng.standard_normal(12)
+    # one pair per cluster: the plain s.e.
+    assert cluster_se(d, np.arange(12)) == pytest.approx(d.std(ddof=1) / math.sqrt(12))
+    # equal cluster sizes: the s.e. of the mean over cluster means
+    g = np.repeat(np.arange(4), 3)
+    means = np.array([d[g == k].mean() for k in range(4)])
+    assert cluster_se(d, g) == pytest.approx(means.std(ddof=1) / 2.0)
+    assert cluster_se(d, np.zeros(12)) is None
+
+
+def test_sign_test_is_the_exact_binomial():
+    pairs = pd.DataFrame({"tier": "t", "seed": np.arange(10), "budget_index": 0,
+                          "diff": [-1, -2, -3, -1, -1, -1, -1, -1, 2, 0.0]})
+    s = pair_stats(pairs, "x", "none")
+    assert s.n_candidate_better == 8
+    # 8 of 9 non-tied pairs below zero: two-sided p = 2 P(X >= 8), X ~ Bin(9, 1/2)
+    assert s.sign_p == pytest.approx(2 * binom.sf(7, 9, 0.5))
+
+
+def _points(sources: bool) -> pd.DataFrame:
+    rows = []
+    for tier in ("a", "b"):
+        for seed in (0, 1, 2):
+            for b, D in enumerate((1e5, 2e5)):
+                for arch, shift in (("baseline", 0.0), ("smelt", -0.1)):
+                    p = {"run": f"{tier}-{arch}-s{seed}", "arch": arch, "tier": tier, "seed": seed,
+                         "budget_index": b, "D": D, "N": 1e5, "loss": 4.0 + shift + 0.01 * seed}
+                    if sources:
+                        p["val_loss/code"] = 3.0 + 2 * shift
+                        p["val_loss/prose"] = 5.0
+                    rows.append(p)
+    return pd.DataFrame(rows)
+
+
+def test_per_source_breakdown_when_the_runs_log_it():
+    res = compare(_points(True))
+    assert res.overall.mean == pytest.approx(-0.1)
+    assert res.by_source["code"].mean == pytest.approx(-0.2)
+    assert res.by_source["prose"].mean == pytest.approx(0.0)
+    assert res.by_source["code"].n_pairs == 12
+    d = res.to_dict()
+    assert set(d["by_source"]) == {"code", "prose"} and d["overall"]["n_pairs"] == 12
+
+
+def test_duplicate_and_missing_pairs_are_errors():
+    pts = _points(False)
+    with pytest.raises(UserError, match="share tier"):
+        compare(pd.concat([pts, pts.iloc[:1]]))
+    with pytest.raises(UserError, match="no runs of architecture 'dense'"):
+        compare(pts, candidate="dense")
+    with pytest.raises(UserError, match="budget_index"):
+        compare(pts.drop(columns="budget_index"))
+
+
+def test_length_buckets_of_the_shipped_pair(shipped):
+    buckets = length_buckets(RUNS, shipped, "baseline", "smelt")
+    assert {(b["tier"], b["seed"]) for b in buckets} == {("proxy-s", "0")}
+    gain = json.loads((RUNS / "proxy-s-smelt-s0" / "analysis" / "lengths_gain.json").read_text())["result"]
+    by = {(b["by"], b["lo"]): b for b in gain["buckets"] if b["gain"] is not None}
+    for b in buckets:   # the analysis's gain is baseline - smelt
+        assert b["diff"] == pytest.approx(-by[(b["by"], b["lo"])]["gain"], abs=1e-12)
+
+
+def test_cli_json_table_and_figure(tmp_path):
+    res = runner.invoke(app, ["compare", str(RUNS), "--json"])
+    assert res.exit_code == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 48
+    assert d["cluster"] == "run" and len(d["by_tier"]) == 5 and len(d["cells"]) == 24
+    out = tmp_path / "cmp.png"
+    res = runner.invoke(app, ["compare", str(RUNS), "--plot", str(out), "--cells"])
+    assert res.exit_code == 0, res.stderr
+    assert out.stat().st_size > 10_000 and "8 of 24" in res.stdout
+    seed = json.loads(runner.invoke(app, ["compare", str(RUNS), "--cluster", "seed", "--json"]).stdout)
+    assert seed["overall"]["n_clusters"] == 2
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--cluster", "tier"], "--cluster"),
+    (["--plot", "x.gif"], ".png"),
+    (["--min-tokens", "1e9"], "no budget"),
+    (["--candidate", "dense"], "dense"),
+])
+def test_bad_input_is_one_line_exit_2(args, fragment):
+    res = runner.invoke(app, ["compare", str(RUNS), *args])
+    assert res.exit_code == 2, res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0]
+
+
+def test_not_a_runs_folder(tmp_path):
+    res = runner.invoke(app, ["compare", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "not a runs folder" in res.stderr

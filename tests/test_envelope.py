@@ -1,0 +1,106 @@
+"""Law-free savings inside the data: the observed frontier, a known compute multiplier recovered,
+refusals outside the data, the run-pair bootstrap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling.common.errors import UserError
+from scaling.fitting.envelope import Envelope, envelope_savings
+
+E, A, ALPHA, B, BETA = 1.7, 400.0, 0.34, 410.0, 0.28
+SIZES = np.logspace(6, 9, 49)      # 3 decades of model sizes
+TOKENS = np.logspace(8, 12, 161)   # each size trained to 4 decades of tokens (cooldown branches)
+
+
+def law(N, D):
+    return E + A / N ** ALPHA + B / D ** BETA
+
+
+def two_architectures(m: float, pair_units: bool = False) -> pd.DataFrame:
+    """The candidate's loss at (N, D) is the reference's at (sqrt(m) N, sqrt(m) D): with C = 6 N D its
+    compute-optimal frontier is the reference's at m times the compute, so it saves 1 - 1/m."""
+    N, D = np.meshgrid(SIZES, TOKENS, indexing="ij")
+    out = []
+    for g, s in (("baseline", 1.0), ("smelt", np.sqrt(m))):
+        unit = np.repeat(np.arange(SIZES.size), TOKENS.size).astype(str)
+        out.append(pd.DataFrame({"group": g, "compute": (6 * N * D).ravel(),
+                                 "loss": law(s * N, s * D).ravel(),
+                                 "unit": unit if pair_units else np.char.add(g, unit)}))
+    return pd.concat(out, ignore_index=True)
+
+
+@pytest.mark.parametrize("m", [2.0, 1.3, 0.7])
+@pytest.mark.parametrize("convention", ["candidate-budget", "reference-budget"])
+def test_known_compute_multiplier_recovered_within_1pp_inside_the_data(m, convention):
+    inside = np.logspace(16.5, 19.5, 13)   # optimal N and D inside the grid for both architectures
+    rows = envelope_savings(two_architectures(m), "baseline", "smelt", inside, convention=convention,
+                            n_bootstrap=0)
+    for r in rows:
+        assert r.method == "envelope" and r.reason is None
+        assert abs(r.savings - (1 - 1 / m)) < 0.01, (r.budget, r.savings)
+
+
+def test_budgets_outside_the_data_are_refused_with_a_reason():
+    pts = two_architectures(2.0)
+    c_min = pts["compute"].min()
+    rows = envelope_savings(pts, "baseline", "smelt", [c_min / 10, 1e24], n_bootstrap=0)
+    for r in rows:
+        assert r.savings is None and r.savings_ci is None
+        assert "outside the observed compute" in r.reason and "does not extrapolate" in r.reason
+    d = rows[0].to_dict()
+    assert d["savings"] is None and d["method"] == "envelope" and d["reason"]
+
+
+def test_matched_loss_beyond_the_other_frontier_is_refused():
+    # the candidate reaches at the top of the data a loss the reference never reaches
+    pts = two_architectures(3.0)
+    top = pts.loc[pts["group"] == "smelt", "compute"].max()
+    r = envelope_savings(pts, "baseline", "smelt", [top], n_bootstrap=0)[0]
+    assert r.savings is None and "never reaches the matched loss" in r.reason
+
+
+def test_envelope_is_monotone_and_below_every_point():
+    rng = np.random.default_rng(1)
+    C = 10 ** rng.uniform(10, 14, 300)
+    L = 2 + 50 * C ** -0.1 * np.exp(0.05 * rng.standard_normal(300))
+    env = Envelope.of(C, L)
+    assert np.all(np.diff(env.compute) > 0) and np.all(np.diff(env.loss) < 0)
+    assert np.all(env.loss_at(C) <= L + 1e-12)
+    grid = np.logspace(np.log10(env.c_min), np.log10(env.c_max), 500)
+    assert np.all(np.diff(env.loss_at(grid)) <= 1e-12)
+    assert np.isnan(env.loss_at(env.c_min / 2)) and np.isnan(env.compute_at(env.loss[-1] / 2))
+    # the inverse: least compute reaching a loss
+    mid = env.loss_at(np.sqrt(env.c_min * env.c_max))
+    assert env.loss_at(env.compute_at(mid)) == pytest.approx(mid)
+
+
+def test_equal_computes_up_to_rounding_form_one_vertex():
+    C = np.array([1e12, 1e12 * (1 + 1e-15), 2e12])
+    env = Envelope.of(C, [5.0, 4.0, 3.0])
+    assert env.compute.size == 2 and env.loss[0] == 4.0
+
+
+def test_paired_bootstrap_interval_covers_the_estimate_and_is_reproducible():
+    rng = np.random.default_rng(3)
+    pts = two_architectures(1.5, pair_units=True)
+    pts = pts[pts["unit"].astype(int) % 4 == 0].copy()           # 13 sizes: a sparser ladder
+    pts["loss"] *= np.exp(0.002 * rng.standard_normal(len(pts)))
+    a = envelope_savings(pts, "baseline", "smelt", [1e17, 1e18], n_bootstrap=60, seed=5)
+    b = envelope_savings(pts, "baseline", "smelt", [1e17, 1e18], n_bootstrap=60, seed=5)
+    for r, s in zip(a, b):
+        assert r.savings_ci == s.savings_ci and r.ci_resamples >= 30
+        assert r.savings_ci[0] <= r.savings <= r.savings_ci[1]
+        assert abs(r.savings - 1 / 3) < 0.05
+
+
+def test_bad_input():
+    pts = two_architectures(2.0)
+    with pytest.raises(UserError, match="no runs of group 'dense'"):
+        envelope_savings(pts, "baseline", "dense", [1e18])
+    with pytest.raises(UserError, match="convention"):
+        envelope_savings(pts, "baseline", "smelt", [1e18], convention="both")
+    with pytest.raises(UserError, match="'unit'"):
+        envelope_savings(pts.drop(columns="unit"), "baseline", "smelt", [1e18])

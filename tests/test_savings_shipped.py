@@ -1,0 +1,87 @@
+"""`smelt-scale savings` on the shipped runs: the envelope inside the data, no point estimate from the
+unidentified laws far outside it (unless --extrapolate), each warning once, the budget cap."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.fitting.laws import get_law
+from scaling.fitting.savings import FittedLaw, savings, unidentified, withhold_unidentified
+
+RUNS = Path(__file__).resolve().parents[1] / "runs"
+runner = CliRunner()
+
+
+def run(*args: str):
+    res = runner.invoke(app, ["savings", "--runs", str(RUNS), *args])
+    assert res.exit_code == 0, res.stderr
+    return res
+
+
+def test_1e21_gives_no_number_but_a_reason():
+    res = run("--budget", "1e21", "--bootstrap", "40", "--json")
+    row = json.loads(res.stdout)["rows"][0]
+    assert row["savings"] is None and row["savings_ci"] is None and row["candidate_loss"] is None
+    assert row["method"] == "law" and "not identified" in row["reason"] and "E on its bound" in row["reason"]
+    assert row["extrapolation_decades"] == pytest.approx(8.0, abs=0.01)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == len(set(lines))        # each warning once
+    assert not any("treat those savings as extrapolations" in x for x in lines)   # none is shown
+
+
+def test_table_says_why_and_extrapolate_prints_it_marked():
+    res = run("--budget", "1e21", "--bootstrap", "20")
+    assert "no estimate" in res.stdout and "the data cannot speak to it" in res.stdout
+    assert "(extrapolated!)" in run("--budget", "1e21", "--bootstrap", "20", "--extrapolate").stdout
+
+
+def test_budgets_inside_the_data_use_the_envelope():
+    res = run("--budgets", "1e12,3e12,5e12", "--bootstrap", "60", "--json")
+    rows = json.loads(res.stdout)["rows"]
+    assert [r["method"] for r in rows] == ["envelope"] * 3
+    for r in rows:
+        assert np.isfinite(r["savings"]) and r["savings_ci"][0] <= r["savings"] <= r["savings_ci"][1]
+        assert r["extrapolation_decades"] <= 0
+    # just above the data: the law, with its method named
+    mixed = json.loads(run("--budgets", "3e12,1e13", "--bootstrap", "20", "--json").stdout)["rows"]
+    assert [r["method"] for r in mixed] == ["envelope", "law"]
+    only = json.loads(run("--budgets", "3e12,1e13", "--bootstrap", "20", "--method", "envelope",
+                          "--json").stdout)["rows"]
+    assert only[1]["savings"] is None and "outside the observed compute" in only[1]["reason"]
+
+
+def test_envelope_needs_runs_and_the_budget_count_is_capped():
+    res = runner.invoke(app, ["savings", "--law-set", "paper", "--budget", "1e21", "--method", "envelope"])
+    assert res.exit_code == 2 and "needs runs" in res.stderr
+    t = time.perf_counter()
+    res = runner.invoke(app, ["savings", "--law-set", "paper", "--budgets", "1e18:1e24:100000000"])
+    assert time.perf_counter() - t < 5
+    assert res.exit_code == 2 and res.stderr.strip().startswith("error:") and "at most" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_unidentified_from_diagnostics_and_published_laws_are_never_withheld():
+    assert unidentified({"on_bound": ["E"], "bootstrap_on_bound_fraction": 0.96}) == (
+        "E on its bound; 96% of bootstrap fits on a bound")
+    assert unidentified({"on_bound": [], "bootstrap_on_bound_fraction": 0.3}) is None
+    assert unidentified({"on_bound": [], "bootstrap_on_bound_fraction": float("nan")}) is None
+    law = get_law("chinchilla")
+    theta = {"E": 1.8, "A": 480.0, "alpha": 0.35, "B": 2100.0, "beta": 0.37}
+    known = FittedLaw("r", law, law.theta_array(theta), compute_max=1e18)
+    loose = FittedLaw("c", law, law.theta_array({**theta, "A": 400.0}), compute_max=1e18,
+                      unidentified="E on its bound")
+    res = savings(known, loose, [1e18, 1e20])
+    kept = withhold_unidentified(res, known, loose)
+    assert kept.rows[0].savings == res.rows[0].savings
+    assert kept.rows[1].savings is None and "c: E on its bound" in kept.rows[1].reason
+    assert withhold_unidentified(res, known, known).rows == res.rows
+    forced = withhold_unidentified(res, known, loose, extrapolate=True).rows[1]
+    assert forced.savings == res.rows[1].savings and forced.extrapolated and forced.to_dict()["extrapolated"]
+    assert withhold_unidentified(res, known, loose, max_decades=3).rows[1].savings == res.rows[1].savings
