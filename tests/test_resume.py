@@ -18,20 +18,22 @@ import torch
 
 from scaling.accounting.tiers import get_config
 from scaling.training import runlog
+from scaling.training.checkpoint import latest_iter
 from scaling.training.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64
-TIMING = {"tokens_per_s", "wall_s"}
+TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes"}
 CFG = dict(tokens=[10 * STEP_TOKENS, 20 * STEP_TOKENS], batch_size=8, data_max_bytes=100_000, eval_every=5,
            ckpt_every=4, threads=1, val_windows=16, warmup=2)
 SCRIPT = """
-import json, sys
+import json, os, sys
 from scaling.accounting.tiers import get_config
 from scaling.training.trainer import TrainConfig, train
 a = json.loads(sys.argv[1])
+resume = os.path.exists(os.path.join(a["runs"], a["name"], "config.json"))
 train(get_config(a["tier"], "smelt"), TrainConfig(**a["cfg"]), tier=a["tier"], run_name=a["name"],
-      runs_dir=a["runs"], ckpt_dir=a["ckpt"], resume=True)
+      runs_dir=a["runs"], resume=resume)
 """
 
 
@@ -45,8 +47,7 @@ def env(tmp_path_factory, monkeypatch):
 
 
 def launch(tmp_path, name, env, kill_at=None, cfg=CFG):
-    args = json.dumps({"tier": TIER, "cfg": cfg, "name": name, "runs": str(tmp_path / "runs"),
-                       "ckpt": str(tmp_path / "ckpt")})
+    args = json.dumps({"tier": TIER, "cfg": cfg, "name": name, "runs": str(tmp_path / "runs")})
     env = dict(env)
     if kill_at is not None:
         env["SMELT_FAULT_KILL_AT_ITER"] = str(kill_at)
@@ -55,7 +56,7 @@ def launch(tmp_path, name, env, kill_at=None, cfg=CFG):
 
 def in_process(tmp_path, name, resume=False, cfg=CFG):
     return train(get_config(TIER, "smelt"), TrainConfig(**cfg), tier=TIER, run_name=name,
-                 runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt", resume=resume)
+                 runs_dir=tmp_path / "runs", resume=resume)
 
 
 def logs(tmp_path, name):
@@ -76,7 +77,7 @@ def test_killed_runs_resume_to_identical_logs(tmp_path, env):
 
     # iter 3: trunk, no checkpoint yet; 10: end of the 10-step budget's branch (point written,
     # checkpoint not); 15: trunk after the branch (last checkpoint at 12)
-    latest = tmp_path / "ckpt" / "killed" / "latest.pt"
+    ckpts = tmp_path / "runs" / "killed" / "checkpoints"
     for kill_at, ckpt_iter in ((3, None), (10, 8), (15, 12)):
         proc = launch(tmp_path, "killed", env, kill_at)
         _, err = proc.communicate(timeout=300)
@@ -86,10 +87,8 @@ def test_killed_runs_resume_to_identical_logs(tmp_path, env):
         if kill_at == 10:
             final = runlog.read_json(tmp_path / "runs" / "killed" / "final.json")
             assert [p["budget_index"] for p in final["points"]] == [0] and not final["complete"]
-        if ckpt_iter is None:
-            assert not latest.exists()
-        else:  # the resume starts here and drops the lines after it
-            assert runlog.load_checkpoint(latest)["state"]["iter"] == ckpt_iter
+        # the resume starts at the latest checkpoint and drops the lines after it
+        assert latest_iter(ckpts) == ckpt_iter
     in_process(tmp_path, "killed", resume=True)
     metrics, final = logs(tmp_path, "killed")
     assert metrics == ref_metrics  # nothing lost, nothing duplicated, same numbers

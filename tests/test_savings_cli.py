@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import scaling.cli.savings as savings_cmd
 from cli import app
-from scaling.cli.savings import parse_budgets
+from scaling.cli._util import parse_budgets
 from scaling.common.errors import UserError
 
 runner = CliRunner()

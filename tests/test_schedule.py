@@ -1,16 +1,13 @@
-"""LR schedules and budget planning (scaling/schedule.py): pure functions, fast."""
+"""LR schedules (scaling/training/schedule.py): pure functions, fast."""
 
 import math
 
 import pytest
 
-from scaling.common.errors import UserError
+from scaling.training.branches import BranchPlan
 from scaling.training.schedule import (
     cosine_lr,
-    decay_steps_for,
     lr_at,
-    plan_budgets,
-    total_steps,
     warmup_factor,
     wsd_lr,
 )
@@ -50,33 +47,9 @@ def test_cosine_endpoints():
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
 
 
-def test_plan_budgets_rounds_sorts_and_branches():
-    plan = plan_budgets([4e5, 1e5, 2e5], tokens_per_step=4096, decay_fraction=0.2)
-    assert [b.steps for b in plan] == [round(1e5 / 4096), round(2e5 / 4096), round(4e5 / 4096)]
-    assert [b.index for b in plan] == [0, 1, 2]
-    for b in plan:
-        assert b.tokens == b.steps * 4096
-        assert b.decay_steps == decay_steps_for(b.steps, 0.2) == max(1, round(0.2 * b.steps))
-        assert b.branch_step == b.steps - b.decay_steps
-    assert total_steps(plan) == plan[-1].steps + plan[0].decay_steps + plan[1].decay_steps
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(token_budgets=[100], tokens_per_step=4096), "below one optimizer step"),
-    (dict(token_budgets=[4096, 4100], tokens_per_step=4096), "round to the same"),
-    (dict(token_budgets=[1e5, 2e5], tokens_per_step=4096, schedule="cosine"), "one budget per run"),
-    (dict(token_budgets=[1e5], tokens_per_step=4096, schedule="linear"), "unknown schedule"),
-    (dict(token_budgets=[1e5], tokens_per_step=4096, decay_fraction=0.0), "decay fraction"),
-    (dict(token_budgets=[], tokens_per_step=4096), "no token budget"),
-])
-def test_plan_budgets_rejects(kwargs, message):
-    with pytest.raises(UserError, match=message):
-        plan_budgets(**kwargs)
-
-
 def test_lr_at_dispatches():
-    (b,) = plan_budgets([40960], 4096, "wsd", 0.2)
+    (b,) = BranchPlan.build([40960], 4096, "wsd", 0.2).budgets
     assert lr_at(9, b, "wsd", 1.0, 2) == wsd_lr(9, 1.0, 2, 10, 2)
-    (c,) = plan_budgets([40960], 4096, "cosine")
+    (c,) = BranchPlan.build([40960], 4096, "cosine").budgets
     assert c.decay_steps == 0 and c.branch_step == c.steps
     assert lr_at(5, c, "cosine", 1.0, 2, 0.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 3 / 8)))

@@ -14,7 +14,7 @@ from scaling.training.trainer import TrainConfig, param_groups, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64  # batch 8 x seq_len 64
-TIMING = {"tokens_per_s", "wall_s"}
+TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes"}
 
 
 @pytest.fixture(autouse=True)
@@ -32,8 +32,7 @@ def tiny(**kw) -> TrainConfig:
 
 
 def run(tmp_path, arch="smelt", name="r", **kw):
-    return train(get_config(TIER, arch), tiny(**kw), tier=TIER, run_name=name, runs_dir=tmp_path / "runs",
-                 ckpt_dir=tmp_path / "ckpt")
+    return train(get_config(TIER, arch), tiny(**kw), tier=TIER, run_name=name, runs_dir=tmp_path / "runs")
 
 
 def strip(records):
@@ -74,9 +73,8 @@ def test_run_folder_contents(tmp_path):
     assert evals == [(None, 5), (0, 10), (None, 10), (None, 15), (None, 20)]
     for key in ("train_loss", "aux_loss", "z_loss", "lr", "tokens", "tokens_per_s"):
         assert all(key in r for r in lines)
-    # the run is finished: latest.pt exists, the branch point was cleaned up
-    assert (tmp_path / "ckpt" / "r" / "latest.pt").exists()
-    assert not (tmp_path / "ckpt" / "r" / "branch_point_0.pt").exists()
+    # the run is finished: its last checkpoint lives with the run, the branch point was cleaned up
+    assert sorted(p.name for p in (rd / "checkpoints").iterdir()) == [f"iter-{22:09d}"]
 
 
 def test_branch_equals_standalone_run_and_runs_reproduce(tmp_path):
@@ -108,7 +106,7 @@ def test_resume_guards_and_final_weights(tmp_path):
     with pytest.raises(UserError, match="already holds a run"):
         run(tmp_path, name="w", tokens=(6 * STEP_TOKENS,))
     # resuming a complete run returns its result without training
-    kw = dict(tier=TIER, run_name="w", runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt")
+    kw = dict(tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
     cfg = get_config(TIER, "smelt")
     before = runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl")
     doc = train(cfg, tiny(tokens=(6 * STEP_TOKENS,)), resume=True, save_final_weights=True, **kw)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -22,6 +23,9 @@ from rich.markup import escape
 
 from scaling.common.errors import UserError
 from scaling.common.serialize import to_json
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Tables stay readable when piped or captured (rich would fall back to 80 columns).
 _WIDTH = None if sys.stdout.isatty() else 200
@@ -98,3 +102,47 @@ def check_output_file(path: Path | str, what: str = "output file") -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         fail(f"{what} {path} is not writable")
     return path
+
+
+# -- numbers given as text: budgets and sparsities ----------------------------------------------
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"{what} must be a number, got {text!r}") from None
+
+
+def parse_budgets(budget: Optional[str], budgets: Optional[str]) -> "np.ndarray":
+    """``--budget C`` or ``--budgets a,b,c`` / ``--budgets lo:hi:n`` (n log-spaced values, ends included)."""
+    import numpy as np
+
+    from scaling.fitting.savings import check_budget_count, check_budgets  # scipy: only when used
+    if budget is not None and budgets is not None:
+        raise UserError("give --budget or --budgets, not both")
+    if budget is None and budgets is None:
+        raise UserError("give a training budget in FLOPs: --budget 1e21, --budgets 1e20,1e21 "
+                        "or --budgets 1e18:1e24:7")
+    if budget is not None:
+        return check_budgets([_number(budget.strip(), "budget")])
+    text = budgets.strip()
+    m = re.fullmatch(rf"\s*({_NUM})\s*:\s*({_NUM})\s*:\s*(\d+)\s*", text)
+    if m:
+        lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
+        check_budgets([lo, hi])
+        check_budget_count(n)
+        if n < 1 or (n == 1 and lo != hi):
+            raise UserError(f"--budgets {text}: need at least 2 points between two different ends")
+        return np.logspace(np.log10(lo), np.log10(hi), n)
+    if ":" in text:
+        raise UserError(f"--budgets {text!r}: expected lo:hi:n, e.g. 1e18:1e24:7")
+    return check_budgets([_number(t.strip(), "budget") for t in text.split(",") if t.strip()])
+
+
+def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
+    out = []
+    for v in values or []:
+        out += [_number(t.strip(), "sparsity") for t in v.split(",") if t.strip()]
+    return tuple(out)

@@ -14,8 +14,17 @@ import typer
 from rich.table import Table
 
 from scaling.accounting.tiers import ARCHS
-from scaling.cli._util import emit_json, fail, run_cli, show_progress, stderr, stdout, warn
-from scaling.cli.savings import parse_budgets, parse_sparsities
+from scaling.cli._util import (
+    emit_json,
+    fail,
+    parse_budgets,
+    parse_sparsities,
+    run_cli,
+    show_progress,
+    stderr,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import count, percent

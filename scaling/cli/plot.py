@@ -9,8 +9,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, stderr, stdout, warn
-from scaling.cli.savings import parse_budgets
+from scaling.cli._util import emit_json, parse_budgets, run_cli, stderr, stdout, warn
 from scaling.common.errors import UserError
 from scaling.fitting.sources import DEFAULT_RUNS, default_sparsity
 

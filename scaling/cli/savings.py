@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Optional
 
@@ -11,102 +10,22 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, stdout, warn
+from scaling.cli._util import emit_json, parse_budgets, parse_sparsities, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.fitting.envelope import envelope_points, envelope_savings
-from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSet, fit_law
-from scaling.fitting.reference_laws import LAW_SETS, load_law_set
+from scaling.fitting.fit import DEFAULT_BOOTSTRAP
+from scaling.fitting.reference_laws import LAW_SETS
 from scaling.fitting.savings import (
     WITHHOLD_DECADES,
-    FittedLaw,
     SavingsResult,
     SavingsRow,
-    check_budget_count,
-    check_budgets,
     savings,
-    uses_sparsity,
     withhold_unidentified,
 )
-from scaling.fitting.tables import load_points, read_runs_dir
+from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
+from scaling.fitting.tables import read_runs_dir
 
-DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-
-
-def _number(text: str, what: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UserError(f"{what} must be a number, got {text!r}") from None
-
-
-def parse_budgets(budget: Optional[str], budgets: Optional[str]) -> np.ndarray:
-    """``--budget C`` or ``--budgets a,b,c`` / ``--budgets lo:hi:n`` (n log-spaced values, ends included)."""
-    if budget is not None and budgets is not None:
-        raise UserError("give --budget or --budgets, not both")
-    if budget is None and budgets is None:
-        raise UserError("give a training budget in FLOPs: --budget 1e21, --budgets 1e20,1e21 "
-                        "or --budgets 1e18:1e24:7")
-    if budget is not None:
-        return check_budgets([_number(budget.strip(), "budget")])
-    text = budgets.strip()
-    m = re.fullmatch(rf"\s*({_NUM})\s*:\s*({_NUM})\s*:\s*(\d+)\s*", text)
-    if m:
-        lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
-        check_budgets([lo, hi])
-        check_budget_count(n)
-        if n < 1 or (n == 1 and lo != hi):
-            raise UserError(f"--budgets {text}: need at least 2 points between two different ends")
-        return np.logspace(np.log10(lo), np.log10(hi), n)
-    if ":" in text:
-        raise UserError(f"--budgets {text!r}: expected lo:hi:n, e.g. 1e18:1e24:7")
-    return check_budgets([_number(t.strip(), "budget") for t in text.split(",") if t.strip()])
-
-
-def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
-    out = []
-    for v in values or []:
-        out += [_number(t.strip(), "sparsity") for t in v.split(",") if t.strip()]
-    return tuple(out)
-
-
-def load_runs(path: Path, is_default: bool) -> pd.DataFrame:
-    """Canonical points of a runs folder or table (a hint on the default folder's errors)."""
-    hint = "train runs into it, or pass --runs PATH, --fits FILE or --law-set paper"
-    if is_default and (not path.is_dir() or not any(path.iterdir())):
-        raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
-    try:
-        return load_points(path, warn=warn)
-    except UserError as exc:
-        raise UserError(f"{exc}; {hint}" if is_default else str(exc)) from None
-
-
-def fit_runs(path: Path, law: str, reference: str, candidate: str, n_bootstrap: int, seed: int,
-             is_default: bool, points: pd.DataFrame | None = None) -> list:
-    """Fit the two groups of a runs folder or table: [FitResult of reference, of candidate]."""
-    if points is None:
-        points = load_runs(path, is_default)
-    groups = sorted(points["group"].unique(), key=str)
-    out = []
-    for g in (reference, candidate):
-        if g not in groups:
-            raise UserError(f"no runs of group {g!r} in {path}; groups: {', '.join(map(str, groups))}")
-        sub = points[points["group"] == g].reset_index(drop=True)
-        fit = fit_law(sub, law, group=g, n_bootstrap=n_bootstrap, seed=seed)
-        for w in fit.diagnostics.get("warnings", []):
-            warn(f"fit of {g}: {w}")
-        out.append(fit)
-    return out
-
-
-def _default_sparsities(ref: FittedLaw, cand: FittedLaw, summaries: list[dict]) -> tuple[float, ...]:
-    if not (uses_sparsity(ref.law) or uses_sparsity(cand.law)):
-        return (None,)
-    seen = sorted({float(s) for d in summaries for s in d.get("sparsities", [])})
-    if not seen:
-        raise UserError("a smelt-form law needs a sparsity and the fits record none: pass --sparsity")
-    return tuple(seen)
 
 
 def print_result(res: SavingsResult) -> None:
@@ -259,7 +178,7 @@ def register(app: typer.Typer) -> None:
         points = path = None
         if law_set is None and fits is None:
             path = DEFAULT_RUNS if runs is None else runs
-            points = load_runs(path, is_default=runs is None)
+            points = read_points(path, is_default=runs is None, warn=warn)
         if points is not None and method != "law":
             env = envelope_savings(envelope_points(points, _units(path, points)), reference, candidate, C,
                                    convention=_AT[at], n_bootstrap=n_bootstrap, seed=seed, level=ci_level)
@@ -271,30 +190,16 @@ def register(app: typer.Typer) -> None:
                 sources.append(f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples "
                                f"over run pairs, seed {seed})")
         if law_budgets.size:
-            if law_set is not None:
-                ls = load_law_set(law_set)
-                ref, cand = ls.fitted(reference), ls.fitted(candidate)
-                S = S or ls.sparsities
-                source = f"law set {ls.name!r}: {ls.citation} {ls.provenance}"
-            else:
-                if fits is not None:
-                    fs = FitSet.load(fits)
-                    pair = [fs.get(g) for g in (reference, candidate)]
-                    source = f"fits file {fits}"
-                else:
-                    pair = fit_runs(path, law, reference, candidate, n_bootstrap, seed,
-                                    is_default=runs is None, points=points)
-                    source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
-                ref, cand = (FittedLaw.from_fit(f, name=g, source=source)
-                             for f, g in zip(pair, (reference, candidate)))
-                S = S or _default_sparsities(ref, cand, [f.data_summary for f in pair])
-            law_res = savings(ref, cand, law_budgets, sparsities=S or (None,), convention=_AT[at],
-                              level=ci_level, source=source)
+            src = load_laws((reference, candidate), runs=runs, fits=fits, law_set=law_set, law=law,
+                            n_bootstrap=n_bootstrap, seed=seed, warn=warn, points=points)
+            ref, cand = src.laws[reference], src.laws[candidate]
+            law_res = savings(ref, cand, law_budgets, sparsities=src.sparsities(S), convention=_AT[at],
+                              level=ci_level, source=src.source)
             law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
                                             extrapolate=extrapolate)
             rows += law_res.rows
             laws = dict(law_res.laws)
-            sources.append(f"law: {source}")
+            sources.append(f"law: {src.source}")
             for w in law_res.warnings:
                 warn_once(w)
         res = SavingsResult(reference=reference, candidate=candidate, convention=_AT[at],

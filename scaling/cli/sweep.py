@@ -12,7 +12,7 @@ from rich.table import Table
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
 from scaling.training.data import check_data_use, plan_data_use
-from scaling.training.sweep import estimate, run_status, submit
+from scaling.training.sweep import check_memory, estimate, run_status, submit
 from scaling.training.sweep_plan import load_plan
 
 
@@ -22,13 +22,32 @@ def _fmt_s(s: float | None) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
+def _memory_cells(row: dict) -> list[str]:
+    mem = row.get("memory_gb_per_gpu")
+    if not mem:
+        return ["-"] * 5
+    fits = {True: "yes", False: "[bold red]NO[/bold red]", None: "-"}[row["fits"]]
+    return [
+        f"{mem['total']:.1f}",
+        f"{mem['params'] + mem['grads'] + mem['optimizer']:.1f}",
+        f"{mem['activations'] + mem['working']:.1f}",
+        f"{mem['buffers']:.1f}",
+        fits,
+    ]
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @run_cli
     def sweep(
         plan_file: Path = typer.Argument(..., help="Sweep plan (TOML), e.g. plans/cpu-proxy.toml."),
         dry_run: bool = typer.Option(
-            False, "--dry-run", help="Print every run with FLOPs and estimates; train nothing."
+            False,
+            "--dry-run",
+            help="Print every run with FLOPs, time or GPU-hours and memory per GPU (GB = 1e9 bytes, "
+            "by part); train nothing. A run that does not fit the plan's [parallel] gpu_memory_gb is "
+            "marked, and after the table (or the JSON) the command exits 2 with a one-line error "
+            "naming the tier and the shortfall, as the real run does before submitting anything.",
         ),
         probe: bool = typer.Option(
             True, "--probe/--no-probe", help="Measure tokens/s with a short probe (dry run)."
@@ -78,6 +97,7 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
                            "data_errors": data_errors, "data_warnings": data_warnings})
+                check_memory(est)
                 return
             table = Table(
                 title=f"plan {plan.name}: {len(rows)} runs -> {plan.runs_dir}", title_justify="left"
@@ -93,6 +113,11 @@ def register(app: typer.Typer) -> None:
                 "tok/s",
                 "est. time",
                 "GPU-h",
+                "mem/GPU GB",
+                "params+grads+optim",
+                "activ+work",
+                "buffers",
+                "fits",
             ):
                 table.add_column(
                     col, justify="left" if col in ("run", "budgets (tokens)", "status") else "right"
@@ -109,6 +134,7 @@ def register(app: typer.Typer) -> None:
                     f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
                     _fmt_s(r["est_seconds"]),
                     f"{r['gpu_hours']:.0f}" if r["gpu_hours"] else "-",
+                    *_memory_cells(r),
                 )
             stdout.print(table)
             conc = concurrency or int(plan.executor.get("concurrency", 1))
@@ -125,6 +151,12 @@ def register(app: typer.Typer) -> None:
                     f"{total['gpu_peak_flops']:.3g} FLOP/s per GPU.",
                     highlight=False,
                 )
+            stdout.print(
+                "Memory: per-GPU peak of a training step (scaling.accounting.memory; GB = 1e9 bytes); "
+                "`--json` has every part and the communication per step.",
+                highlight=False,
+            )
+            check_memory(est)
             return
         est = None
         if (executor or plan.executor.get("kind", "local")) == "local" and probe:

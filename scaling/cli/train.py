@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stdout
+from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout
 from scaling.common.errors import UserError
 
 
@@ -17,8 +18,8 @@ def parse_tokens(text: str) -> tuple[float, ...]:
         values = tuple(float(t) for t in text.replace(" ", "").split(",") if t)
     except ValueError:
         raise UserError(f"--tokens must be comma-separated numbers like 2e5,4e5, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise UserError(f"--tokens must be positive numbers, got {text!r}")
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise UserError(f"--tokens must be positive finite numbers, got {text!r}")
     return values
 
 
@@ -41,6 +42,49 @@ def _table(doc: dict):
             f"{p['wall_s']:.1f}",
         )
     return t
+
+
+class _Bar:
+    """The rich progress bar (tokens, tokens/s, loss, ETA) fed by the trainer's progress callback."""
+
+    def __init__(self):
+        self.bar = self.task = None
+
+    def __call__(self, p) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        if self.bar is None:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=16),
+                TextColumn("{task.percentage:>3.0f}% {task.fields[tps]} tok/s loss {task.fields[loss]}"
+                           " val {task.fields[val]}"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=stderr)
+            self.task = self.bar.add_task(escape(p.run), total=p.tokens_total, tps="-", loss="-", val="-")
+            self.bar.start()
+        fields = {}
+        if p.tokens_per_s is not None:
+            fields["tps"] = f"{p.tokens_per_s:,.0f}"
+        if p.train_loss is not None:
+            fields["loss"] = f"{p.train_loss:.3f}"
+        if p.val_loss is not None:
+            fields["val"] = f"{p.val_loss:.3f}"
+        self.bar.update(self.task, completed=p.tokens_done, **fields)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _check_flags(folder: Path, resume: bool, overwrite: bool) -> None:
+    """The run-folder refusals, worded with the flags (the library names the quantities)."""
+    holds = (folder / "config.json").exists() or (folder / "metrics.jsonl").exists()
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    if holds and not (resume or overwrite):
+        raise UserError(f"run folder {folder} already holds a run; pass --resume to continue it "
+                        "or --overwrite to start again")
+    if resume and not holds:
+        raise UserError(f"--resume: no run to resume in {folder}; start it without --resume")
 
 
 def register(app: typer.Typer) -> None:
@@ -79,11 +123,33 @@ def register(app: typer.Typer) -> None:
         ),
         ckpt_every: int = typer.Option(100, help="Checkpoint every this many updates."),
         ckpt_dir: Optional[Path] = typer.Option(
-            None, help="Checkpoint parent folder [default: $SMELT_CACHE/checkpoints]."
+            None, help="Checkpoint parent folder, one <run-name>-<run-id> folder per run "
+            "[default: <runs-dir>/<run-name>/checkpoints]."
+        ),
+        async_ckpt: bool = typer.Option(
+            False, "--async-ckpt", help="Write periodic checkpoints in the background."
         ),
         log_every: int = typer.Option(1, help="Metrics line every this many updates."),
+        log_to: str = typer.Option(
+            "jsonl", help="Comma-separated: jsonl plus tensorboard and/or wandb mirrors (extra [track])."
+        ),
+        peak_flops: Optional[str] = typer.Option(
+            None, help="Peak FLOP/s of one device for MFU: a number or h100-sxm-bf16, h200-bf16, a100-bf16."
+        ),
+        mfu: bool = typer.Option(False, "--mfu", help="Require MFU in the log (needs --peak-flops)."),
+        val_by_source: bool = typer.Option(
+            False, "--val-by-source", help="Also log val_loss/<source> per data source."
+        ),
+        parallel: str = typer.Option(
+            "none", help="none (DDP under torchrun), ddp, fsdp or hsdp."
+        ),
+        activation_checkpointing: bool = typer.Option(
+            False, "--activation-checkpointing", help="Recompute each layer pass in the backward."
+        ),
+        compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model's blocks."),
         resume: bool = typer.Option(
-            False, "--resume", help="Continue an existing run from its last checkpoint."
+            False, "--resume",
+            help="Continue an existing run from its last checkpoint (an error if the run does not exist).",
         ),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Delete an existing run of this name first."
@@ -113,10 +179,11 @@ def register(app: typer.Typer) -> None:
         largest budget and a cooldown branch is taken at each smaller one.
 
         Runs under torchrun use DDP (gloo on CPU, nccl on CUDA). A killed run continues with --resume and
-        logs exactly what an uninterrupted run logs.
+        logs exactly what an uninterrupted run logs (see the README, "What happens when things go wrong");
+        --resume on a run that does not exist is an error.
         """
         from scaling.accounting.tiers import get_config, is_proxy
-        from scaling.training.trainer import TrainConfig, train
+        from scaling.training.trainer import TrainConfig, default_run_name, train
 
         model_cfg = get_config(tier, arch)
         cfg = TrainConfig(
@@ -139,20 +206,34 @@ def register(app: typer.Typer) -> None:
             data_max_bytes=data_max_bytes,
             device=device,
             threads=threads,
+            async_ckpt=async_ckpt,
+            log_to=tuple(t.strip() for t in log_to.split(",") if t.strip()),
+            peak_flops=peak_flops,
+            mfu=mfu,
+            val_by_source=val_by_source,
+            parallel=parallel,
+            activation_checkpointing=activation_checkpointing,
+            compile=compile_model,
         )
-        doc = train(
-            model_cfg,
-            cfg,
-            tier=tier,
-            proxy=is_proxy(tier),
-            run_name=run_name,
-            runs_dir=runs_dir,
-            ckpt_dir=ckpt_dir,
-            resume=resume,
-            overwrite=overwrite,
-            save_final_weights=save_final_weights,
-            progress=show_progress(json_out, quiet),
-        )
+        _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
+        bar = _Bar() if show_progress(json_out, quiet) else None
+        try:
+            doc = train(
+                model_cfg,
+                cfg,
+                tier=tier,
+                proxy=is_proxy(tier),
+                run_name=run_name,
+                runs_dir=runs_dir,
+                ckpt_dir=ckpt_dir,
+                resume=resume,
+                overwrite=overwrite,
+                save_final_weights=save_final_weights,
+                progress=bar,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
         import os
 
         if int(os.environ.get("RANK", "0")) != 0:

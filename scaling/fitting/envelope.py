@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
+from scaling.common.stats import percentile_interval
 from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
 from scaling.fitting.tables import flops_per_param_k, total_flops
 
@@ -154,9 +155,9 @@ def envelope_savings(points: pd.DataFrame, reference: str, candidate: str, budge
             ok = np.isfinite(s)
             kept = int(ok.sum())
             if kept >= max(2, n_bootstrap // 2):
-                s_ci = _interval(s[ok], level)
+                s_ci = percentile_interval(s[ok], level)
                 g_ok = np.isfinite(g)
-                g_ci = _interval(g[g_ok], level) if g_ok.any() else None
+                g_ci = percentile_interval(g[g_ok], level) if g_ok.any() else None
         rows.append(SavingsRow(
             budget=float(c), sparsity=None, candidate_compute=float(m["c_cand"][i]),
             reference_compute=float(m["c_ref"][i]), candidate_loss=float(m["loss"][i]),
@@ -193,11 +194,6 @@ def bootstrap_savings(groups: np.ndarray, units: np.ndarray, compute: np.ndarray
         m = _matched(ref, cand, C, convention)
         out_s[b], out_g[b] = m["savings"], m["gap"]
     return out_s, out_g
-
-
-def _interval(x: np.ndarray, level: float) -> tuple[float, float]:
-    lo, hi = np.quantile(x, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return float(lo), float(hi)
 
 
 def envelope_points(points: pd.DataFrame, units: pd.Series | None = None) -> pd.DataFrame:

@@ -49,6 +49,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from scaling.common.errors import UserError
+from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import Law, get_law, two_term_optimum
 
 CONVENTIONS = ("candidate-budget", "reference-budget")
@@ -425,11 +426,6 @@ def _far_warning(rows: Sequence[SavingsRow]) -> str | None:
             "extrapolations")
 
 
-def _interval(x: np.ndarray, level: float) -> tuple[float, float]:
-    lo, hi = np.quantile(x, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return float(lo), float(hi)
-
-
 def _decades(compute: float, top: float | None) -> float | None:
     return None if top is None else float(np.log10(compute / top))
 
@@ -513,8 +509,8 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
             if paired is not None:
                 mb = _matched(reference, candidate, paired[0], paired[1], np.array(c), s, convention, span)
                 n_res, n_clamped = int(mb["savings"].size), int(np.count_nonzero(mb["status"]))
-                s_ci = _interval(mb["savings"], level)
-                g_ci = _interval(mb["gap"], level)
+                s_ci = percentile_interval(mb["savings"], level)
+                g_ci = percentile_interval(mb["gap"], level)
                 if n_clamped:
                     warnings.append(f"{where}: in {n_clamped} of {n_res} resamples the {solved} does not "
                                     f"reach the matched loss within {span:g} decades; their savings are "

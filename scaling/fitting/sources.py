@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.fitting.fit import FitResult, FitSet, fit_law
@@ -86,17 +87,25 @@ class LawSource:
         return max((float(r) for r in rmse if r is not None), default=None)
 
 
-def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed: int, *,
-             is_default: bool = False, warn: Callable[[str], None] | None = None) -> list[FitResult]:
-    """Fit ``groups`` of a runs folder or points table: one FitResult per group, in order. The
-    fits' own warnings go to ``warn`` as "fit of <group>: ..."."""
+def read_points(path: Path, *, is_default: bool = False,
+                warn: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Canonical points of a runs folder or table; on the default folder, errors say what to do."""
     hint = "train runs into it, or give another runs folder, a fits file or a law set"
     if is_default and (not path.is_dir() or not any(path.iterdir())):
         raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
     try:
-        points = load_points(path, warn=warn)
+        return load_points(path, warn=warn)
     except UserError as exc:
         raise UserError(f"{exc}; {hint}" if is_default else str(exc)) from None
+
+
+def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed: int, *,
+             is_default: bool = False, warn: Callable[[str], None] | None = None,
+             points: pd.DataFrame | None = None) -> list[FitResult]:
+    """Fit ``groups`` of a runs folder or points table (or of ``points`` already read from it): one
+    FitResult per group, in order. The fits' own warnings go to ``warn`` as "fit of <group>: ..."."""
+    if points is None:
+        points = read_points(path, is_default=is_default, warn=warn)
     present = sorted(points["group"].unique(), key=str)
     out = []
     for g in groups:
@@ -113,7 +122,8 @@ def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed
 
 def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | None = None,
               law_set: str | None = None, law: str = "chinchilla", n_bootstrap: int = 0, seed: int = 0,
-              default: str = "runs", warn: Callable[[str], None] | None = None) -> LawSource:
+              default: str = "runs", warn: Callable[[str], None] | None = None,
+              points: pd.DataFrame | None = None) -> LawSource:
     """The laws of ``groups`` from the one source given: ``runs`` (a runs folder or points table,
     fitted here with ``law``, ``n_bootstrap`` resamples and ``seed``), ``fits`` (a fits file) or
     ``law_set`` (a published set's name). With none given, ``default`` decides: "runs" fits
@@ -136,11 +146,12 @@ def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | N
         source, runs_dir = f"fits file {fits}", None
     else:
         path = DEFAULT_RUNS if runs is None else runs
-        pair = fit_runs(path, law, groups, n_bootstrap, seed, is_default=runs is None, warn=warn)
+        pair = fit_runs(path, law, groups, n_bootstrap, seed, is_default=runs is None, warn=warn,
+                        points=points)
         source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
         runs_dir = path if path.is_dir() else None
     laws = {g: FittedLaw.from_fit(f, name=g, source=source) for g, f in zip(groups, pair)}
     return LawSource(laws, source, fits=tuple(pair), runs_dir=runs_dir)
 
 
-__all__ = ["DEFAULT_RUNS", "LawSource", "default_sparsity", "fit_runs", "load_laws"]
+__all__ = ["DEFAULT_RUNS", "LawSource", "default_sparsity", "fit_runs", "load_laws", "read_points"]

@@ -346,25 +346,22 @@ class Corpus:
         ).astype(np.int64)
         return win[:, :-1], win[:, 1:]
 
-    def val_windows_by_source(
-        self, seq_len: int, n_windows: int | None = None
-    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """{source: windows}: like :meth:`val_windows`, tiling each source's own range of the
-        validation stream (documents are sorted by name, so each source is contiguous);
-        ``n_windows`` per source, sources shorter than one window left out."""
+    def val_windows_by_source(self, seq_len: int, n_windows: int | None = None) -> dict[str, tuple]:
+        """{source: (inputs, targets)}: :meth:`val_windows` of each source's own validation
+        documents (``n_windows`` per source); a source with less than one window is left out."""
         out = {}
         for source in self.spec.sources:
-            idx = [i for i, n in enumerate(self.val_names) if n.split("/", 1)[0] == source]
-            if not idx:
+            docs = [i for i, name in enumerate(self.val_names) if name.split("/", 1)[0] == source]
+            if not docs:
                 continue
-            lo, hi = int(self.val_offsets[idx[0]]), int(self.val_offsets[idx[-1] + 1])
-            total = (hi - lo) // (seq_len + 1)
+            offsets = self.val_offsets
+            stream = np.concatenate([self.val_tokens[offsets[i]:offsets[i + 1]] for i in docs])
+            total = len(stream) // (seq_len + 1)
             if total < 1:
                 continue
-            keep = np.arange(total) if n_windows is None or n_windows >= total else \
-                np.unique(np.linspace(0, total - 1, n_windows).round().astype(np.int64))
-            win = np.stack([np.asarray(self.val_tokens[lo + i * (seq_len + 1):lo + (i + 1) * (seq_len + 1)])
-                            for i in keep]).astype(np.int64)
+            idx = np.arange(total) if n_windows is None or n_windows >= total else np.unique(
+                np.linspace(0, total - 1, n_windows).round().astype(np.int64))
+            win = np.stack([stream[i * (seq_len + 1):(i + 1) * (seq_len + 1)] for i in idx]).astype(np.int64)
             out[source] = (win[:, :-1], win[:, 1:])
         return out
 

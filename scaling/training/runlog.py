@@ -1,11 +1,11 @@
-"""Run-folder I/O: crash-safe appends and rewrites, run metadata, checkpoints.
+"""Run-folder I/O: crash-safe appends and rewrites, run metadata, final weights.
 
 A run folder ``runs/<name>/`` holds ``config.json`` (written once at start),
 ``metrics.jsonl`` (one JSON object per line, each appended with write + flush + fsync, so a
 crash loses at most the line being written, and a reader skips a torn last line) and
 ``final.json`` (rewritten whole, via a temporary file + ``os.replace``, which is atomic on
-POSIX: a reader sees the old or the new file, never a mix). Checkpoints are written the
-same way (``torch.save`` to a temporary file in the target folder, fsync, rename).
+POSIX: a reader sees the old or the new file, never a mix), and ``checkpoints/`` (see
+:mod:`scaling.training.checkpoint`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -93,6 +92,32 @@ def read_jsonl(path: Path | str) -> list[dict]:
     return out
 
 
+def read_jsonl_checked(path: Path | str) -> tuple[list[dict], bool]:
+    """All lines of a JSONL file and whether its final line was torn (written without its newline).
+
+    Only the final line may be torn (a write cut short); any other line that is not a JSON object
+    raises UserError naming the file and the line number.
+    """
+    path = Path(path)
+    if not path.exists():
+        return [], False
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    out, torn = [], False
+    for n, line in enumerate(lines, 1):
+        if n == len(lines) and not line.endswith("\n"):
+            torn = True
+            break
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise UserError(f"{path} line {n} is not a JSON object (corrupt); repair or remove it, "
+                            "nothing was changed")
+        out.append(rec)
+    return out, torn
+
+
 def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
     """Replace a JSONL file atomically with ``records``."""
     text = "".join(to_json(r, indent=None) + "\n" for r in records)
@@ -126,18 +151,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     return exists and resume
 
 
-def prepare_ckpt_dir(ckpt_dir: Path, overwrite: bool) -> None:
-    ckpt_dir = Path(ckpt_dir)
-    if overwrite and ckpt_dir.exists():
-        shutil.rmtree(ckpt_dir)
-    try:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"checkpoint folder {ckpt_dir} is not writable: {exc.strerror or exc}") from None
-    for stale in ckpt_dir.glob(".*.tmp"):  # a save killed mid-write
-        stale.unlink(missing_ok=True)
-
-
 def code_version() -> dict:
     """Package version and, when the source is a git checkout, its commit and dirty flag."""
     from scaling import __version__
@@ -166,24 +179,17 @@ def environment() -> dict:
             "cuda": torch.version.cuda, "cpu_count": os.cpu_count()}
 
 
-# ----- checkpoints ------------------------------------------------------------------------
+# ----- final weights ----------------------------------------------------------------------
 
-def save_checkpoint(path: Path | str, state: dict) -> None:
-    """torch.save ``state`` atomically (a kill leaves the previous checkpoint intact)."""
-    import torch
+def save_weights(path: Path | str, weights, metadata: dict[str, str] | None = None) -> None:
+    """Weights as one safetensors file, written atomically.
 
-    atomic_write(path, lambda fh: torch.save(state, fh))  # streamed: no copy of a large state
-
-
-def load_checkpoint(path: Path | str, map_location: Any = "cpu") -> dict:
-    import torch
-
-    return torch.load(path, map_location=map_location, weights_only=False)
-
-
-def save_weights(path: Path | str, model, metadata: dict[str, str] | None = None) -> None:
-    """Model weights as safetensors (tied tensors stored once), written atomically."""
+    ``weights`` is a module or a full (gathered) state dict; a tensor shared by two names (tied
+    embeddings) is stored under each name as its own copy, so the file loads with
+    ``load_state_dict``.
+    """
     from safetensors.torch import save
 
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = weights.state_dict() if hasattr(weights, "state_dict") else weights
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in state.items()}
     atomic_write_bytes(path, save(tensors, metadata=metadata or {}))

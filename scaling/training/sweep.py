@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scaling.accounting.config import ModelConfig
+from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
 from scaling.training.data import DATA_TO_TRAIN, expand_path
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
@@ -63,7 +64,8 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
     from scaling.training.trainer import train
 
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
-                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir, resume=True,
+                 run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
+                 resume=run_status(Path(runs_dir), run.name) != "new",
                  save_final_weights=bool(run.train.get("save_final_weights", False)))
 
 
@@ -119,6 +121,13 @@ class RunEstimate:
     tokens_per_s: float | None
     seconds: float | None
     gpu_hours: float | None
+    memory: MemoryEstimate | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the per-GPU peak fits the plan's gpu_memory_gb (None: the plan states none)."""
+        limit = self.run.gpu_memory_gb
+        return None if limit is None or self.memory is None else self.memory.fits(limit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +142,22 @@ class RunEstimate:
             "tokens_per_s": self.tokens_per_s,
             "est_seconds": self.seconds,
             "gpu_hours": self.gpu_hours,
+            **self.memory_dict(),
+        }
+
+    def memory_dict(self) -> dict[str, Any]:
+        """memory_gb_per_gpu (total and parts, GB = 1e9 bytes), fits, communication per step."""
+        if self.memory is None:
+            return {}
+        m = self.memory.to_dict()
+        parts = ("total", "params", "grads", "optimizer", "activations", "working", "buffers")
+        return {
+            "memory_gb_per_gpu": {k: m[k] for k in parts},
+            "gpu_memory_gb": self.run.gpu_memory_gb,
+            "fits": self.fits,
+            "memory_peak_at": m["peak_at"],
+            "communication_gb_per_step": m["communication_per_step"],
+            "layout": m["layout"],
         }
 
 
@@ -158,8 +183,28 @@ def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
                 secs = tokens / tps
         else:
             gpu_h = flops / (mfu * peak) / 3600.0
-        out.append(RunEstimate(run, run_status(plan.runs_dir, run.name), tokens, flops, tps, secs, gpu_h))
+        memory = estimate_memory(run.model, run.layout())
+        out.append(RunEstimate(run, run_status(plan.runs_dir, run.name), tokens, flops, tps, secs, gpu_h,
+                               memory))
     return out
+
+
+def check_memory(estimates: list[RunEstimate]) -> None:
+    """UserError (one line) naming the runs whose per-GPU peak exceeds gpu_memory_gb, first in full."""
+    over = [e for e in estimates if e.fits is False]
+    if not over:
+        return
+    e = over[0]
+    lay, need, limit = e.memory.layout, e.memory.total / GB, e.run.gpu_memory_gb
+    others = "".join(
+        f"; also {o.run.name} (+{o.memory.total / GB - o.run.gpu_memory_gb:.1f} GB)" for o in over[1:]
+    )
+    raise UserError(
+        f"tier {e.run.tier} ({e.run.name}) needs {need:.1f} GB per GPU, {need - limit:.1f} GB more "
+        f"than gpu_memory_gb = {limit:g} ({lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs, "
+        f"micro-batch {lay.micro_batch_size}, activation checkpointing "
+        f"{'on' if lay.activation_checkpointing else 'off'}){others}"
+    )
 
 
 # ----- dispatch -------------------------------------------------------------------------
@@ -216,7 +261,11 @@ def submit(
     log_dir: Path | None = None,
     estimates: list[RunEstimate] | None = None,
 ):
-    """Submit the plan's unfinished runs; returns (jobs, skipped run names)."""
+    """Submit the plan's unfinished runs; returns (jobs, skipped run names).
+
+    A plan whose runs do not fit their gpu_memory_gb is refused (UserError) before anything starts.
+    """
+    check_memory(estimates if estimates is not None else estimate(plan, probe=False))
     todo = [r for r in plan.runs if run_status(plan.runs_dir, r.name) != "done"]
     skipped = [r.name for r in plan.runs if r not in todo]
     plan.runs_dir.mkdir(parents=True, exist_ok=True)

@@ -41,12 +41,29 @@ Format (see ``plans/cpu-proxy.toml``)::
     mfu = 0.4                              # assumed model FLOPs utilisation for GPU-hour estimates
     gpu_peak_flops = 9.89e14               # per GPU (H100 SXM dense bf16)
 
+    [parallel]                             # the layout of every run (scaling.accounting.memory)
+    mode = "fsdp"                          # "none" | "ddp" | "fsdp" | "hsdp"
+    gpus_per_node = 8
+    nodes = 1
+    replicate = 2                          # hsdp only: replicate degree (default: nodes)
+    gpu_memory_gb = 141                    # per GPU, GB = 1e9 bytes; runs must fit under it
+    grad_sync = "every"                    # "every" micro-batch or only the "last" (default:
+                                           # "every" when sharded, "last" otherwise)
+
+    [tier."1.6B".parallel]                 # per-tier layout overrides
+    nodes = 4
+
+The micro-batch and activation checkpointing of the memory estimate are the run's [train]
+``micro_batch_size`` and ``activation_checkpointing``; the compute dtype is bf16 unless [train]
+``device = "cpu"`` (fp32).
+
 One run = (tier, arch, seed); it trains a WSD trunk to the largest budget and branches a
 cooldown at each smaller one, so each run yields one (N, D) point per budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +72,7 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.matching import smelt_twin
+from scaling.accounting.memory import Layout
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
 from scaling.training.data import check_data_table
@@ -62,6 +80,7 @@ from scaling.training.data import check_data_table
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition", "gpus_per_job",
                   "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
+_PARALLEL_KEYS = {"mode", "gpus_per_node", "nodes", "replicate", "gpu_memory_gb", "grad_sync"}
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,39 @@ class PlannedRun:
     data: dict[str, Any]
     model: ModelConfig
     proxy: bool
+    parallel: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu_memory_gb(self) -> float | None:
+        """The per-GPU memory the run must fit in (GB = 1e9 bytes), if the plan states one."""
+        value = self.parallel.get("gpu_memory_gb")
+        return None if value is None else float(value)
+
+    def layout(self) -> Layout:
+        """The run's parallel layout for the memory planner: [parallel] + the [train] micro-batch.
+
+        Every rank takes its own rows of the global batch (data parallel degree = world for
+        DDP, FSDP and HSDP alike), so per-rank batch = batch_size / world and the
+        accumulation steps = per-rank batch / micro_batch_size (TrainConfig's rule).
+        """
+        par = {k: v for k, v in self.parallel.items() if k != "gpu_memory_gb"}
+        cpu = str(self.train.get("device", "auto")) == "cpu"
+        layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16")  # checks the values
+        world = layout.world
+        batch = int(self.train.get("batch_size", 16))
+        if batch % world:
+            raise UserError(f"run {self.name}: the {world} GPUs do not divide batch_size {batch}")
+        per_rank = batch // world
+        micro = self.train.get("micro_batch_size") or per_rank
+        if per_rank % micro:
+            raise UserError(f"run {self.name}: micro_batch_size {micro} does not divide the per-GPU "
+                            f"batch {per_rank} (batch_size {batch} over {world} GPUs)")
+        return dataclasses.replace(
+            layout,
+            micro_batch_size=int(micro),
+            grad_accum_steps=per_rank // int(micro),
+            activation_checkpointing=bool(self.train.get("activation_checkpointing", False)),
+        )
 
     def tokens_trained(self, decay_fraction: float) -> float:
         """Trunk to the largest budget plus one cooldown of decay_fraction*D_i per smaller budget."""
@@ -147,12 +199,16 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     executor = dict(data.get("executor", {}))
     unknown = set(executor) - _EXECUTOR_KEYS
     if unknown:
-        raise UserError(f"{where}: unknown [executor] keys: {', '.join(sorted(unknown))}")
+        raise UserError(f"{where}: unknown [executor] keys: {', '.join(sorted(unknown))}; valid keys: "
+                        f"{', '.join(sorted(_EXECUTOR_KEYS))}")
+    parallel = _parallel_table(data.get("parallel", {}), f"{where} [parallel]")
     runs_dir = Path(sweep.get("runs_dir", "runs"))  # relative paths are relative to the working dir
     runs = []
     for tier in tiers:
         override = dict(per_tier.get(tier, {}))
         budgets = _as_budgets(override.pop("budgets", sweep.get("budgets")), f"{where} [{tier}]")
+        tier_parallel = {**parallel, **_parallel_table(override.pop("parallel", {}),
+                                                       f'{where} [tier."{tier}".parallel]')}
         for arch in archs:
             if tier in custom:
                 model, proxy = custom[tier][arch], custom[tier]["proxy"]
@@ -170,8 +226,14 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
                         data=data_spec,
                         model=model,
                         proxy=proxy,
+                        parallel=tier_parallel,
                     )
                 )
+    for run in runs:  # a layout that cannot exist is an error of the plan, found before any work
+        try:
+            run.layout()
+        except UserError as exc:
+            raise UserError(f"{where} [{run.tier}]: {exc}") from None
     return SweepPlan(
         name=str(sweep.get("name", path.stem if path else "sweep")),
         path=path,
@@ -180,6 +242,20 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         executor=executor,
         description=str(sweep.get("description", "")),
     )
+
+
+def _parallel_table(table: Any, where: str) -> dict[str, Any]:
+    """A [parallel] table (or a tier's override of it), its keys checked; values checked by Layout."""
+    if not isinstance(table, dict):
+        raise UserError(f"{where} must be a table")
+    unknown = set(table) - _PARALLEL_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown keys {', '.join(sorted(unknown))}; valid keys: "
+                        f"{', '.join(sorted(_PARALLEL_KEYS))}")
+    gb = table.get("gpu_memory_gb")
+    if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
+        raise UserError(f"{where}: gpu_memory_gb must be a positive number of GB, got {gb!r}")
+    return dict(table)
 
 
 def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:

@@ -1,14 +1,17 @@
-"""The trainer: AdamW, WSD with cooldown branches at several token budgets, resume, DDP.
+"""The trainer: a short loop over components (AdamW, WSD cooldown branches, resume, data parallel).
 
 One run trains one model on the corpus of :mod:`scaling.training.corpus` and yields one (N, D, loss)
-point per token budget. With the WSD schedule the stable *trunk* runs to the largest budget
-``S_n`` (steps); for each smaller budget ``S_i`` a cooldown *branch* starts from the trunk
-state at step ``P_i = S_i - K_i`` (``K_i = round(decay_fraction * S_i)``), decays the learning
-rate linearly to ~0 at ``S_i``, is evaluated, and the trunk resumes from the saved state.
-Because a batch is a pure function of (seed, step), every branch is exactly the run a
-standalone WSD job with budget ``S_i`` would have made (tests/test_train.py checks this),
-at a total cost of ``S_n + sum_{i<n} K_i`` steps (Hägele et al. 2024 show such cooldowns
-match cosine runs of the same length).
+point per token budget. The components, each in its own module:
+
+* :class:`~scaling.training.branches.BranchPlan`: trunk to the largest budget, a cooldown branch
+  from step ``P_i = S_i - K_i`` at each smaller budget, where evaluations happen (pure, no torch);
+* :class:`~scaling.training.state.TrainState`: the position in the plan and what the run has done;
+* :class:`~scaling.training.checkpoint.Checkpointer`: DCP checkpoints in ``<run_dir>/checkpoints``,
+  atomic, identity-checked, resumable on another world size;
+* :class:`~scaling.training.evaluate.Evaluator`: validation loss with the same number of forward
+  passes on every rank, overall and per data source;
+* :class:`~scaling.training.metrics.MetricsSink`: ``metrics.jsonl`` (+ TensorBoard / W&B mirrors),
+  with MFU, peak memory and data wait per logged update.
 
 Objective: ``CE + aux_coef * load_balance + z_coef * router_z`` (defaults 0.01 and 1e-3, as
 Switch Transformer's alpha = 0.01 and ST-MoE's z-loss coefficient 1e-3). AdamW (decoupled
@@ -18,47 +21,58 @@ Gradients are clipped to a global norm. fp32 on CPU (bitwise reproducible for a 
 count), bf16 autocast with fp32 master weights on CUDA.
 
 Logs go to ``runs/<name>/`` (see :mod:`scaling.training.runlog`): ``config.json``, ``metrics.jsonl``
-(one line per logged update, keyed by ``iter``, the run's update counter, which is monotone
-across trunk and branches) and ``final.json``. Checkpoints (``latest.pt`` every ``ckpt_every``
-updates and at every budget end, plus ``branch_point_<i>.pt`` with the trunk state each branch
-returns to) go to ``$SMELT_CACHE/checkpoints/<name>/`` unless ``ckpt_dir`` is given. Resuming
-restores model, optimizer and position from ``latest.pt`` and drops metric lines past it, so a
-run killed at any moment and resumed logs exactly what an uninterrupted run logs.
+(one line per logged update, keyed by ``iter``, the run's update counter, monotone across trunk
+and branches), ``final.json`` and ``checkpoints/``. A run killed at any moment and resumed logs
+exactly what an uninterrupted run logs.
 
-Data parallel: under ``torchrun`` (``WORLD_SIZE`` > 1) the model is wrapped in DDP (gloo on
-CPU, nccl on CUDA); rank r takes rows [r*B/W, (r+1)*B/W) of each global batch, so the
-result equals a single process with ``micro_batch_size`` = B/W and W accumulation steps.
-Only rank 0 writes files; the checkpoint folder must be visible to every rank.
+Data parallel: under ``torchrun`` (``WORLD_SIZE`` > 1) the model is wrapped by ``parallelize``
+(DDP here; FSDP2/HSDP where :mod:`scaling.training.parallel` provides them); rank r takes rows
+[r*B/W, (r+1)*B/W) of each global batch, so the result equals a single process with
+``micro_batch_size`` = B/W and W accumulation steps. Only rank 0 writes the run log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
-import random
 import signal
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs as accounting
 from scaling.common.errors import UserError
 from scaling.training import runlog
-from scaling.training.corpus import DataSpec, cache_root
+from scaling.training.branches import BranchPlan, Position, TokenBudget
+from scaling.training.checkpoint import Checkpointer, identity_diff, run_identity
+from scaling.training.corpus import DataSpec
 from scaling.training.data import open_data
-from scaling.training.schedule import TokenBudget, lr_at, plan_budgets, total_steps
+from scaling.training.evaluate import Evaluator, autocast
+from scaling.training.metrics import (
+    MetricsSink,
+    check_log_to,
+    mfu,
+    peak_memory_bytes,
+    require_trackers,
+    resolve_peak_flops,
+)
+from scaling.training.schedule import lr_at
+from scaling.training.state import TrainState
 
-CKPT_FORMAT = 1
-# Fault injection for tests/test_resume.py: SIGKILL the process right after the metrics line
-# of this update is written and before its checkpoint (the most adversarial moment).
+log = logging.getLogger(__name__)
+
+# Fault injection for tests: SIGKILL the process right after the metrics line of this update is
+# written and before its checkpoint (the most adversarial moment).
 _KILL_ENV = "SMELT_FAULT_KILL_AT_ITER"
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -68,20 +82,30 @@ class TrainConfig:
     tokens            token budgets D (one point each); rounded to whole steps of
                       batch_size * seq_len tokens
     batch_size        global batch in sequences (all ranks, all accumulation steps)
-    micro_batch_size  sequences per forward/backward on one rank (None: batch_size / world)
+    micro_batch_size  sequences per forward/backward on one rank (None: batch_size / world);
+                      the accumulation steps are batch_size / world / micro_batch_size
     lr                peak learning rate; warmup: linear warmup steps (None: auto =
                       min(1000, max(1, round(0.1 * S_min))), S_min = steps of the smallest budget)
     schedule          "wsd" (several budgets per run) or "cosine" (one budget, to min_lr_ratio*lr)
     decay_fraction    WSD cooldown length as a fraction of each budget
     eval_every        periodic validation every this many trunk steps (0: only at budget ends)
     val_windows       validation windows of seq_len tokens (None: the whole split)
+    val_by_source     also log val_loss/<source> for each data source
     ckpt_every        checkpoint every this many updates (budget ends always checkpoint)
+    async_ckpt        write periodic checkpoints in the background (torch.distributed.checkpoint)
     log_every         metrics line every this many updates (evaluations are always logged)
+    log_to            "jsonl" plus optional mirrors "tensorboard", "wandb" (extra [track])
+    peak_flops        dense peak FLOP/s of one device, or a preset name (see metrics.PEAK_FLOPS);
+                      when set, each line records mfu
+    mfu               require MFU in the log (an error without peak_flops)
     data              folder of token shards (``smelt-scale prepare-data``); None: built-in corpus
     data_tokenizer    tokenizer.json the shards must have been made with (None: not checked)
     data_max_bytes    None: full corpus; else the DataSpec test subset (built-in corpus only)
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
+    parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
+    activation_checkpointing, compile   passed to parallelize (recompute each layer pass in the
+                      backward; torch.compile the blocks)
     """
 
     tokens: tuple[float, ...]
@@ -102,35 +126,57 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 250
     val_windows: int | None = None
+    val_by_source: bool = False
     eval_batch_size: int = 32
     ckpt_every: int = 100
+    async_ckpt: bool = False
     log_every: int = 1
+    log_to: tuple[str, ...] = ("jsonl",)
+    peak_flops: float | str | None = None
+    mfu: bool = False
     data: str | None = None
     data_tokenizer: str | None = None
     data_max_bytes: int | None = None
     data_val_fraction: float = 0.025
     device: str = "auto"
     threads: int | None = None
+    parallel: str = "none"
+    activation_checkpointing: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", tuple(float(t) for t in self.tokens))
+        try:
+            tokens = tuple(float(t) for t in self.tokens)
+        except (TypeError, ValueError):
+            raise UserError(f"tokens must be numbers, got {self.tokens!r}") from None
+        if not tokens or not all(0 < t < float("inf") for t in tokens):
+            raise UserError(f"token budgets must be positive finite numbers, got {list(self.tokens)}")
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "log_to", tuple(self.log_to))
         for name in ("batch_size", "eval_batch_size", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise UserError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if not self.lr > 0:
-            raise UserError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < float("inf"):
+            raise UserError(f"lr must be a positive finite number, got {self.lr}")
         if self.warmup is not None and self.warmup < 0:
             raise UserError(f"warmup must be >= 0, got {self.warmup}")
         if self.eval_every < 0:
             raise UserError(f"eval_every must be >= 0, got {self.eval_every}")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"threads must be >= 1, got {self.threads}")
+        if self.parallel not in ("none", "ddp", "fsdp", "hsdp"):
+            raise UserError(f"parallel must be none, ddp, fsdp or hsdp, got {self.parallel!r}")
+        check_log_to(self.log_to)
+        resolve_peak_flops(self.peak_flops)
+        if self.mfu and self.peak_flops is None:
+            raise UserError("MFU needs peak_flops: the dense peak FLOP/s of one device or a preset "
+                            "(h100-sxm-bf16, h200-bf16, a100-bf16)")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["tokens"] = list(self.tokens)
+        d["tokens"], d["log_to"] = list(self.tokens), list(self.log_to)
         return d
 
     @classmethod
@@ -143,12 +189,13 @@ class TrainConfig:
                         val_fraction=self.data_val_fraction)
 
 
-# Fields that may differ between a run and its resumption (they do not change the maths,
-# except threads/device which change float rounding; a warning is printed for those).
-_RESUME_FREE = {"ckpt_every", "log_every", "eval_batch_size", "device", "threads"}
+# Fields that may differ between a run and its resumption: they do not change the maths, except
+# device/threads/parallel, which change float rounding (a warning is logged for those).
+RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
+               "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile"}
 
 
-def default_warmup(budgets: list[TokenBudget]) -> int:
+def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
     return min(1000, max(1, round(0.1 * budgets[0].steps)))
 
 
@@ -164,13 +211,39 @@ def default_run_name(tier: str, arch: str, cfg: TrainConfig) -> str:
     return f"{tier}-{arch}-{format_tokens(max(cfg.tokens))}-s{cfg.seed}"
 
 
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay every matrix except the token embedding; never decay 1-D gains."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        for wrapper in ("module.", "_orig_mod."):  # DDP, torch.compile
+            name = name.removeprefix(wrapper)
+        (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the trainer reports after each update (the CLI draws a progress bar from it)."""
+
+    run: str
+    tokens_done: int
+    tokens_total: int
+    tokens_per_s: float | None = None
+    train_loss: float | None = None
+    val_loss: float | None = None
+
+
 # ----- distributed ------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class _Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    device: torch.device = torch.device("cpu")
     initialized_here: bool = False
 
     @property
@@ -181,591 +254,445 @@ class _Dist:
         if self.world > 1:
             torch.distributed.barrier()
 
+    def close(self) -> None:
+        if self.initialized_here and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
-def _setup_dist(device_pref: str) -> tuple[_Dist, torch.device]:
+
+def _setup_dist(device_pref: str) -> _Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device_pref == "auto":
         device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
     else:
-        device = torch.device(device_pref)
+        try:
+            device = torch.device(device_pref)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device_pref!r}")
         if device.type == "cuda" and device.index is None:
             device = torch.device(f"cuda:{local}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"device {device_pref!r} requested but CUDA is not available")
         torch.cuda.set_device(device)
-    info = _Dist(rank, world, local)
+    here = False
     if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend=backend)
-        info.initialized_here = True
-    return info, device
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        here = True
+    return _Dist(rank, world, local, device, here)
 
 
-def _all_reduce_mean(t: torch.Tensor, dist: _Dist) -> torch.Tensor:
+def _parallelize_ddp(model: torch.nn.Module, mode: str, mesh=None, *, mixed_precision: bool | None = None,
+                     activation_checkpointing: bool = False, compile: bool = False) -> torch.nn.Module:
+    """DDP over all ranks (mode "ddp") or the bare module ("none"): the interim stand-in, with the
+    same signature, for scaling.training.parallel.parallelize, which adds FSDP2/HSDP on ``mesh``,
+    mixed precision, activation checkpointing and compilation."""
+    if mode in ("fsdp", "hsdp") or activation_checkpointing or compile:
+        raise UserError("FSDP/HSDP, activation checkpointing and compile need scaling.training.parallel")
+    if mode == "none":
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = next(model.parameters()).device
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+
+
+try:  # FSDP2/HSDP from the parallel component when present
+    from scaling.training.parallel import parallelize
+except ImportError:
+    parallelize = _parallelize_ddp
+
+
+def _agreed(dist: _Dist, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 and give its result, or its UserError, to every rank."""
+    result: list[Any] = [None, None]
+    if dist.is_main:
+        try:
+            result[0] = fn()
+        except UserError as exc:
+            result[1] = str(exc)
     if dist.world > 1:
-        torch.distributed.all_reduce(t)
-        t = t / dist.world
-    return t
+        torch.distributed.broadcast_object_list(result, src=0)
+    if result[1] is not None:
+        raise UserError(result[1])
+    return result[0]
 
 
-# ----- pieces -----------------------------------------------------------------------------
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay every matrix except the token embedding; never decay 1-D gains."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, windows: tuple[np.ndarray, np.ndarray], batch_size: int,
-             device: torch.device, dist: _Dist | None = None) -> float:
-    """Mean cross-entropy (nats/token) over the validation windows (all of equal length).
-
-    Ranks share the windows round-robin and all-reduce the sum; every rank gets the result.
-    """
-    dist = dist or _Dist()
-    x_all, y_all = windows
-    mine = np.arange(dist.rank, len(x_all), dist.world)
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    for i in range(0, len(mine), batch_size):
-        idx = mine[i:i + batch_size]
-        x = torch.from_numpy(x_all[idx]).to(device)
-        y = torch.from_numpy(y_all[idx]).to(device)
-        with _autocast(device):
-            out = model(x, y)
-        total[0] += out.loss.double() * len(idx)
-        total[1] += len(idx)
-    if dist.world > 1:
-        torch.distributed.all_reduce(total)
-    model.train(was_training)
-    return float(total[0] / total[1])
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+def _grad_sync(model: torch.nn.Module, last: bool):
+    """Reduce gradients only on the last micro-batch (DDP's no_sync, FSDP2's requires_gradient_sync)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    if hasattr(model, "no_sync") and not last:
+        return model.no_sync()
     return contextlib.nullcontext()
 
 
-class _Progress:
-    """Rich progress bar on stderr (tokens, tokens/s, loss, ETA), or nothing."""
+# ----- the run folder ---------------------------------------------------------------------
 
-    def __init__(self, enabled: bool, total_tokens: int, done_tokens: int, name: str):
-        self.bar = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        from scaling.cli._util import stderr
-
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(bar_width=16),
-            TextColumn(
-                "{task.percentage:>3.0f}% {task.fields[tps]} tok/s loss {task.fields[loss]}"
-                " val {task.fields[val]}"
-            ),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=stderr,
-            transient=False,
-        )
-        self.task = self.bar.add_task(
-            name, total=total_tokens, completed=done_tokens, tps="-", loss="-", val="-"
-        )
-        self.bar.start()
-
-    def update(self, tokens: int, **fields: Any) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, advance=tokens, **fields)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-# ----- the run ----------------------------------------------------------------------------
-
-
-def _point(
-    run: str,
-    tier: str,
-    proxy: bool,
-    model_cfg: ModelConfig,
-    b: TokenBudget,
-    val_loss: float,
-    val_bpb: float,
-    train_loss: float,
-    seed: int,
-    wall_s: float,
-) -> dict:
+def _point(run: str, tier: str, proxy: bool, model_cfg: ModelConfig, b: TokenBudget, val_loss: float,
+           val_bpb: float, train_loss: float, seed: int, wall_s: float) -> dict:
     acc = accounting(model_cfg)
-    return {
-        "run": run,
-        "arch": model_cfg.arch,
-        "tier": tier,
-        "proxy": proxy,
-        "N": acc.active_params,
-        "D": b.tokens,
-        "loss": val_loss,
-        "val_bpb": val_bpb,
-        "flops": acc.flops_per_token * b.tokens,
-        "flops_per_token": acc.flops_per_token,
-        "sparsity": acc.sparsity,
-        "non_embedding_params": acc.non_embedding_params,
-        "total_params": acc.total_params,
-        "seed": seed,
-        "budget_index": b.index,
-        "steps": b.steps,
-        "requested_tokens": b.requested_tokens,
-        "train_loss": train_loss,
-        "wall_s": wall_s,
-    }
+    return {"run": run, "arch": model_cfg.arch, "tier": tier, "proxy": proxy, "N": acc.active_params,
+            "D": b.tokens, "loss": val_loss, "val_bpb": val_bpb, "flops": acc.flops_per_token * b.tokens,
+            "flops_per_token": acc.flops_per_token, "sparsity": acc.sparsity,
+            "non_embedding_params": acc.non_embedding_params, "total_params": acc.total_params,
+            "seed": seed, "budget_index": b.index, "steps": b.steps, "requested_tokens": b.requested_tokens,
+            "train_loss": train_loss, "wall_s": wall_s}
 
 
 def _config_diff(old: dict, new: dict) -> list[str]:
-    diffs = []
-    for section in ("model", "train", "budgets", "data_spec", "data_identity"):
-        if section == "data_identity" and section not in old:  # runs made before it was recorded
-            continue
-        a, b = old.get(section), new.get(section)
-        if section == "train":
-            a = {k: v for k, v in (a or {}).items() if k not in _RESUME_FREE}
-            b = {k: v for k, v in (b or {}).items() if k not in _RESUME_FREE}
-        if a != b:
-            if isinstance(a, dict) and isinstance(b, dict):
-                diffs += [f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-            else:
-                diffs.append(section)
-    return diffs
+    sections = {}
+    for doc, key in ((old, "a"), (new, "b")):
+        for section in ("model", "train", "budgets", "data_spec"):
+            value = doc.get(section)
+            if section == "train":
+                value = {k: v for k, v in (value or {}).items() if k not in RESUME_FREE}
+            if section == "budgets":
+                value = {"budgets": value}
+            sections.setdefault(key, {})[section] = value
+    return identity_diff(sections["a"], sections["b"])
 
 
-def train(
-    model_cfg: ModelConfig,
-    train_cfg: TrainConfig,
-    *,
-    tier: str = "custom",
-    proxy: bool | None = None,
-    run_name: str | None = None,
-    runs_dir: str | Path = "runs",
-    ckpt_dir: str | Path | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    save_final_weights: bool = False,
-    progress: bool = False,
-    data_cache: str | Path | None = None,
-) -> dict:
-    """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
+def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
+    """Whether the run folder holds a run to resume; UserError for what cannot go on. No side effects."""
+    if resume and overwrite:
+        raise UserError("resume and overwrite exclude each other")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run folder {run_dir} is a file")
+    exists = (run_dir / runlog.CONFIG).exists() or (run_dir / runlog.METRICS).exists()
+    if exists and not (resume or overwrite):
+        raise UserError(f"run folder {run_dir} already holds a run; resume it or overwrite it")
+    if resume and not exists:
+        raise UserError(f"no run to resume in {run_dir} (no config.json or metrics.jsonl there)")
+    if exists and resume:
+        if not (run_dir / runlog.CONFIG).exists():
+            raise UserError(f"run folder {run_dir} has metrics.jsonl but no config.json; cannot resume it")
+        runlog.read_jsonl_checked(run_dir / runlog.METRICS)  # a corrupt line: stop before any change
+    return exists and resume
 
-    Resumable: with ``resume=True`` an existing run continues from its last checkpoint (a
-    complete run returns its final.json at once). Raises UserError for bad input (an existing
-    run without resume/overwrite, a budget below one step, an unwritable folder, ...).
-    """
-    dist, device = _setup_dist(train_cfg.device)
+
+def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> None:
+    created = not run_dir.exists()
     try:
-        return _train(
-            model_cfg,
-            train_cfg,
-            dist,
-            device,
-            tier=tier,
-            proxy=proxy,
-            run_name=run_name,
-            runs_dir=Path(runs_dir),
-            ckpt_dir=ckpt_dir,
-            resume=resume,
-            overwrite=overwrite,
-            save_final_weights=save_final_weights,
-            progress=progress,
-            data_cache=data_cache,
-        )
-    finally:
-        if dist.initialized_here:
-            torch.distributed.destroy_process_group()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{uuid.uuid4().hex}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise UserError(f"run folder {run_dir} is not writable: {exc.strerror or exc}") from None
+    if overwrite:
+        for name in (runlog.CONFIG, runlog.METRICS, runlog.FINAL, runlog.WEIGHTS):
+            (run_dir / name).unlink(missing_ok=True)
+        if old_ckpt is not None and old_ckpt.is_dir():
+            import shutil
+
+            shutil.rmtree(old_ckpt)
 
 
-def _train(
-    model_cfg,
-    cfg: TrainConfig,
-    dist: _Dist,
-    device: torch.device,
-    *,
-    tier,
-    proxy,
-    run_name,
-    runs_dir: Path,
-    ckpt_dir,
-    resume,
-    overwrite,
-    save_final_weights,
-    progress,
-    data_cache,
-) -> dict:
-    from scaling.training.model import MoETransformer
+# ----- the trainer ------------------------------------------------------------------------
 
-    proxy = tier.startswith("proxy") if proxy is None else proxy
-    T = model_cfg.seq_len
-    tokens_per_step = cfg.batch_size * T
-    budgets = plan_budgets(cfg.tokens, tokens_per_step, cfg.schedule, cfg.decay_fraction)
-    warmup = default_warmup(budgets) if cfg.warmup is None else cfg.warmup
-    if cfg.batch_size % dist.world:
-        raise UserError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} ranks")
-    per_rank = cfg.batch_size // dist.world
-    micro = cfg.micro_batch_size or per_rank
-    if per_rank % micro:
-        raise UserError(f"micro batch {micro} does not divide the per-rank batch {per_rank}")
-    n_micro = per_rank // micro
+class Trainer:
+    """Builds the components of one run, then :meth:`train` runs the loop (see the module docstring)."""
 
-    run_name = run_name or default_run_name(tier, model_cfg.arch, cfg)
-    if not run_name or "/" in run_name or run_name.startswith("."):
-        raise UserError(f"bad run name {run_name!r}")
-    run_dir = runs_dir / run_name
-    ckpt_dir = Path(ckpt_dir) / run_name if ckpt_dir is not None else cache_root() / "checkpoints" / run_name
-    latest = ckpt_dir / "latest.pt"
+    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, dist: _Dist, *, tier: str,
+                 proxy: bool | None,
+                 run_name: str | None, runs_dir: Path, ckpt_dir: Path | None, resume: bool, overwrite: bool,
+                 progress: Callable[[Progress], None] | None, data_cache):
+        from scaling.training.model import MoETransformer
 
-    if cfg.threads is not None and device.type == "cpu":
-        torch.set_num_threads(cfg.threads)
+        self.model_cfg, self.cfg, self.dist = model_cfg, cfg, dist
+        self.tier = tier
+        self.proxy = tier.startswith("proxy") if proxy is None else proxy
+        self.progress = progress if dist.is_main else None
+        device = dist.device
 
-    # -- data first: unusable data is refused before any folder is made ------------------
-    def _open_data():
-        return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
-                         val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
-                         tokenizer=cfg.data_tokenizer)
+        # -- everything that can be refused is checked before a folder is created ----------------
+        T = model_cfg.seq_len
+        self.tokens_per_step = cfg.batch_size * T
+        self.plan = BranchPlan.build(cfg.tokens, self.tokens_per_step, cfg.schedule, cfg.decay_fraction)
+        self.warmup = default_warmup(self.plan.budgets) if cfg.warmup is None else cfg.warmup
+        if cfg.batch_size % dist.world:
+            raise UserError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} ranks")
+        per_rank = cfg.batch_size // dist.world
+        self.micro = cfg.micro_batch_size or per_rank
+        if per_rank % self.micro:
+            raise UserError(f"micro batch {self.micro} does not divide the per-rank batch {per_rank}")
+        self.n_micro = per_rank // self.micro
+        self.peak_flops = resolve_peak_flops(cfg.peak_flops)
+        require_trackers(cfg.log_to)
+        self.run_name = run_name or default_run_name(tier, model_cfg.arch, cfg)
+        if not self.run_name or "/" in self.run_name or self.run_name.startswith("."):
+            raise UserError(f"bad run name {self.run_name!r}")
+        self.run_dir = run_dir = Path(runs_dir) / self.run_name
+        existed = _agreed(dist, lambda: _check_run_dir(run_dir, resume, overwrite))
+        if cfg.threads is not None and device.type == "cpu":
+            torch.set_num_threads(cfg.threads)
 
-    if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
-        corpus = _open_data()
-    dist.barrier()
-    if not dist.is_main:
-        corpus = _open_data()
-    val = corpus.val_windows(T, cfg.val_windows)
+        spec = cfg.data_spec(model_cfg.vocab_size) if cfg.data is None else None
 
-    # -- folders (rank 0 decides, the others follow) ---------------------------------------
-    existed = False
-    if dist.is_main:
-        existed = runlog.prepare_run_dir(run_dir, resume, overwrite)
-        runlog.prepare_ckpt_dir(ckpt_dir, overwrite or not existed)
-    if dist.world > 1:  # every rank must take the same resume decision
-        flag = [existed]
-        torch.distributed.broadcast_object_list(flag, src=0)
-        existed = bool(flag[0])
-    dist.barrier()
+        def open_():
+            return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
+                             val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
+                             tokenizer=cfg.data_tokenizer)
 
-    meta = {
-        "run": run_name,
-        "tier": tier,
-        "arch": model_cfg.arch,
-        "proxy": proxy,
-        "model": model_cfg.to_dict(),
-        "accounting": accounting(model_cfg).to_dict(),
-        "train": cfg.to_dict(),
-        "resolved": {
-            "warmup": warmup,
-            "micro_batch_size": micro,
-            "grad_accum_steps": n_micro,
-            "world_size": dist.world,
-            "tokens_per_step": tokens_per_step,
-            "total_steps": total_steps(budgets),
-            "val_windows": int(len(val[0])),
-        },
-        "budgets": [b.to_dict() for b in budgets],
-        "data_spec": cfg.data_spec(model_cfg.vocab_size).to_dict() if cfg.data is None else None,
-        "data": corpus.provenance,
-        "data_identity": corpus.identity,
-        "seed": cfg.seed,
-        "code": runlog.code_version(),
-        "env": {
-            **runlog.environment(),
-            "device": str(device),
-            "threads": torch.get_num_threads(),
-            "world_size": dist.world,
-            "precision": "bf16-autocast" if device.type == "cuda" else "fp32",
-        },
-        "run_dir": str(run_dir),
-        "ckpt_dir": str(ckpt_dir),
-    }
-    if dist.is_main:
-        cfg_path = run_dir / runlog.CONFIG
-        if existed and cfg_path.exists():
-            diff = _config_diff(runlog.read_json(cfg_path), meta)
-            if diff:
-                raise UserError(
-                    f"run {run_name} exists with a different configuration "
-                    f"({', '.join(diff[:6])}); use --overwrite or another --run-name"
-                )
-        else:
-            runlog.write_json(cfg_path, meta)
+        if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
+            self.corpus = open_()
+        dist.barrier()
+        if not dist.is_main:
+            self.corpus = open_()
+        windows = {"": self.corpus.val_windows(T, cfg.val_windows)}
+        if cfg.val_by_source:
+            windows.update(self.corpus.val_windows_by_source(T, cfg.val_windows))
+        self.evaluator = Evaluator(windows, cfg.eval_batch_size, device, dist.rank, dist.world)
 
-    # -- model and optimizer ----------------------------------------------------------------
-    torch.manual_seed(cfg.seed)
-    raw = MoETransformer(model_cfg, seed=cfg.seed).to(device)
-    model: torch.nn.Module = raw
-    if dist.world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        code = runlog.code_version()
+        train_id = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_FREE}
+        identity = run_identity(model_cfg.to_dict(), train_id, self.plan.to_dicts(),
+                                self.corpus.provenance, code)
+        meta = self._meta(spec, code, device)
+        old = _agreed(dist, lambda: self._previous(existed, meta, overwrite))
+        run_id = _agreed(dist, lambda: old["run_id"] if existed else uuid.uuid4().hex[:12])
+        ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else None
+        def ckpt_folder(rid: str) -> Path:  # never the run name alone: see checkpoint.py
+            return run_dir / CHECKPOINTS if ckpt_root is None else ckpt_root / f"{self.run_name}-{rid}"
 
-        model = DDP(
-            raw, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
-        )
-    opt = torch.optim.AdamW(
-        param_groups(raw, cfg.weight_decay),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=device.type == "cuda",
-    )
-    params = [p for p in raw.parameters() if p.requires_grad]
+        self.ckpt_dir = ckpt_folder(run_id)
+        old_ckpt = ckpt_folder(old["run_id"]) if overwrite and old.get("run_id") else None
+        meta.update(run_id=run_id, ckpt_dir=str(self.ckpt_dir), identity=identity)
 
-    state: dict[str, Any] = {
-        "iter": 0,
-        "trunk_step": 0,
-        "branch": None,
-        "branch_step": 0,
-        "next_branch": 0,
-        "points": [],
-        "wall_s": 0.0,
-        "done": False,
-    }
+        # -- folders ---------------------------------------------------------------------------
+        self.checkpointer = Checkpointer(self.ckpt_dir, identity, run_id, rank=dist.rank, world=dist.world,
+                                         every=cfg.ckpt_every, async_save=cfg.async_ckpt)
 
-    def snapshot() -> dict:
-        return {
-            "format": CKPT_FORMAT,
-            "state": dict(state, points=list(state["points"])),
-            "model": raw.state_dict(),
-            "optimizer": opt.state_dict(),
-            "rng": _rng_state(),
-            "budgets": [b.to_dict() for b in budgets],
-            "model_config": model_cfg.to_dict(),
-            "train_config": cfg.to_dict(),
-        }
+        def create():
+            _create_run_dir(run_dir, overwrite, old_ckpt)
+            if not existed:
+                self.checkpointer.check_empty()
+                runlog.write_json(run_dir / runlog.CONFIG, meta)
 
-    def write_final() -> dict:
-        doc = {
-            "run": run_name,
-            "arch": model_cfg.arch,
-            "tier": tier,
-            "complete": bool(state["done"]),
-            "points": state["points"],
-        }
+        _agreed(dist, create)
+        self.checkpointer.prepare()
+
+        # -- model, optimizer, state -------------------------------------------------------------
+        torch.manual_seed(cfg.seed)
+        self.raw = MoETransformer(model_cfg, seed=cfg.seed).to(device)
+        mode = "none" if dist.world == 1 else ("ddp" if cfg.parallel == "none" else cfg.parallel)
+        self.model = parallelize(self.raw, mode, None, activation_checkpointing=cfg.activation_checkpointing,
+                                 compile=cfg.compile)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+                                           betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                           fused=device.type == "cuda")
+        self.state = TrainState()
+        latest = self.checkpointer.latest() if existed else None
+        if latest is not None:
+            self.state = self.checkpointer.load(latest, self.model, self.optimizer)
+        self.checkpointer.prune_branch_points(self.state)
         if dist.is_main:
-            runlog.write_json(run_dir / runlog.FINAL, doc)
-        return doc
+            from scaling.training.metrics import resume_metrics
 
-    metrics_path = run_dir / runlog.METRICS
-    if existed and latest.exists():
-        ck = runlog.load_checkpoint(latest, map_location=device)
-        if ck.get("budgets") != [b.to_dict() for b in budgets]:
-            raise UserError(f"checkpoint {latest} was made for other budgets; use --overwrite")
-        raw.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        _set_rng_state(ck["rng"])
-        state = ck["state"]
-        for key in ("device", "threads"):
-            if ck["train_config"].get(key) != cfg.to_dict().get(key) and dist.is_main:
-                from scaling.cli._util import warn
-
-                warn(
-                    f"resuming with {key}={cfg.to_dict().get(key)!r} (was {ck['train_config'].get(key)!r}):"
-                    " float rounding, hence metrics, may differ from an uninterrupted run"
-                )
-        del ck
-    if dist.is_main:
-        kept = [r for r in runlog.read_jsonl(metrics_path) if r.get("iter", 0) <= state["iter"]]
-        runlog.rewrite_jsonl(metrics_path, kept)
-        write_final()
-    dist.barrier()
-
-    def branch_point_path(i: int) -> Path:
-        return ckpt_dir / f"branch_point_{i}.pt"
-
-    def save_latest() -> None:
-        if dist.is_main:
-            runlog.save_checkpoint(latest, snapshot())
-            # branch points of finished branches are no longer referenced by latest.pt
-            for i in range(state["next_branch"]):
-                if state["branch"] != i:
-                    branch_point_path(i).unlink(missing_ok=True)
+            resume_metrics(run_dir / runlog.METRICS, self.state.iter)
+        self.metrics = MetricsSink(run_dir, enabled=dist.is_main, log_to=cfg.log_to,
+                                   start_iter=self.state.iter,
+                                   run_name=self.run_name, run_id=run_id, config=meta)
+        self.write_final()
         dist.barrier()
 
-    def train_step(step: int, target: TokenBudget) -> tuple[torch.Tensor, float, float]:
-        lr = lr_at(step, target, cfg.schedule, cfg.lr, warmup, cfg.min_lr_ratio)
-        for g in opt.param_groups:
+    def _meta(self, spec: DataSpec | None, code: dict, device: torch.device) -> dict:
+        cfg, dist = self.cfg, self.dist
+        return {
+            "run": self.run_name, "tier": self.tier, "arch": self.model_cfg.arch, "proxy": self.proxy,
+            "model": self.model_cfg.to_dict(), "accounting": accounting(self.model_cfg).to_dict(),
+            "train": cfg.to_dict(),
+            "resolved": {"warmup": self.warmup, "micro_batch_size": self.micro,
+                         "grad_accum_steps": self.n_micro,
+                         "world_size": dist.world, "tokens_per_step": self.tokens_per_step,
+                         "total_steps": self.plan.total_steps, "val_windows": self.evaluator.n_windows,
+                         "peak_flops": self.peak_flops},
+            "budgets": self.plan.to_dicts(), "data_spec": spec and spec.to_dict(),
+            "data": self.corpus.provenance, "data_identity": self.corpus.identity,
+            "seed": cfg.seed, "code": code,
+            "env": {**runlog.environment(), "device": str(device), "threads": torch.get_num_threads(),
+                    "world_size": dist.world,
+                    "precision": "bf16-autocast" if device.type == "cuda" else "fp32"},
+            "run_dir": str(self.run_dir),
+        }
+
+    def _previous(self, existed: bool, meta: dict, overwrite: bool) -> dict:
+        """The existing run's config.json (resume: checked against this run), else {}."""
+        path = self.run_dir / runlog.CONFIG
+        if not (existed or overwrite) or not path.exists():
+            return {}
+        try:
+            old = runlog.read_json(path)
+        except (OSError, ValueError):
+            if overwrite:
+                return {}
+            raise UserError(f"{path} is unreadable; cannot resume this run") from None
+        if existed:
+            diff = _config_diff(old, meta)
+            if diff:
+                raise UserError(f"run {self.run_name} exists with a different configuration "
+                                f"({', '.join(diff[:6])}); overwrite it or choose another run name")
+            for key in ("device", "threads", "parallel"):
+                if old["train"].get(key) != meta["train"].get(key):
+                    log.warning("resuming with %s=%r (was %r): float rounding, hence metrics, may differ "
+                            "from an uninterrupted run", key, meta["train"].get(key), old["train"].get(key))
+            old.setdefault("run_id", "")
+        return old
+
+    # ----- pieces of the loop --------------------------------------------------------------
+    def write_final(self) -> dict:
+        doc = {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier,
+               "complete": self.state.done, "points": self.state.points}
+        if self.dist.is_main:
+            runlog.write_json(self.run_dir / runlog.FINAL, doc)
+        return doc
+
+    def train_step(self, pos: Position) -> tuple[dict, float]:
+        """One optimizer update at ``pos``; returns its record and the seconds spent waiting for data."""
+        cfg, device = self.cfg, self.dist.device
+        step, target = pos.step, self.plan.target(pos.branch)
+        lr = lr_at(step, target, cfg.schedule, cfg.lr, self.warmup, cfg.min_lr_ratio)
+        for g in self.optimizer.param_groups:
             g["lr"] = lr
-        x_np, y_np = corpus.train_batch(cfg.seed, step, cfg.batch_size, T, dist.rank, dist.world)
+        t0 = time.perf_counter()
+        x_np, y_np = self.corpus.train_batch(cfg.seed, step, cfg.batch_size, self.model_cfg.seq_len,
+                                             self.dist.rank, self.dist.world)
         x_all = torch.from_numpy(x_np).to(device, non_blocking=True)
         y_all = torch.from_numpy(y_np).to(device, non_blocking=True)
+        data_wait = time.perf_counter() - t0
         sums = torch.zeros(3, dtype=torch.float64, device=device)
-        for m in range(n_micro):
-            sl = slice(m * micro, (m + 1) * micro)
-            sync = dist.world == 1 or m == n_micro - 1
-            ctx = contextlib.nullcontext() if sync else model.no_sync()
-            with ctx:
-                with _autocast(device):
-                    out = model(x_all[sl], y_all[sl])
+        for m in range(self.n_micro):
+            rows = slice(m * self.micro, (m + 1) * self.micro)
+            with _grad_sync(self.model, m == self.n_micro - 1):
+                with autocast(device):
+                    out = self.model(x_all[rows], y_all[rows])
                 objective = out.loss + cfg.aux_coef * out.aux_loss + cfg.z_coef * out.z_loss
-                (objective / n_micro).backward()
+                (objective / self.n_micro).backward()
             sums += torch.stack([out.loss.detach(), out.aux_loss.detach(), out.z_loss.detach()]).double()
-        if cfg.grad_clip > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        else:
-            gnorm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        stats = _all_reduce_mean(sums / n_micro, dist)
-        return stats, float(gnorm), lr
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP
+            gnorm = gnorm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = sums / self.n_micro
+        if self.dist.world > 1:
+            torch.distributed.all_reduce(stats)
+            stats = stats / self.dist.world
+        loss, aux, z = (float(v) for v in stats.tolist())  # syncs the device
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"training loss is {loss} at update {self.state.iter + 1} "
+                                     f"(step {step + 1})")
+        record = {"iter": self.state.iter + 1, "step": step + 1, "tokens": (step + 1) * self.tokens_per_step,
+                  "branch": pos.branch, "train_loss": loss, "aux_loss": aux, "z_loss": z, "lr": lr,
+                  "grad_norm": float(gnorm)}
+        return record, data_wait
 
-    def eval_now() -> tuple[float, float]:
-        loss = evaluate(raw, val, cfg.eval_batch_size, device, dist)
-        return loss, corpus.bpb(loss)
+    def save(self) -> None:
+        self.metrics.sync()
+        self.checkpointer.save_latest(self.model, self.optimizer, self.state)
 
-    def start_branches() -> bool:
-        """Open the next cooldown branch(es) whose branch point the trunk has reached."""
-        started = False
-        while (
-            state["branch"] is None
-            and state["next_branch"] < len(budgets) - 1
-            and state["trunk_step"] == budgets[state["next_branch"]].branch_step
-        ):
-            i = state["next_branch"]
-            if dist.is_main:
-                runlog.save_checkpoint(branch_point_path(i), snapshot())
-            dist.barrier()
-            state["branch"], state["branch_step"] = i, state["trunk_step"]
-            started = True
-        return started
+    # ----- the loop -------------------------------------------------------------------------
+    def train(self) -> dict:
+        cfg, s, plan = self.cfg, self.state, self.plan
+        total = plan.total_steps * self.tokens_per_step
+        report = self.progress or (lambda p: None)
+        report(Progress(self.run_name, s.iter * self.tokens_per_step, total))
+        kill_at = int(os.environ.get(_KILL_ENV, "-1"))
+        fpt = accounting(self.model_cfg).flops_per_token
+        t_start, wall_base = time.perf_counter(), s.wall_s
+        timer = {"train": 0.0, "tokens": 0, "data": 0.0}
+        if s.iter == 0 and not s.done:
+            s.position, opened = plan.start()
+            if opened is not None:
+                self.checkpointer.save_branch_point(opened, self.model, self.optimizer, s)
+                self.save()
+        try:
+            while not s.done:
+                t0 = time.perf_counter()
+                record, data_wait = self.train_step(s.position)
+                timer["train"] += time.perf_counter() - t0
+                timer["tokens"] += self.tokens_per_step
+                timer["data"] += data_wait
+                s.position, up = plan.advance(s.position, cfg.eval_every)
+                s.iter += 1
+                s.tokens_seen += self.tokens_per_step
+                if up.evaluate:
+                    record.update(self.evaluator(self.model, self.corpus.bpb))
+                    s.last_eval = {k: v for k, v in record.items() if k.startswith("val_") or k == "iter"}
+                    s.best_val = min(record["val_loss"], s.best_val if s.best_val is not None else math.inf)
+                s.wall_s = wall_base + time.perf_counter() - t_start
+                if up.budget_end is not None:
+                    record["budget_index"] = up.budget_end
+                    s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg,
+                                           plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
+                                           record["train_loss"], cfg.seed, s.wall_s))
+                if up.closed is not None:  # back to the trunk at the branch point
+                    self.checkpointer.restore_branch_point(up.closed, self.model, self.optimizer)
+                if up.opened is not None:
+                    self.checkpointer.save_branch_point(up.opened, self.model, self.optimizer, s)
+                tps = timer["tokens"] / timer["train"] if timer["train"] > 0 else None
+                record.update(tokens_per_s=tps, wall_s=s.wall_s, data_wait_s=timer["data"],
+                              peak_mem_bytes=peak_memory_bytes(self.dist.device))
+                if self.peak_flops is not None and tps is not None:
+                    record["mfu"] = mfu(tps, fpt, self.peak_flops, self.dist.world)
+                if s.iter % cfg.log_every == 0 or up.evaluate or s.done:
+                    self.metrics.log(record)
+                    if up.budget_end is not None:
+                        self.write_final()
+                report(Progress(self.run_name, s.iter * self.tokens_per_step, total, tps,
+                                record["train_loss"], record.get("val_loss")))
+                if s.iter == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if up.budget_end is not None or up.opened is not None or self.checkpointer.due(s):
+                    self.save()
+                if s.iter % cfg.log_every == 0:
+                    timer = {"train": 0.0, "tokens": 0, "data": 0.0}
+            self.checkpointer.close()
+        finally:
+            self.metrics.close()
+        return self.write_final()
 
-    def close_branch() -> None:
-        i = state["branch"]
-        ck = runlog.load_checkpoint(branch_point_path(i), map_location=device)
-        raw.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        del ck
-        state["branch"], state["branch_step"] = None, 0
-        state["trunk_step"] = budgets[i].branch_step
-        state["next_branch"] = i + 1
+    def save_weights(self) -> None:
+        """Gather the full weights and write one safetensors file (rank 0)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    total_iters = total_steps(budgets)
-    bar = _Progress(
-        progress and dist.is_main and not state["done"],
-        total_iters * tokens_per_step,
-        state["iter"] * tokens_per_step,
-        model_cfg.arch,
-    )
-    kill_at = int(os.environ.get(_KILL_ENV, "-1"))
-    t_resume = time.perf_counter()
-    wall_base = state["wall_s"]
-    train_time, train_tokens = 0.0, 0
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(self.model, options=options)
+        if self.dist.is_main:
+            runlog.save_weights(self.run_dir / runlog.WEIGHTS, full,
+                                {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier})
+        self.dist.barrier()
+
+
+def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom", proxy: bool | None = None,
+          run_name: str | None = None, runs_dir: str | Path = "runs", ckpt_dir: str | Path | None = None,
+          resume: bool = False, overwrite: bool = False, save_final_weights: bool = False,
+          progress: Callable[[Progress], None] | None = None, data_cache: str | Path | None = None) -> dict:
+    """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
+
+    ``resume=True`` continues an existing run from its last checkpoint (a complete run returns its
+    final.json at once) and refuses a run folder that holds no run. ``ckpt_dir`` is a parent folder
+    for checkpoints (default: ``<run_dir>/checkpoints``). ``progress`` is called after every
+    update with a :class:`Progress`. Raises UserError for bad input (an existing run without
+    resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
+    ...), before creating any folder where it can.
+    """
+    dist = _setup_dist(train_cfg.device)
     try:
-        if state["iter"] == 0 and not state["done"] and start_branches():
-            save_latest()
-        while not state["done"]:
-            in_branch = state["branch"] is not None
-            target = budgets[state["branch"]] if in_branch else budgets[-1]
-            step = state["branch_step"] if in_branch else state["trunk_step"]
-            t0 = time.perf_counter()
-            stats, gnorm, lr = train_step(step, target)
-            state["iter"] += 1
-            if in_branch:
-                state["branch_step"] += 1
-            else:
-                state["trunk_step"] += 1
-            step += 1
-            loss, aux, z = (float(v) for v in stats.tolist())  # syncs the device
-            train_time += time.perf_counter() - t0
-            train_tokens += tokens_per_step
-            state["wall_s"] = wall_base + time.perf_counter() - t_resume
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"training loss is {loss} at update {state['iter']} (step {step})")
-
-            record: dict[str, Any] = {
-                "iter": state["iter"],
-                "step": step,
-                "tokens": step * tokens_per_step,
-                "branch": state["branch"],
-                "train_loss": loss,
-                "aux_loss": aux,
-                "z_loss": z,
-                "lr": lr,
-                "grad_norm": gnorm,
-            }
-            force_ckpt = False
-            budget_end = (state["branch_step"] == target.steps) if in_branch else (step == budgets[-1].steps)
-            periodic = not in_branch and cfg.eval_every > 0 and step % cfg.eval_every == 0
-            if budget_end or periodic:
-                vl, vb = eval_now()
-                record.update(val_loss=vl, val_bpb=vb)
-                bar.update(0, val=f"{vl:.3f}")
-            if budget_end:
-                state["wall_s"] = wall_base + time.perf_counter() - t_resume
-                record["budget_index"] = target.index
-                state["points"].append(
-                    _point(
-                        run_name,
-                        tier,
-                        proxy,
-                        model_cfg,
-                        target,
-                        record["val_loss"],
-                        record["val_bpb"],
-                        loss,
-                        cfg.seed,
-                        state["wall_s"],
-                    )
-                )
-                if in_branch:
-                    close_branch()
-                else:
-                    state["done"] = True
-                force_ckpt = True
-            if not state["done"] and start_branches():
-                force_ckpt = True
-
-            record["tokens_per_s"] = train_tokens / train_time if train_time > 0 else None
-            if not budget_end:  # a budget end's wall_s is the one stored in its point
-                state["wall_s"] = wall_base + time.perf_counter() - t_resume
-            record["wall_s"] = state["wall_s"]
-            if dist.is_main and (state["iter"] % cfg.log_every == 0 or "val_loss" in record or state["done"]):
-                runlog.append_jsonl(metrics_path, record)
-                if budget_end:
-                    write_final()
-            bar.update(tokens_per_step, tps=f"{record['tokens_per_s']:,.0f}", loss=f"{loss:.3f}")
-            if state["iter"] == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if force_ckpt or state["iter"] % cfg.ckpt_every == 0:
-                save_latest()
-            if state["iter"] % cfg.log_every == 0:
-                train_time, train_tokens = 0.0, 0
+        trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
+                          runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
+                          progress=progress, data_cache=data_cache)
+        doc = trainer.train()
+        if save_final_weights:
+            trainer.save_weights()
+        return {**doc, "run_dir": str(trainer.run_dir), "ckpt_dir": str(trainer.ckpt_dir)}
     finally:
-        bar.close()
-
-    doc = write_final()
-    if save_final_weights and dist.is_main:
-        runlog.save_weights(
-            run_dir / runlog.WEIGHTS, raw, {"run": run_name, "arch": model_cfg.arch, "tier": tier}
-        )
-    dist.barrier()
-    return {**doc, "run_dir": str(run_dir), "ckpt_dir": str(ckpt_dir)}
+        dist.close()

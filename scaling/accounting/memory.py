@@ -1,0 +1,470 @@
+"""Memory planner: per-GPU bytes of one training step of a ModelConfig under a parallel layout,
+and the collective-communication bytes per optimizer step. Pure arithmetic (no torch).
+
+Units: bytes internally; every reported size is in GB = 1e9 bytes (``GB``), never GiB. A card's
+nominal size (H100 80 GB, H200 141 GB) is used as a decimal budget; the CUDA context, NCCL's
+own buffers and allocator fragmentation are not counted, so plans should keep headroom.
+
+What is counted, per GPU, at the peak of a step (the backward pass):
+
+``params``      the master weights, ``param_bytes`` each (fp32). Sharded by FSDP/HSDP: FSDP2
+                shards every parameter on dim 0 in ``torch.chunk`` fashion and pads each local
+                shard to ceil(dim0 / S) rows (PyTorch FSDP2 docs, ``fully_shard``: "shards
+                parameters on dim-0"), so rank 0, the largest, holds
+                sum_p ceil(dim0_p / S) * numel_p / dim0_p elements. DDP / one GPU: everything.
+``grads``       gradients in ``grad_bytes`` (fp32 with fp32 master weights; FSDP2 keeps the
+                sharded gradient in the parameter's dtype after reduce-scattering in
+                ``reduce_dtype``), sharded like the parameters. DDP also keeps its reducer
+                buckets, a second full copy, unless ``gradient_as_bucket_view=True``
+                (``torch.nn.parallel.DistributedDataParallel`` docs), which this project's
+                trainer does not set, so DDP counts 2 x.
+``optimizer``   AdamW's two moments in ``optim_bytes`` each, shaped like the (sharded)
+                parameters, plus the 4-byte ``step`` scalar per parameter tensor that the fused
+                CUDA AdamW keeps on the device: ZeRO's 4 + 4 + 8 = 16 bytes per parameter for
+                fp32 master + fp32 grads + Adam (Rajbhandari et al. 2020, "ZeRO", section 3.1,
+                there with fp16 weights + fp32 master copy; here the master *is* the weight).
+``activations`` tensors saved for backward, counted the way Korthikanti et al. 2022
+                ("Reducing Activation Recomputation in Large Transformer Models", section 4)
+                count them: op by op, the inputs/outputs each op keeps for its backward, for
+                *this* model's forward (scaling/training/model.py). Per layer *pass* (a looped
+                layer runs ``n_loops`` times and saves its activations each time), with
+                N = micro_batch * seq_len tokens, c = compute bytes, r = residual-stream bytes
+                (c under FSDP2 mixed precision, which casts every block's input; the weights'
+                dtype otherwise, as autocast keeps the residual stream in fp32)::
+
+                    N * ( 2*(8*d + 4)      the two RMSNorms (fp32, decomposed on CPU): input
+                                           x.float(), x * rstd, rstd
+                        + 2*c*d            normalised inputs of wqkv and of the router
+                        + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
+                        + c*(H+Hkv)*h      RoPE output (q, k)
+                        + c*H*h            SDPA output (its [B,T,H*h] reshape, wo's input, is
+                                           a view: the kernels write [B,T,H,h] memory)
+                        + 4*H              SDPA log-sum-exp (fp32)
+                        + 2*4*E            router logits and softmax (fp32)
+                        + 2*4              logsumexp (z-loss) and the top-k sum
+                        + k*(3*8 + 4)      top-k ids, sort order, token ids (int64), top-k probs
+                        + k*c*(2*d' + d + 4*f' + 1)   dispatched tokens, expert output, gated
+                                           output (kept by index_add_), expert hidden (gate|up),
+                                           silu(gate), silu*up, gate weight
+                        + c*(2*d + 4*f_s)  shared expert, when there is one )
+                    + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
+                    + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
+                                           grouped_mm, when d or f is not a multiple of 4
+
+                (d', f' = d, f rounded up to multiples of 4 when the model pads them).
+                Attention is SDPA (flash / memory-efficient / CPU-flash kernels): it saves
+                q, k, v, the output and the log-sum-exp, never the T x T score matrix; the
+                ``5*a*s/h`` term of Korthikanti's formula is absent.
+                LM head: the final norm (8*d + 4), the head's input (c*d), the logits
+                [B, T, V] (c, held by the caller's output until backward ends), the fp32
+                log-probabilities cross-entropy saves (4*V), the int64 targets and embedding
+                ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
+                These terms were read off this model's autograd graph and are checked against
+                it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
+                to <0.01% in fp32 on CPU). A fused CUDA RMSNorm kernel would save 4*d less per
+                norm; the estimate keeps the larger CPU count.
+                With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
+                every layer call) a layer pass stores only its input, N*r*d, and recomputes
+                the rest during its own backward.
+``working``     transients at the peak: the head's backward (fp32 gradients of the log-probs
+                and of the logits, N*8*V) or one layer's backward, whose first steps (in
+                reverse: index_add_, gating, the second grouped_mm) hold the gradients of the
+                gated and ungated expert outputs and of the residual stream,
+                N*(2*k*c*d' + r*d), plus, without FSDP, w_down's weight-gradient temporary
+                E*f*d in ``grad_bytes`` (later steps free more than they allocate; checked
+                against measured CPU peaks, tests/test_memory.py); and the gradients of
+                looped weights: autograd sums all contributions to a leaf before accumulating
+                it, so a looped layer's weight gradient from its later pass waits, whole, in
+                the engine until its first pass's backward (c each under FSDP mixed precision,
+                ``grad_bytes`` otherwise). The peak is found by walking the backward pass in
+                order (the head, then the layer passes in reverse), each moment's live set
+                being the activations still stored + the held looped gradients + the current
+                working set + the FSDP buffers.
+``buffers``     FSDP/HSDP: the root module's parameters (embedding, final norm, LM head) stay
+                unsharded in the compute dtype for the whole step (FSDP2 sets the root's
+                ``reshard_after_forward`` to False); two layers' all-gathered parameters
+                (the current one and the prefetched next) in the compute dtype; in backward
+                also one layer's unsharded gradients, in the compute dtype and their
+                ``reduce_bytes`` copy for the reduce-scatter; and, when gradients are synced
+                only on the last micro-batch (``grad_sync="last"`` with accumulation), FSDP2's
+                ``unsharded_accumulated_grad``: every parameter's *unsharded* gradient in the
+                reduce dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
+                ``to_accumulated_grad_if_needed``). DDP / one GPU with a compute dtype narrower
+                than the weights (autocast): the compute-dtype weight copies, once for the
+                non-expert weights (autocast's cast cache) and once per stored layer pass for
+                the expert weights (the model's explicit ``.to(dtype)`` before grouped_mm, saved
+                for backward; one layer's with activation checkpointing).
+
+Not counted: the CUDA context and NCCL buffers, allocator fragmentation, optimizer-step
+temporaries (the fused AdamW has none), the evaluation pass (no backward, smaller).
+
+Communication per optimizer step, per GPU, in bytes each GPU sends with ring algorithms
+(NCCL's "bus bandwidth" convention: all-gather and reduce-scatter move (n-1)/n of the full
+tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi per step):
+
+* FSDP/HSDP (shard degree S): per micro-batch, every layer *pass* all-gathers its layer in
+  the compute dtype in forward and again in backward (``reshard_after_forward=True``, the
+  FSDP2 default, also for the looped layers: keeping them unsharded across the loop would
+  hold half the model); the root once. Reduce-scatter in ``reduce_bytes`` once per layer and
+  synced micro-batch: the weight gradient of both passes arrives summed (see ``working``).
+  HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
+* DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import total_params
+from scaling.common.errors import UserError
+
+GB = 1e9
+MODES = ("none", "ddp", "fsdp", "hsdp")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+GRAD_SYNCS = ("every", "last")
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def _dtype_bytes(name: str, what: str) -> int:
+    try:
+        return DTYPE_BYTES[name]
+    except KeyError:
+        raise UserError(f"{what} must be one of {', '.join(DTYPE_BYTES)}, got {name!r}") from None
+
+
+# ----- the parameters, tensor by tensor ------------------------------------------------------
+
+def param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """Every parameter of ``MoETransformer(cfg)`` as (name, shape), in ``named_parameters`` order.
+
+    The shapes FSDP2 shards on dim 0 (a test checks the list against a meta-device build).
+    """
+    d, h, E, f, fs = cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_hidden, cfg.shared_expert_hidden
+    out: list[tuple[str, tuple[int, ...]]] = [("embed.weight", (cfg.vocab_size, d))]
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        out += [
+            (p + "attn_norm.weight", (d,)),
+            (p + "attn.wqkv.weight", ((cfg.n_heads + 2 * cfg.n_kv_heads) * h, d)),
+            (p + "attn.wo.weight", (d, cfg.n_heads * h)),
+            (p + "moe_norm.weight", (d,)),
+            (p + "moe.w_gate_up", (E, d, 2 * f)),  # a module's own parameters come first
+            (p + "moe.w_down", (E, f, d)),
+            (p + "moe.router.weight", (E, d)),
+        ]
+        if fs > 0:
+            out += [(p + "moe.shared_gate_up.weight", (2 * fs, d)), (p + "moe.shared_down.weight", (d, fs))]
+    out.append(("norm.weight", (d,)))
+    if not cfg.tie_embeddings:
+        out.append(("lm_head.weight", (cfg.vocab_size, d)))
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def sharded_numel(shape: tuple[int, ...], shards: int) -> int:
+    """Elements of the largest FSDP2 shard (rank 0): ceil(dim0 / S) rows of dim0's row size."""
+    rows = -(-shape[0] // shards)
+    return rows * (_numel(shape) // shape[0])
+
+
+def _layer_params(cfg: ModelConfig) -> int:
+    """Parameters of one physical layer (every layer has the same shapes)."""
+    return sum(_numel(s) for n, s in param_shapes(cfg) if n.startswith("layers.0."))
+
+
+# ----- the layout -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """How one run is spread over GPUs, and its per-GPU micro-batch and dtypes.
+
+    mode              "none" (one GPU), "ddp", "fsdp" (shard over all GPUs) or "hsdp"
+                      (replicate across ``replicate`` groups x shard within each group)
+    gpus_per_node, nodes   world = gpus_per_node * nodes
+    replicate         HSDP replicate degree (default: nodes, i.e. shard within a node)
+    micro_batch_size  sequences per forward/backward on one GPU
+    grad_accum_steps  micro-batches per optimizer step on one GPU
+    activation_checkpointing  recompute every layer pass in backward (store only its input)
+    grad_sync         "every" micro-batch reduces gradients, or only the "last" (no_sync /
+                      set_requires_gradient_sync(False) before it). Default: "every" for
+                      FSDP/HSDP (syncing only the last costs an unsharded fp32 gradient of
+                      the whole model), "last" for DDP (free there)
+    seq_len           tokens per sequence (None: the config's)
+    param_dtype, grad_dtype, optim_dtype, compute_dtype, reduce_dtype   "fp32" | "bf16" | "fp16"
+    """
+
+    mode: str = "none"
+    gpus_per_node: int = 1
+    nodes: int = 1
+    replicate: int | None = None
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    activation_checkpointing: bool = False
+    grad_sync: str | None = None
+    seq_len: int | None = None
+    param_dtype: str = "fp32"
+    grad_dtype: str = "fp32"
+    optim_dtype: str = "fp32"
+    compute_dtype: str = "bf16"
+    reduce_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UserError(f"parallel mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("gpus_per_node", "nodes", "micro_batch_size", "grad_accum_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{name} must be a positive integer, got {v!r}")
+        if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 1):
+            raise UserError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        if self.grad_sync is None:
+            object.__setattr__(self, "grad_sync", "every" if self.mode in ("fsdp", "hsdp") else "last")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
+        for name in ("param_dtype", "grad_dtype", "optim_dtype", "compute_dtype", "reduce_dtype"):
+            _dtype_bytes(getattr(self, name), name)
+        if self.mode == "none" and self.world != 1:
+            raise UserError(f"parallel mode 'none' runs on one GPU, but the layout has {self.world}")
+        if self.replicate is not None:
+            if self.mode != "hsdp":
+                raise UserError("a replicate degree is only meaningful for parallel mode 'hsdp'")
+            if not isinstance(self.replicate, int) or self.replicate < 1 or self.world % self.replicate:
+                raise UserError(f"replicate degree {self.replicate!r} must divide the {self.world} GPUs")
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel copies of each shard: world for DDP, R for HSDP, 1 for FSDP."""
+        if self.mode == "hsdp":
+            return self.replicate if self.replicate is not None else self.nodes
+        return self.world if self.mode == "ddp" else 1
+
+    @property
+    def shards(self) -> int:
+        """Shard degree S: how many GPUs split each parameter."""
+        return self.world // self.replicas if self.mode in ("fsdp", "hsdp") else 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.mode in ("fsdp", "hsdp")
+
+
+# ----- the estimate -----------------------------------------------------------------------------
+
+PARTS = ("params", "grads", "optimizer", "activations", "working", "buffers")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU peak bytes of one training step, by part, and communication bytes per step.
+
+    params, grads, optimizer   persistent state (sharded under FSDP/HSDP)
+    activations    stored for backward at the peak moment (what the step has not freed yet)
+    working        transients at that moment (backward gradients, held looped weight grads)
+    buffers        FSDP all-gather/reduce-scatter buffers, or autocast weight copies
+    total          the sum: the peak of the backward pass
+    activations_stored   all tensors stored for backward at the end of forward (the largest
+                   activation footprint, reported beside the peak's split)
+    peak_at        where in the backward the peak falls ("head", "layer <i> pass <p>")
+    all_gather, reduce_scatter, all_reduce   bytes each GPU sends per optimizer step
+    """
+
+    config_name: str
+    layout: Layout
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    working: int
+    buffers: int
+    activations_stored: int
+    peak_at: str
+    all_gather: int
+    reduce_scatter: int
+    all_reduce: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.working + self.buffers
+
+    @property
+    def communication(self) -> int:
+        return self.all_gather + self.reduce_scatter + self.all_reduce
+
+    def parts_gb(self) -> dict[str, float]:
+        return {p: getattr(self, p) / GB for p in PARTS}
+
+    def fits(self, gpu_memory_gb: float) -> bool:
+        return self.total <= gpu_memory_gb * GB
+
+    def to_dict(self) -> dict:
+        """JSON-ready: sizes in GB (1e9 bytes), the layout, and where the peak falls."""
+        return {
+            "unit": "GB (1e9 bytes)",
+            "total": self.total / GB,
+            **self.parts_gb(),
+            "activations_stored": self.activations_stored / GB,
+            "peak_at": self.peak_at,
+            "communication_per_step": {
+                "all_gather": self.all_gather / GB,
+                "reduce_scatter": self.reduce_scatter / GB,
+                "all_reduce": self.all_reduce / GB,
+                "total": self.communication / GB,
+            },
+            "layout": asdict(self.layout),
+        }
+
+    def summary(self) -> str:
+        lay = self.layout
+        where = f"{lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs"
+        if lay.sharded:
+            where += f" (shard {lay.shards} x replicate {lay.replicas})"
+        parts = ", ".join(f"{p} {v:.2f}" for p, v in self.parts_gb().items())
+        return (
+            f"{self.config_name or 'model'}: {self.total / GB:.2f} GB per GPU, {where}, micro-batch "
+            f"{lay.micro_batch_size} x {lay.grad_accum_steps}, activation checkpointing "
+            f"{'on' if lay.activation_checkpointing else 'off'}\n"
+            f"  parts (GB): {parts}; peak at {self.peak_at}\n"
+            f"  communication per step and GPU (GB): all-gather {self.all_gather / GB:.2f}, "
+            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}"
+        )
+
+
+def _expert_dims(cfg: ModelConfig) -> tuple[int, int]:
+    """d', f': the widths grouped_mm runs at (both rounded up to multiples of 4 if either is not)."""
+    d, f = cfg.d_model, cfg.expert_hidden
+    return (_round4(d), _round4(f)) if (_round4(d), _round4(f)) != (d, f) else (d, f)
+
+
+def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
+    """Bytes one layer pass saves for backward (micro_batch x seq_len tokens, compute bytes c).
+
+    The formula in the module docstring, op by op for scaling/training/model.py.
+    """
+    d, H, Hkv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
+    dp, fp = _expert_dims(cfg)
+    per_token = (
+        2 * (8 * d + 4)                        # norms: fp32 input, x * rstd, rstd
+        + 2 * c * d                            # norm outputs = inputs of wqkv and of the router
+        + c * (H + 2 * Hkv) * h                # qkv (v is a view)
+        + c * (H + Hkv) * h                    # RoPE output (q, k)
+        + c * H * h                            # SDPA output (wo's input is a view of it)
+        + 4 * H                                # SDPA log-sum-exp
+        + 2 * 4 * E                            # router logits and probs
+        + 2 * 4                                # logsumexp and top-k sum
+        + k * (3 * 8 + 4)                      # top-k ids, order, token ids; top-k probs
+        + k * c * (2 * dp + d + 4 * fp + 1)    # dispatched tokens, expert output, gated output,
+                                               # hidden (gate|up), silu, product, gate weight
+        + (c * (2 * d + 4 * fs) if fs else 0)  # shared expert
+    )
+    rope = 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim  # cos, sin cast per pass
+    padded = c * E * 3 * dp * fp if (dp, fp) != (d, cfg.expert_hidden) else 0
+    return micro_batch * seq_len * per_token + rope + padded
+
+
+def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
+    """Final norm (fp32 input, x * rstd, rstd), LM-head input, logits (c, held by the caller),
+    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids."""
+    d, V = cfg.d_model, cfg.vocab_size
+    return micro_batch * seq_len * (8 * d + 4 + c * d + (c + 4) * V + 2 * 8)
+
+
+def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
+    """Per-GPU memory at the peak of a training step and communication per step (see module doc)."""
+    c = _dtype_bytes(layout.compute_dtype, "compute_dtype")
+    pb = _dtype_bytes(layout.param_dtype, "param_dtype")
+    gb = _dtype_bytes(layout.grad_dtype, "grad_dtype")
+    ob = _dtype_bytes(layout.optim_dtype, "optim_dtype")
+    rb = _dtype_bytes(layout.reduce_dtype, "reduce_dtype")
+    S = layout.shards
+    T = layout.seq_len or cfg.seq_len
+    N = layout.micro_batch_size * T
+    d, V = cfg.d_model, cfg.vocab_size
+
+    shapes = param_shapes(cfg)
+    local = sum(sharded_numel(s, S) for _, s in shapes)
+    n_total = total_params(cfg)
+    params = pb * local
+    grads = gb * local * (2 if layout.mode == "ddp" else 1)
+    optimizer = 2 * ob * local + 4 * len(shapes)
+
+    # activations stored per layer pass, per the module docstring
+    A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c)
+    resid = c if layout.sharded else pb  # FSDP2 mixed precision casts the residual stream too
+    stored_pass = resid * N * d if layout.activation_checkpointing else A
+    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c)
+    head_work = 8 * N * V
+    dp, fp = _expert_dims(cfg)
+    Lp = _layer_params(cfg)
+    # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
+    # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
+    layer_work = N * (2 * cfg.top_k * c * dp + resid * d) + (
+        0 if layout.sharded else gb * cfg.n_experts * fp * dp)
+    held_bytes = Lp * (c if layout.sharded else gb)
+
+    # FSDP buffers / autocast copies (constant over the backward)
+    root = n_total - cfg.n_layers * Lp
+    if layout.sharded:
+        buffers = c * root + 2 * c * Lp + (c + rb) * Lp
+        if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
+            buffers += rb * n_total
+    elif c < pb:  # autocast: non-expert weights cast once; expert weights per stored pass
+        expert = cfg.n_experts * 3 * d * cfg.expert_hidden
+        copies = 1 if layout.activation_checkpointing else cfg.n_layer_passes
+        buffers = c * (n_total - cfg.n_layers * expert) + c * copies * expert
+    else:
+        buffers = 0
+
+    # walk the backward: the head first, then the layer passes in reverse execution order
+    schedule = cfg.schedule()
+    remaining = len(schedule) * stored_pass + head_stored
+    activations_stored = remaining
+    best = (remaining + head_work, remaining, head_work, "head")
+    remaining -= head_stored - 8 * N  # the head's tensors are freed; the embedding ids stay
+    held = 0
+    recompute = A if layout.activation_checkpointing else 0
+    for layer, pass_ in reversed(schedule):
+        live = remaining + recompute + layer_work + held
+        if live > best[0]:
+            best = (live, remaining + recompute, layer_work + held, f"layer {layer} pass {pass_}")
+        remaining -= stored_pass
+        if cfg.is_looped and cfg.loop_start <= layer < cfg.loop_end:
+            if pass_ == cfg.n_loops:
+                held += held_bytes  # its weight gradient waits, summed, for the first pass
+            elif pass_ == 1:
+                held -= held_bytes
+    _, acts, work, peak_at = best
+
+    # communication per optimizer step
+    m = layout.grad_accum_steps
+    m_sync = m if layout.grad_sync == "every" else 1
+    ag = rs = ar = 0
+    if layout.sharded and S > 1:
+        frac = (S - 1) / S
+        ag = round(m * frac * c * (2 * cfg.n_layer_passes * Lp + root))
+        rs = round(m_sync * frac * rb * (cfg.n_layers * Lp + root))
+    R = layout.replicas
+    if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
+        ar = round(2 * (R - 1) / R * gb * n_total)
+    elif layout.mode == "hsdp" and R > 1:  # the reduce-scattered shard, across the replicas
+        ar = round(m_sync * 2 * (R - 1) / R * rb * local)
+
+    return MemoryEstimate(
+        config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
+        activations=acts, working=work, buffers=buffers, activations_stored=activations_stored,
+        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar,
+    )

@@ -1,0 +1,317 @@
+"""Checkpoints: when and what to save, written atomically with torch.distributed.checkpoint (DCP).
+
+Where: ``<run_dir>/checkpoints/`` by default, so a checkpoint lives with the one run that wrote
+it (``.gitignore`` keeps them out of git); a separate parent folder may be given for large
+models, and then the run's folder in it is ``<parent>/<run name>-<run id>``: never keyed by the
+run name alone, so two runs of one name in different runs folders cannot share checkpoints.
+
+What: one folder per checkpoint holding the model and optimizer state dicts in DCP's sharded
+format (``get_state_dict``/``set_state_dict`` of ``torch.distributed.checkpoint.state_dict``, so
+the same code saves a plain module, a DDP module and an FSDP2 module, and a checkpoint saved on
+W ranks loads on any other number of ranks), ``rng.pt`` (rank 0's torch/numpy/python RNG
+states) and ``meta.json``: the :class:`~scaling.training.state.TrainState` (position in the
+run = data position = scheduler step, completed points, wall time), and the run's identity.
+Folders: ``iter-<N>`` (the latest; older ones are deleted once a newer one is complete) and
+``branch-<i>`` (the trunk state a WSD cooldown branch returns to; deleted once the trunk has
+moved past it and a later ``iter-<N>`` exists).
+
+Atomic: every rank writes into ``.tmp-<name>``, files fsynced; rank 0 then writes ``meta.json``
+and renames the folder to ``<name>`` (a rename is atomic on POSIX), and only then deletes the
+previous checkpoint. A save killed at any moment leaves the previous checkpoint intact plus a
+``.tmp-*`` folder, which the next start deletes. The checkpoint folder must be one shared
+filesystem path for all ranks.
+
+Identity: ``meta.json`` records the run id (a random id written into the run's ``config.json``
+when the run starts) and a hash of the model config, the train config without the keys a resume
+may change, the budgets, the data (corpus key and sha256 of its sources and tokenizer) and the
+code version (package version and git commit). Resume refuses, with a one-line UserError naming
+what differs, a checkpoint of another run, config, data or code version (a finished run's last
+checkpoint is still read after a code change: nothing is trained with it), and a checkpoint that
+cannot be read (truncated or corrupt files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from scaling.common.errors import UserError
+from scaling.common.serialize import to_json
+from scaling.training import runlog
+from scaling.training.state import TrainState
+
+log = logging.getLogger(__name__)
+
+FORMAT = 2
+META, RNG = "meta.json", "rng.pt"
+
+
+def identity_hash(identity: dict) -> str:
+    return hashlib.sha256(to_json(identity, indent=None).encode()).hexdigest()[:16]
+
+
+def identity_diff(saved: dict, current: dict) -> list[str]:
+    """Dotted names of the identity entries that differ (e.g. ``train.lr``, ``code.git_commit``)."""
+    out = []
+    for section in sorted(set(saved) | set(current)):
+        a, b = saved.get(section), current.get(section)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            out.append(section)
+    return out
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoints (call every method on every rank).
+
+    folder      this run's checkpoint folder
+    identity    the run's identity sections (see the module docstring) and ``run_id``
+    every       save the latest state every this many updates (budget ends always save)
+    async_save  write the latest state in the background (``dcp.async_save``): training goes on
+                while it is written; it is completed (renamed into place) before the next save
+                and at the end, so a kill loses at most the save in flight
+    """
+
+    def __init__(self, folder: Path, identity: dict, run_id: str, *, rank: int = 0, world: int = 1,
+                 every: int = 100, async_save: bool = False):
+        self.folder = Path(folder)
+        self.identity = identity
+        self.hash = identity_hash(identity)
+        self.run_id = run_id
+        self.rank, self.world = rank, world
+        self.every = every
+        self.async_save = async_save
+        self._pending = None  # (future, tmp, name, meta) of an async save in flight
+        self._async_group = None
+
+    # ----- folder -----------------------------------------------------------------------
+    def check_empty(self) -> None:
+        """For a new run: refuse a folder that already holds checkpoints (of another run)."""
+        if self.folder.is_dir() and self._complete():
+            raise UserError(f"checkpoint folder {self.folder} already holds checkpoints of another run; "
+                            "delete it or choose another checkpoint folder")
+
+    def prepare(self) -> None:
+        """Create the folder and delete the temporaries of killed saves (every rank)."""
+        if self.rank == 0:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"checkpoint folder {self.folder} is not writable: "
+                                f"{exc.strerror or exc}") from None
+            for stale in self.folder.glob(".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        self._barrier()
+
+    def _complete(self) -> list[Path]:
+        return sorted(p for p in self.folder.glob("*") if p.is_dir() and not p.name.startswith("."))
+
+    def latest(self) -> Path | None:
+        """The newest complete ``iter-<N>`` checkpoint, or None."""
+        found = sorted(self.folder.glob("iter-*"), key=lambda p: _iter_of(p))
+        return found[-1] if found else None
+
+    def branch_point(self, i: int) -> Path:
+        return self.folder / f"branch-{i}"
+
+    # ----- save -------------------------------------------------------------------------
+    def due(self, state: TrainState) -> bool:
+        return state.iter % self.every == 0
+
+    def save_latest(self, model, optimizer, state: TrainState) -> None:
+        self.wait()
+        self._save(f"iter-{state.iter:09d}", model, optimizer, state, background=self.async_save)
+
+    def save_branch_point(self, i: int, model, optimizer, state: TrainState) -> None:
+        self.wait()
+        self._save(self.branch_point(i).name, model, optimizer, state, background=False)
+
+    def _save(self, name: str, model, optimizer, state: TrainState, background: bool) -> None:
+        tmp = self.folder / f".tmp-{name}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        self._barrier()
+        msd, osd = get_state_dict(model, optimizer)
+        meta = {"format": FORMAT, "name": name, "iter": state.iter, "run_id": self.run_id,
+                "identity_hash": self.hash, "identity": self.identity, "world_size": self.world,
+                "state": state.to_dict()}
+        rng = rng_state()
+        if background:
+            if self.world > 1 and self._async_group is None:
+                self._async_group = torch.distributed.new_group(backend="gloo")
+            with _quiet():
+                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp),
+                                        process_group=self._async_group, no_dist=self.world == 1)
+            self._pending = (future, tmp, name, meta, rng)
+        else:
+            with _quiet():
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp), no_dist=self.world == 1)
+            self._finish(tmp, name, meta, rng)
+
+    def wait(self) -> None:
+        """Complete an async save in flight (every rank)."""
+        if self._pending is not None:
+            future, tmp, name, meta, rng = self._pending
+            self._pending = None
+            future.result()
+            self._barrier()
+            self._finish(tmp, name, meta, rng)
+
+    def _finish(self, tmp: Path, name: str, meta: dict, rng: dict) -> None:
+        if self.rank == 0:
+            runlog.atomic_write(tmp / RNG, lambda fh: torch.save(rng, fh))
+            runlog.write_json(tmp / META, meta)
+            final = self.folder / name
+            if final.exists():  # only a branch point saved again after a resume
+                shutil.rmtree(final)
+            tmp.rename(final)
+            runlog._fsync_dir(self.folder)
+            if name.startswith("iter-"):
+                for old in self.folder.glob("iter-*"):
+                    if old != final:
+                        shutil.rmtree(old, ignore_errors=True)
+                self._prune(TrainState.from_dict(meta["state"]))
+        self._barrier()
+
+    def restore_branch_point(self, i: int, model, optimizer) -> None:
+        """Model and optimizer back to the trunk state saved where branch ``i`` started."""
+        self.load(self.branch_point(i), model, optimizer, with_state=False)
+
+    def prune_branch_points(self, state: TrainState) -> None:
+        """Delete branch points no longer needed: closed branches, or saved after ``state`` (a
+        resume from an older checkpoint will save them again)."""
+        if self.rank == 0:
+            self._prune(state)
+        self._barrier()
+
+    def _prune(self, state: TrainState) -> None:
+        pos = state.position
+        for p in self.folder.glob("branch-*"):
+            i = _iter_of(p)
+            closed = i < pos.next_branch and pos.branch != i
+            if closed or _meta_iter(p) > state.iter:
+                shutil.rmtree(p, ignore_errors=True)
+
+    # ----- load -------------------------------------------------------------------------
+    def read_meta(self, path: Path) -> dict:
+        """meta.json of a checkpoint, checked against this run; UserError if it is not this run's."""
+        try:
+            meta = json.loads((path / META).read_text())
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else None}")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"checkpoint {path} is unreadable ({exc}); delete it to start the run "
+                            "again") from None
+        if meta["run_id"] != self.run_id:
+            raise UserError(f"checkpoint {path} belongs to another run (run id {meta['run_id']}, "
+                            f"this run {self.run_id}); refusing to resume from it")
+        if meta["identity_hash"] != self.hash:
+            diff = identity_diff(meta.get("identity", {}), self.identity)
+            finished = meta.get("state", {}).get("position", {}).get("done", False)
+            if finished and all(d.startswith("code.") for d in diff):
+                return meta  # nothing left to train: a finished run's result and weights stay usable
+            what = ", ".join(diff[:6]) or "identity"
+            raise UserError(f"checkpoint {path} was made with a different {what} "
+                            "than this run; refusing to resume from it")
+        return meta
+
+    def load(self, path: Path, model, optimizer, *, with_state: bool = True) -> TrainState | None:
+        """Restore model and optimizer (and RNG and the TrainState) from a checkpoint folder."""
+        meta = self.read_meta(path)
+        msd, osd = get_state_dict(model, optimizer)
+        sd = {"model": msd, "optim": osd}
+        try:
+            with _quiet():
+                dcp.load(sd, checkpoint_id=str(path), no_dist=self.world == 1)
+            rng = torch.load(path / RNG, weights_only=False) if with_state else None
+        except (Exception, CheckpointException) as exc:  # DCP's own type is a BaseException
+            failures = getattr(exc, "failures", None)  # {rank: exception} of a CheckpointException
+            inner = next(iter(failures.values())) if failures else exc
+            inner = inner[0] if isinstance(inner, tuple) else inner  # (exception, traceback frames)
+            first = (str(inner).strip().splitlines() or [""])[0] or type(inner).__name__
+            raise UserError(f"checkpoint {path} is unreadable ({first[:200]}); delete it to resume from "
+                            "an earlier one or start the run again") from None
+        set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        if meta["world_size"] != self.world and self.rank == 0:
+            log.warning("resuming a checkpoint of %d ranks on %d: float summation order, hence metrics, "
+                        "may differ slightly from an uninterrupted run", meta["world_size"], self.world)
+        if not with_state:
+            return None
+        set_rng_state(rng)
+        return TrainState.from_dict(meta["state"])
+
+    def close(self) -> None:
+        self.wait()
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns on every single-process save/load that it assumes a single process: it is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _iter_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _meta_iter(path: Path) -> int:
+    try:
+        return int(json.loads((path / META).read_text())["iter"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1 << 62  # unreadable: treat as stale
+
+
+def latest_iter(folder: Path) -> int | None:
+    """The iteration of the newest complete checkpoint in ``folder`` (for tools and tests)."""
+    found = [_iter_of(p) for p in Path(folder).glob("iter-*")]
+    return max(found) if found else None
+
+
+def run_identity(model: dict, train: dict, budgets: list[dict], provenance: dict, code: dict) -> dict:
+    """The sections a checkpoint must match to be resumed by a run (see the module docstring)."""
+    data: dict[str, Any] = {"key": provenance.get("key"), "spec": provenance.get("spec")}
+    data["sources"] = {s.get("name"): s.get("sha256") for s in provenance.get("sources", [])}
+    data["tokenizer"] = (provenance.get("tokenizer") or {}).get("sha256")
+    return {"model": model, "train": train, "budgets": {"budgets": budgets}, "data": data,
+            "code": {"version": code.get("version"), "git_commit": code.get("git_commit")}}

@@ -1,0 +1,175 @@
+"""The metrics sink: ``metrics.jsonl`` (the source of truth) plus optional TensorBoard / W&B mirrors,
+and the per-step measurements (MFU, peak memory) the trainer logs.
+
+Durability without an fsync per line: each line is written and flushed to the operating system
+at once (it survives the process being killed), and the file is fsynced before every checkpoint
+(:meth:`MetricsSink.sync`), so the lines up to a checkpoint survive a power loss as well. On resume
+the lines past the checkpoint are dropped (:func:`resume_metrics`): a run killed at any moment and
+resumed logs exactly what an uninterrupted run logs. Only a torn *final* line (a write cut short)
+may be dropped; a corrupt line anywhere else is an error naming the file and line, and nothing
+is changed.
+
+Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, appendix B):
+
+    MFU = tokens_per_s * flops_per_token / (world_size * peak_flops)
+
+with ``flops_per_token`` the exact training count of :func:`scaling.accounting.costs.flops_per_token`
+(6 x matmul parameters touched per token + attention) and ``peak_flops`` the dense peak of one
+device. Presets (:data:`PEAK_FLOPS`), dense (no structured sparsity) tensor-core throughput from
+NVIDIA's datasheets: H100 SXM5 BF16 989.4 TFLOP/s ("NVIDIA H100 Tensor Core GPU" datasheet, the
+1,979 TFLOP/s figure is with 2:4 sparsity); H200 SXM BF16 989.4 TFLOP/s ("NVIDIA H200 Tensor Core
+GPU" datasheet, 1,979 with sparsity); A100 SXM BF16 312 TFLOP/s ("NVIDIA A100 Tensor Core GPU"
+datasheet, 624 with sparsity).
+
+Peak memory: ``torch.cuda.max_memory_allocated`` on CUDA (bytes held by tensors, per device);
+on CPU the process's maximum resident set size (``resource.getrusage``, ru_maxrss in KiB on
+Linux), which also counts the interpreter and libraries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from scaling.common.errors import UserError
+from scaling.common.serialize import to_json
+from scaling.training import runlog
+
+log = logging.getLogger(__name__)
+
+PEAK_FLOPS = {"h100-sxm-bf16": 989.4e12, "h200-bf16": 989.4e12, "a100-bf16": 312e12}
+LOG_TARGETS = ("jsonl", "tensorboard", "wandb")
+
+
+def resolve_peak_flops(value: float | str | None) -> float | None:
+    """A preset name or a number of FLOP/s per device -> FLOP/s (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value in PEAK_FLOPS:
+            return PEAK_FLOPS[value]
+        try:
+            value = float(value)
+        except ValueError:
+            raise UserError(f"unknown peak_flops {value!r}; give FLOP/s per device or one of "
+                            f"{', '.join(PEAK_FLOPS)}") from None
+    if not (value > 0 and value < float("inf")):
+        raise UserError(f"peak_flops must be a positive number of FLOP/s, got {value}")
+    return float(value)
+
+
+def mfu(tokens_per_s: float, flops_per_token: int, peak_flops: float, world_size: int) -> float:
+    """Model FLOPs utilisation of the whole job (see the module docstring)."""
+    return tokens_per_s * flops_per_token / (world_size * peak_flops)
+
+
+def peak_memory_bytes(device) -> int:
+    """Peak bytes allocated by tensors on a CUDA device, or the process's max RSS on CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+def resume_metrics(path: Path, upto_iter: int) -> int:
+    """Keep the lines of ``path`` with ``iter <= upto_iter``; returns how many were dropped.
+
+    A torn final line is dropped; a corrupt line before it raises UserError and leaves the file
+    as it was. The file is rewritten atomically, and only when something is dropped.
+    """
+    records, torn = runlog.read_jsonl_checked(path)
+    kept = [r for r in records if r.get("iter", 0) <= upto_iter]
+    if torn or len(kept) != len(records):
+        runlog.rewrite_jsonl(path, kept)
+    return len(records) - len(kept) + int(torn)
+
+
+class MetricsSink:
+    """Appends metric records to ``metrics.jsonl`` and mirrors them (rank 0 only; others no-op).
+
+    ``log_to`` holds "jsonl" (always) and optionally "tensorboard" (event files under
+    ``<run_dir>/tensorboard``; needs the ``tensorboard`` package) and "wandb" (offline unless
+    ``WANDB_MODE`` says otherwise, files under ``<run_dir>/wandb``); both are imported lazily.
+    ``start_iter`` is the update the run resumes after: the mirrors drop their events past it.
+    """
+
+    def __init__(self, run_dir: Path, *, enabled: bool, log_to=("jsonl",), start_iter: int = 0,
+                 run_name: str = "", run_id: str = "", config: dict | None = None):
+        self.path = Path(run_dir) / runlog.METRICS
+        self.enabled = enabled
+        self._fh = None
+        self._tb = None
+        self._wandb = None
+        check_log_to(log_to)
+        if not enabled:
+            return
+        self._fh = open(self.path, "a", encoding="utf-8")
+        require_trackers(log_to)
+        if "tensorboard" in log_to:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=start_iter + 1)
+        if "wandb" in log_to:
+            import wandb
+
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "smelt-scale"), name=run_name,
+                                     id=run_id or None, resume="allow", dir=str(run_dir),
+                                     mode=os.environ.get("WANDB_MODE", "offline"), config=config or {})
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Write one line (flushed to the OS, not fsynced) and mirror its numbers."""
+        if not self.enabled:
+            return
+        self._fh.write(to_json(record, indent=None) + "\n")
+        self._fh.flush()
+        numbers = {k: v for k, v in record.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iter"}
+        if self._tb is not None:
+            for k, v in numbers.items():
+                self._tb.add_scalar(k, v, record["iter"])
+        if self._wandb is not None:
+            self._wandb.log(numbers, step=record["iter"])
+
+    def sync(self) -> None:
+        """Make every line written so far durable (called before each checkpoint)."""
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.sync()
+            self._fh.close()
+            self._fh = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def require_trackers(log_to) -> None:
+    """UserError if a mirror in ``log_to`` lacks its package (checked before a run starts)."""
+    for target, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if target in log_to:
+            try:
+                __import__(package)
+            except ImportError:
+                raise UserError(f"logging to {target} needs the {package} package "
+                                "(pip install 'smelt-scale[track]')") from None
+
+
+def check_log_to(log_to) -> None:
+    unknown = sorted(set(log_to) - set(LOG_TARGETS))
+    if unknown or "jsonl" not in log_to:
+        raise UserError(f"log_to must include jsonl and only {', '.join(LOG_TARGETS)}; got {list(log_to)}")

@@ -1,0 +1,252 @@
+"""Checkpoints and run logs that must never lose or mix up data (issue 19), on proxy-tiny.
+
+The run-name collision and the corrupt metrics line run end to end through the CLI; the kills
+use the trainer's fault injection (SIGKILL right after an update's metrics line, before its
+checkpoint).
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.accounting.tiers import get_config
+from scaling.common.errors import UserError
+from scaling.training import runlog
+from scaling.training.checkpoint import Checkpointer, latest_iter
+from scaling.training.state import TrainState
+from scaling.training.trainer import TrainConfig, train
+
+TIER = "proxy-tiny"
+STEP_TOKENS = 8 * 64
+TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes", "mfu"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture()
+def env(tmp_path_factory, monkeypatch):
+    cache = str(tmp_path_factory.getbasetemp() / "smelt-cache")
+    monkeypatch.setenv("SMELT_CACHE", cache)
+    threads = torch.get_num_threads()
+    yield {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    torch.set_num_threads(threads)
+
+
+def cli_args(runs, name="r", lr="0.003", tokens=12 * STEP_TOKENS, *extra):
+    return ["train", "--tier", TIER, "--arch", "smelt", "--tokens", str(tokens), "--batch-size", "8",
+            "--data-max-bytes", "100000", "--eval-every", "5", "--ckpt-every", "4", "--threads", "1",
+            "--val-windows", "8", "--warmup", "2", "--device", "cpu", "--lr", lr, "--run-name", name,
+            "--runs-dir", str(runs), "--json", *extra]
+
+
+def cli(args):
+    res = CliRunner().invoke(app, args)
+    return res.exit_code, res.stdout, res.stderr
+
+
+def killed(args, env, at):
+    """Run the CLI in a subprocess that SIGKILLs itself after update ``at``."""
+    proc = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**env, "SMELT_FAULT_KILL_AT_ITER": str(at)}, cwd=ROOT)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+
+def logs(run_dir):
+    lines = runlog.read_jsonl(run_dir / "metrics.jsonl")
+    metrics = [{k: v for k, v in r.items() if k not in TIMING} for r in lines]
+    final = runlog.read_json(run_dir / "final.json")
+    points = [{k: v for k, v in p.items() if k != "wall_s"} for p in final["points"]]
+    return metrics, points, final["complete"]
+
+
+def snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_same_run_name_in_two_runs_folders_never_share_checkpoints(tmp_path, env):
+    """Issue 19: kill A, train B (same name, other folder, other lr) to the end, resume A: A's own
+    result, equal to an uninterrupted A; also with one shared checkpoint parent folder."""
+    code, out, err = cli(cli_args(tmp_path / "ref", "run"))
+    assert code == 0, err
+    reference = logs(tmp_path / "ref" / "run")
+    for extra in ([], ["--ckpt-dir", str(tmp_path / "shared-ckpt")]):
+        a, b = tmp_path / f"A{len(extra)}", tmp_path / f"B{len(extra)}"
+        killed(cli_args(a, "run", "0.003", 12 * STEP_TOKENS, *extra), env, at=7)
+        code, _, err = cli(cli_args(b, "run", "0.001", 12 * STEP_TOKENS, *extra))
+        assert code == 0, err
+        code, out, err = cli(cli_args(a, "run", "0.003", 12 * STEP_TOKENS, *extra, "--resume"))
+        assert code == 0, err
+        assert logs(a / "run") == reference
+        assert runlog.read_json(a / "run" / "config.json")["train"]["lr"] == 0.003
+        assert logs(b / "run")[1] != reference[1]
+
+
+def test_resume_refuses_a_checkpoint_of_another_identity(tmp_path, env):
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=6)
+    ckpt = tmp_path / "runs" / "r" / "checkpoints" / f"iter-{4:09d}"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["identity"]["code"]["git_commit"] = "0" * 40  # as if saved by another version of the code
+    meta["identity_hash"] = "0" * 16
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    before = snapshot(tmp_path / "runs")
+    code, _, err = cli(args + ["--resume"])
+    assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
+    assert "code.git_commit" in err and "refusing" in err
+    assert snapshot(tmp_path / "runs") == before
+
+
+def test_checkpointer_identity_and_run_id_units(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    ident = {"model": {"d": 3}, "train": {"lr": 1e-3}}
+    ck = Checkpointer(tmp_path, ident, "run-a", every=1)
+    ck.prepare()
+    ck.save_latest(model, opt, TrainState(iter=1))
+    path = ck.latest()
+    assert path.name == f"iter-{1:09d}" and latest_iter(tmp_path) == 1
+    assert Checkpointer(tmp_path, ident, "run-a").load(path, model, opt).iter == 1
+    with pytest.raises(UserError, match=r"different train\.lr"):
+        Checkpointer(tmp_path, {**ident, "train": {"lr": 2e-3}}, "run-a").load(path, model, opt)
+    with pytest.raises(UserError, match="belongs to another run"):
+        Checkpointer(tmp_path, ident, "run-b").load(path, model, opt)
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        Checkpointer(tmp_path, ident, "run-b").check_empty()
+    # a code change refuses an unfinished run's checkpoint, not a finished one's (nothing to train)
+    code_b = {**ident, "code": {"git_commit": "b"}}
+    ck = Checkpointer(tmp_path, {**ident, "code": {"git_commit": "a"}}, "run-a")
+    ck.save_latest(model, opt, TrainState(iter=2))
+    with pytest.raises(UserError, match=r"different code\.git_commit"):
+        Checkpointer(tmp_path, code_b, "run-a").load(ck.latest(), model, opt)
+    done = TrainState(iter=3)
+    done.position = dataclasses.replace(done.position, done=True)
+    ck.save_latest(model, opt, done)
+    assert Checkpointer(tmp_path, code_b, "run-a").load(ck.latest(), model, opt).done
+
+
+@pytest.mark.parametrize("damage", ["truncate-data", "garbage-meta"])
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, env, damage):
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=6)
+    ckpt = tmp_path / "runs" / "r" / "checkpoints" / f"iter-{4:09d}"
+    if damage == "truncate-data":
+        data = next(ckpt.glob("*.distcp"))
+        data.write_bytes(data.read_bytes()[:100])
+    else:
+        (ckpt / "meta.json").write_text('{"format": 2, "iter"')
+    code, _, err = cli(args + ["--resume"])
+    assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
+    assert "unreadable" in err and str(ckpt) in err
+
+
+def test_killed_save_leaves_previous_checkpoint_usable(tmp_path, env):
+    """A save killed before its rename leaves .tmp-<name>: the next start deletes it and resumes
+    from the previous checkpoint, to the uninterrupted result."""
+    code, _, err = cli(cli_args(tmp_path / "ref"))
+    assert code == 0, err
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=10)
+    folder = tmp_path / "runs" / "r" / "checkpoints"
+    half = folder / f".tmp-iter-{12:09d}"
+    shutil.copytree(folder / f"iter-{8:09d}", half)
+    next(half.glob("*.distcp")).write_bytes(b"\0" * 10)  # half-written data, no rename yet
+    code, _, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert not half.exists() and logs(tmp_path / "runs" / "r") == logs(tmp_path / "ref" / "r")
+
+
+def test_corrupt_metrics_line_mid_file_is_refused_and_changes_nothing(tmp_path, env):
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=10)
+    path = tmp_path / "runs" / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = '{"iter": 4, "train_lo\n'
+    path.write_text("".join(lines))
+    before = snapshot(tmp_path / "runs")
+    code, _, err = cli(args + ["--resume"])
+    assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
+    assert f"{path} line 4" in err
+    assert snapshot(tmp_path / "runs") == before
+
+
+def test_torn_final_metrics_line_is_dropped_on_resume(tmp_path, env):
+    code, _, err = cli(cli_args(tmp_path / "ref"))
+    assert code == 0, err
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=6)
+    with open(tmp_path / "runs" / "r" / "metrics.jsonl", "a") as fh:
+        fh.write('{"iter": 7, "step": 7, "tra')  # a write cut short by the kill
+    code, _, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert logs(tmp_path / "runs" / "r") == logs(tmp_path / "ref" / "r")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--resume"], "no run to resume"),
+    (["--tokens", "1e400"], "finite"),
+    (["--device", "tpu"], "device must be"),
+    (["--tokens", "100"], "below one optimizer step"),
+    (["--batch-size", "6", "--micro-batch-size", "4"], "does not divide"),
+    (["--mfu"], "MFU needs peak_flops"),
+    (["--peak-flops", "h300"], "unknown peak_flops"),
+    (["--log-to", "jsonl,csv"], "log_to"),
+])
+def test_rejected_train_is_one_line_and_leaves_no_folder(tmp_path, env, extra, message):
+    code, _, err = cli(cli_args(tmp_path / "runs") + extra)
+    assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
+    assert message in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_metrics_mfu_memory_data_wait_per_source_and_tensorboard(tmp_path, env):
+    pytest.importorskip("tensorboard")
+    cfg = TrainConfig(tokens=(6 * STEP_TOKENS,), batch_size=8, data_max_bytes=100_000, eval_every=0,
+                      threads=1, val_windows=8, warmup=2, peak_flops="h100-sxm-bf16", mfu=True,
+                      val_by_source=True, log_to=("jsonl", "tensorboard"))
+    train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="m", runs_dir=tmp_path / "runs")
+    lines = runlog.read_jsonl(tmp_path / "runs" / "m" / "metrics.jsonl")
+    assert len(lines) == 6
+    for r in lines:
+        assert 0 < r["mfu"] < 1e-3  # a CPU against an H100's peak
+        assert r["peak_mem_bytes"] > 10e6 and r["data_wait_s"] >= 0
+    assert set(lines[-1]) >= {"val_loss", "val_loss/shakespeare", "val_loss/stdlib"}
+    assert list((tmp_path / "runs" / "m" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_missing_tracking_package_is_a_clear_error(tmp_path, env, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    cfg = TrainConfig(tokens=(2 * STEP_TOKENS,), batch_size=8, data_max_bytes=100_000, threads=1,
+                      val_windows=8, log_to=("jsonl", "wandb"))
+    with pytest.raises(UserError, match=r"needs the wandb package .*smelt-scale\[track\]"):
+        train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_async_checkpoints_resume_exactly(tmp_path, env):
+    code, _, err = cli(cli_args(tmp_path / "ref"))
+    assert code == 0, err
+    args = cli_args(tmp_path / "runs") + ["--async-ckpt"]
+    killed(args, env, at=10)
+    # the save of 8 is renamed into place at the next save (12): the kill at 10 leaves 4
+    assert latest_iter(tmp_path / "runs" / "r" / "checkpoints") == 4
+    code, _, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert logs(tmp_path / "runs" / "r") == logs(tmp_path / "ref" / "r")
+
+
+def test_wandb_offline_mirror(tmp_path, env, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TrainConfig(tokens=(3 * STEP_TOKENS,), batch_size=8, data_max_bytes=100_000, threads=1,
+                      val_windows=8, log_to=("jsonl", "wandb"))
+    train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
+    assert len(runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl")) == 3
+    assert list((tmp_path / "runs" / "w" / "wandb").glob("offline-run-*"))
