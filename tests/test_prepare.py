@@ -209,7 +209,7 @@ def test_train_on_shards_kill_and_resume_gives_identical_logs(env, tmp_path):
     from scaling.training.trainer import TrainConfig, train
 
     cfg = dict(tokens=[20 * 4 * 64], batch_size=4, data=str(env["out"]), eval_every=5, ckpt_every=4,
-               threads=1, val_windows=8, warmup=2)
+               threads=1, val_windows=8, warmup=2, val_by_source=True)
     train(get_config("proxy-tiny", "smelt"), TrainConfig(**cfg), tier="proxy-tiny", run_name="ref",
           runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt")
     args = json.dumps({"cfg": cfg, "name": "killed", "runs": str(tmp_path / "runs"),
@@ -227,6 +227,7 @@ def test_train_on_shards_kill_and_resume_gives_identical_logs(env, tmp_path):
 
     ref = logs("ref")
     assert len(ref) == 20 and ref[-1]["val_bpb"] > 0
+    assert {"val_loss/code", "val_loss/prose"} <= set(ref[-1])  # the manifest's sources
     assert logs("killed") == ref
     meta = runlog.read_json(tmp_path / "runs" / "ref" / "config.json")
     assert meta["data_identity"]["manifest_sha256"] == load_shards(env["out"]).manifest_sha256
