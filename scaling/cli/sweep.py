@@ -77,9 +77,11 @@ def register(app: typer.Typer) -> None:
         uses = plan_data_use(plan.runs)
         allow_repeat = any(bool(r.data.get("allow_repeat")) for r in plan.runs)
         data_errors, data_warnings = check_data_use(uses, allow_repeat, max_epochs)
-        if not dry_run and data_errors:
-            more = f" (and {len(data_errors) - 1} more)" if len(data_errors) > 1 else ""
-            raise UserError(data_errors[0] + more)
+        if not dry_run:
+            check_memory(estimate(plan, probe=False))  # both refusals come before anything starts
+            if data_errors:
+                more = f" (and {len(data_errors) - 1} more)" if len(data_errors) > 1 else ""
+                raise UserError(data_errors[0] + more)
         if not json_out:
             for msg in (data_errors if dry_run else []) + data_warnings:
                 warn(msg)
