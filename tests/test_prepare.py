@@ -389,3 +389,30 @@ def test_builtin_corpus_has_the_same_interface(env):
     prose = "".join(data.tokenizer.decode(w.tolist()) for w in by["shakespeare"][0])
     assert "def " in code and "def " not in prose and "ACT" in prose
     assert data.identity["kind"] == "builtin" and data.identity["spec"]["vocab_size"] == VOCAB
+
+
+KILLED = """
+import json, sys
+from scaling.training.prepare import PrepareOptions, prepare
+a = json.loads(sys.argv[1])
+prepare(a["inputs"], a["out"], PrepareOptions(**a["opts"]))
+"""
+
+
+def test_sigkill_during_prepare_then_rerun_gives_identical_output(env, tmp_path):
+    import time
+
+    out = tmp_path / "out"
+    opts = {**OPTS.__dict__, "chunk_bytes": 4_000}  # many checkpoints: the kill lands between two
+    args = json.dumps({"inputs": env["inputs"], "out": str(out), "opts": opts})
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, args], stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (out / "train-00001.bin").exists():
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    if proc.returncode != -signal.SIGKILL or (out / "manifest.json").exists():
+        pytest.fail(f"prepare ended (rc={proc.returncode}) before it could be killed")
+    assert (out / ".prepare" / "state.json").exists()
+    prepare(env["inputs"], out, OPTS)
+    assert _files(out) == _files(env["out"])
