@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from cli import app
 from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.checkpoint import Checkpointer, latest_iter
 from scaling.training.state import TrainState
@@ -59,7 +60,7 @@ def killed(args, env, at):
 
 
 def logs(run_dir):
-    lines = runlog.read_jsonl(run_dir / "metrics.jsonl")
+    lines = read_jsonl(run_dir / "metrics.jsonl", missing_ok=True).rows
     metrics = [{k: v for k, v in r.items() if k not in TIMING} for r in lines]
     final = runlog.read_json(run_dir / "final.json")
     points = [{k: v for k, v in p.items() if k != "wall_s"} for p in final["points"]]
@@ -172,7 +173,7 @@ def test_corrupt_metrics_line_mid_file_is_refused_and_changes_nothing(tmp_path, 
     before = snapshot(tmp_path / "runs")
     code, _, err = cli(args + ["--resume"])
     assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
-    assert f"{path} line 4" in err
+    assert f"{path}:4: not JSON" in err
     assert snapshot(tmp_path / "runs") == before
 
 
@@ -211,7 +212,7 @@ def test_metrics_mfu_memory_data_wait_per_source_and_tensorboard(tmp_path, env):
                       threads=1, val_windows=8, warmup=2, peak_flops="h100-sxm-bf16", mfu=True,
                       val_by_source=True, log_to=("jsonl", "tensorboard"))
     train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="m", runs_dir=tmp_path / "runs")
-    lines = runlog.read_jsonl(tmp_path / "runs" / "m" / "metrics.jsonl")
+    lines = read_jsonl(tmp_path / "runs" / "m" / "metrics.jsonl", missing_ok=True).rows
     assert len(lines) == 6
     for r in lines:
         assert 0 < r["mfu"] < 1e-3  # a CPU against an H100's peak
@@ -248,5 +249,5 @@ def test_wandb_offline_mirror(tmp_path, env, monkeypatch):
     cfg = TrainConfig(tokens=(3 * STEP_TOKENS,), batch_size=8, data_max_bytes=100_000, threads=1,
                       val_windows=8, log_to=("jsonl", "wandb"))
     train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
-    assert len(runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl")) == 3
+    assert len(read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl", missing_ok=True).rows) == 3
     assert list((tmp_path / "runs" / "w" / "wandb").glob("offline-run-*"))

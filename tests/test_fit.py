@@ -88,6 +88,23 @@ def test_objective_gradient_matches_finite_differences(law):
     assert not np.isclose(obj(z[:1], np.array([0]))[0], obj(z[:1], np.array([1]))[0])
 
 
+def test_objective_memory_is_bounded_in_starts():
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    N, D = np.exp(rng.uniform(17, 23, 3000)), np.exp(rng.uniform(21, 27, 3000))
+    obj = Objective(CHIN, {"N": N, "D": D}, np.log(CHIN.predict(TRUE, N=N, D=D)))
+    z = CHIN.starts()                                   # 2,700 starts: one unblocked temporary is 194 MB
+    tracemalloc.start()
+    f, g = obj(z)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 120 * 2 ** 20 and f.shape == (z.shape[0],) and np.isfinite(f).all()
+    f1, g1 = obj(z[:5])
+    np.testing.assert_allclose(f[:5], f1, rtol=1e-13)
+    np.testing.assert_allclose(g[:5], g1, rtol=1e-12)
+
+
 def test_lbfgs_batch_bounded_quadratics():
     # f = sum (x - c)^2 * scale, each row its own centre; the bound clips the second row's optimum
     centres = np.array([[0.3, -0.2], [2.0, 0.5], [-0.5, 0.9]])
@@ -288,6 +305,17 @@ def test_reproduces_epoch_plain_huber_fit():
     assert fit.diagnostics["identified"]
     # Epoch's bootstrap: a = beta/(alpha+beta) 95% (0.4807, 0.5561)
     assert fit.ci["a"][0] < 0.5561 and 0.4807 < fit.ci["a"][1]
+
+
+@needs_epoch
+def test_epoch_optimum_to_the_printed_digits():
+    # the optimum before the memory-bounded screening, as printed: it must not move
+    fit = fit_law(epoch_points(), n_bootstrap=0)
+    p = fit.params
+    assert (f"{p['E']:.6f}", f"{p['A']:.2f}", f"{p['alpha']:.6f}", f"{p['B']:.2f}", f"{p['beta']:.6f}") == \
+        ("1.817218", "477.83", "0.347310", "2143.42", "0.367172")
+    assert f"{fit.diagnostics['objective']:.10e}" == "1.0182740178e-03"
+    assert fit.diagnostics["identified"] and not fit.diagnostics["misfit"]
 
 
 @needs_epoch

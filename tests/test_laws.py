@@ -104,3 +104,34 @@ def test_smelt_optimum_reproduces_paper_tokens_per_parameter():
         assert opt["D"] / (opt["F"] / 6) == pytest.approx(tpp, abs=1.0)
     with pytest.raises(UserError, match="sparsity"):
         optimal(law, PAPER_BASE, 1e21)
+
+
+def test_one_registry_driven_frontier_for_any_law():
+    from dataclasses import replace
+
+    from scaling.fitting.laws import frontier, frontier_numeric
+
+    ch = get_law("chinchilla")
+    for C, k in ((1e21, 6.0), (1e24, 7.5)):
+        fr = frontier(ch, CHIN, C, k=k)
+        n, d, loss = frontier_numeric(ch, CHIN, C, k=k)
+        assert fr.size_name == "N" and fr.size == pytest.approx(n, rel=1e-5)
+        assert fr.loss == pytest.approx(loss)
+        assert fr.tokens_per_param == pytest.approx(fr.tokens / fr.size)
+        assert optimal(ch, CHIN, C, k=k) == fr.as_dict()
+    fs = frontier(get_law("smelt"), PAPER_BASE, 1e21, S=0.95)
+    assert fs.size_name == "F" and fs.tokens_per_param == pytest.approx(fs.tokens / (fs.size / 6))
+    with pytest.raises(UserError, match="needs S"):
+        frontier(get_law("smelt"), PAPER_BASE, 1e21)
+    # a law added to the registry under another name gets the frontier without any code that names it
+    renamed = replace(ch, name="chinchilla-copy")
+    np.testing.assert_allclose(frontier(renamed, CHIN, 1e22).size, frontier(ch, CHIN, 1e22).size)
+    # and no module branches on a law's name
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "scaling"
+    by_name = re.compile(r"""(law\.name|law_name|\.law)\s*(==|!=)\s*["']""")
+    hits = [f"{p}:{i}" for p in root.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if by_name.search(line)]
+    assert not hits, hits

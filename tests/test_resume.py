@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from scaling.accounting.tiers import get_config
+from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.checkpoint import latest_iter
 from scaling.training.trainer import TrainConfig, train
@@ -62,7 +63,8 @@ def in_process(tmp_path, name, resume=False, cfg=CFG):
 def logs(tmp_path, name):
     rd = tmp_path / "runs" / name
     metrics = [
-        {k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_jsonl(rd / "metrics.jsonl")
+        {k: v for k, v in r.items() if k not in TIMING}
+        for r in read_jsonl(rd / "metrics.jsonl", missing_ok=True).rows
     ]
     final = runlog.read_json(rd / "final.json")
     del final["run"]
@@ -82,7 +84,7 @@ def test_killed_runs_resume_to_identical_logs(tmp_path, env):
         proc = launch(tmp_path, "killed", env, kill_at)
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
-        metrics = runlog.read_jsonl(tmp_path / "runs" / "killed" / "metrics.jsonl")
+        metrics = read_jsonl(tmp_path / "runs" / "killed" / "metrics.jsonl", missing_ok=True).rows
         assert metrics[-1]["iter"] == kill_at  # the line was durable before the kill
         if kill_at == 10:
             final = runlog.read_json(tmp_path / "runs" / "killed" / "final.json")
@@ -104,14 +106,14 @@ def test_kill_from_outside_at_any_moment(tmp_path, env):
     path = tmp_path / "runs" / "ext" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if len(runlog.read_jsonl(path)) >= 7:
+        if len(read_jsonl(path, missing_ok=True).rows) >= 7:
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
     proc.communicate(timeout=60)
     if proc.returncode != -signal.SIGKILL:
         pytest.fail(f"the run ended (rc={proc.returncode}) before it could be killed")
-    n_lines = len(runlog.read_jsonl(path))
+    n_lines = len(read_jsonl(path, missing_ok=True).rows)
     assert 7 <= n_lines < 30
     in_process(tmp_path, "ext", resume=True, cfg=cfg)
     metrics, final = logs(tmp_path, "ext")

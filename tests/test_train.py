@@ -9,8 +9,13 @@ from typer.testing import CliRunner
 from scaling.accounting.costs import costs
 from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.trainer import TrainConfig, param_groups, train
+
+
+def read_jsonl_rows(path):
+    return read_jsonl(path).rows
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64  # batch 8 x seq_len 64
@@ -61,7 +66,7 @@ def test_run_folder_contents(tmp_path):
     assert {s["name"] for s in meta["data"]["sources"]} == {"shakespeare", "stdlib"}
     assert meta["code"]["version"] and "git_commit" in meta["code"]
 
-    lines = runlog.read_jsonl(rd / "metrics.jsonl")
+    lines = read_jsonl_rows(rd / "metrics.jsonl")
     # trunk 20 steps + the 10-step budget's 2-step cooldown branch
     assert [r["iter"] for r in lines] == list(range(1, 23))
     branch = [r for r in lines if r["branch"] == 0]
@@ -84,15 +89,15 @@ def test_branch_equals_standalone_run_and_runs_reproduce(tmp_path):
     assert alone["points"][0]["loss"] == both["points"][0]["loss"]
     assert alone["points"][0]["train_loss"] == both["points"][0]["train_loss"]
     run(tmp_path, name="again")
-    a = strip(runlog.read_jsonl(tmp_path / "runs" / "both" / "metrics.jsonl"))
-    b = strip(runlog.read_jsonl(tmp_path / "runs" / "again" / "metrics.jsonl"))
+    a = strip(read_jsonl_rows(tmp_path / "runs" / "both" / "metrics.jsonl"))
+    b = strip(read_jsonl_rows(tmp_path / "runs" / "again" / "metrics.jsonl"))
     assert a == b
 
 
 def test_cosine_and_accumulation(tmp_path):
     doc = run(tmp_path, arch="baseline", name="cos", tokens=(12 * STEP_TOKENS,), schedule="cosine",
               micro_batch_size=4, eval_every=0)
-    lines = runlog.read_jsonl(tmp_path / "runs" / "cos" / "metrics.jsonl")
+    lines = read_jsonl_rows(tmp_path / "runs" / "cos" / "metrics.jsonl")
     assert len(lines) == 12 and all(r["branch"] is None for r in lines)
     assert lines[-1]["lr"] == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5 * (1 + __import__("math").cos(
         __import__("math").pi * 9 / 10))))
@@ -108,9 +113,9 @@ def test_resume_guards_and_final_weights(tmp_path):
     # resuming a complete run returns its result without training
     kw = dict(tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
     cfg = get_config(TIER, "smelt")
-    before = runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl")
+    before = read_jsonl_rows(tmp_path / "runs" / "w" / "metrics.jsonl")
     doc = train(cfg, tiny(tokens=(6 * STEP_TOKENS,)), resume=True, save_final_weights=True, **kw)
-    assert doc["complete"] and runlog.read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl") == before
+    assert doc["complete"] and read_jsonl_rows(tmp_path / "runs" / "w" / "metrics.jsonl") == before
     from safetensors.torch import load_file
 
     from scaling.training.model import MoETransformer

@@ -11,7 +11,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
-from scaling.fitting.fit import DEFAULT_BOOTSTRAP, DEFAULT_DELTA, FitResult, FitSet, fit_groups
+from scaling.common.errors import UserError
+from scaling.fitting.fit import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_DELTA,
+    DEFAULT_OBJECTIVE,
+    OBJECTIVES,
+    Constraints,
+    FitResult,
+    FitSet,
+    ParamMap,
+    fit_groups,
+)
 from scaling.fitting.laws import LAWS, get_law
 from scaling.fitting.tables import Columns
 
@@ -34,7 +45,6 @@ def with_flags(exc: Exception) -> str:
 
 def load_fit_table(path: Path, cols: "Columns"):
     """load_table with flag hints on errors; each note and skipped run printed once, as a warning."""
-    from scaling.common.errors import UserError
     from scaling.fitting.tables import load_table
 
     try:
@@ -101,9 +111,30 @@ def print_fit(fit: FitResult) -> None:
                  f"param spread {d['best_start_param_spread']:.1e})   on a bound: "
                  f"{', '.join(d['on_bound']) or 'none'}   identified: {'yes' if d['identified'] else 'NO'}",
                  highlight=False)
-    if fit.law == "chinchilla":
-        a3 = f"a = {fit.derived['a']:.3f} [{_fmt(fit.ci['a'][0])}, {_fmt(fit.ci['a'][1])}]"
-        stdout.print(f"  N* ~ C^a, D* ~ C^b (C = {fit.k:.3g} N D): approach 3 {a3}", highlight=False)
+    # -- fitcore: constraints, goodness of fit, allocation --------------------------------------
+    cons = [f"{k}={v:g} fixed" for k, v in (fit.settings.get("fixed") or {}).items()]
+    cons += [f"{t} tied" for t in fit.settings.get("tied") or []]
+    if fit.settings.get("shared"):
+        cons.append(f"{', '.join(fit.settings['shared'])} shared by {', '.join(fit.joint_groups)} "
+                    f"(joint fit, joint objective {d.get('joint_objective', math.nan):.10g})")
+    if cons:
+        stdout.print("  constraints: " + "; ".join(cons), highlight=False)
+    gof = d.get("goodness_of_fit") or {}
+    if gof.get("tested"):
+        stdout.print(f"  goodness of fit: {'MISFIT' if gof['misfit'] else 'ok'} (quadratic trend of the log "
+                     f"residuals {gof['trend_rms']:.3g} RMS vs scatter {gof['scatter_rms']:.3g}, "
+                     f"p = {gof['p_value']:.2g}; worst residual "
+                     f"{gof['worst_residual_in_scatter']:.1f}x scatter)",
+                     highlight=False)
+    ea, eb = law.allocation_exponents
+    if "G" in fit.derived and ea in fit.derived:
+        x = law.size_input
+        kk = f"{fit.k:.3g} " if law.budget_uses_k else ""
+        stdout.print(f"  allocation (approach 3, C = {kk}{x} D): {x}* = G C^{ea} = {fit.derived['G']:.4g} "
+                     f"C^{fit.derived[ea]:.4f}, "
+                     f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
+                     f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
+    # -- end fitcore ---------------------------------------------------------------------------
     for key in ("approach1", "approach2"):
         c = fit.cross_checks.get(key)
         if not c:
@@ -127,6 +158,21 @@ def print_fit(fit: FitResult) -> None:
         warn(f"{fit.group}: {w}")
     for w in fit.cross_checks.get("warnings", []):
         warn(f"{fit.group}: {w}")
+
+
+def _ci(fit: FitResult, key: str) -> str:
+    lo, hi = fit.ci.get(key, (math.nan, math.nan))
+    return f"[{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else "[-]"
+
+
+def print_at_budget(fit: FitResult, at: dict) -> None:
+    """x*, D*, L* at one budget with intervals (``fit --at C``)."""
+    parts = []
+    for name in [k for k in at if k != "C" and not k.endswith("_ci")]:
+        lo, hi = at[f"{name}_ci"]
+        ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else ""
+        parts.append(f"{name}* = {_fmt(at[name])}{ci}")
+    stdout.print(f"  at C = {at['C']:.3g} FLOPs: " + ", ".join(parts), highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -154,7 +200,24 @@ def register(app: typer.Typer) -> None:
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
         seed: int = typer.Option(0, help="Seed of the bootstrap resampling."),
-        huber_delta: float = typer.Option(DEFAULT_DELTA, help="Huber delta on log-loss residuals."),
+        huber_delta: float = typer.Option(DEFAULT_DELTA,
+                                          help="Huber delta on log-loss residuals (objective huber-log; "
+                                               "least squares: --objective sq-log)."),
+        # -- fitcore options ---------------------------------------------------------------------
+        objective: str = typer.Option(DEFAULT_OBJECTIVE, "--objective",
+                                      help="Objective: "
+                                      + "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()) + "."),
+        fix: list[str] = typer.Option([], "--fix", help="Pin a parameter exactly, NAME=VALUE (e.g. E=1.7); "
+                                                        "repeatable."),
+        tie: list[str] = typer.Option([], "--tie", help="Hold parameters equal, NAME=NAME (e.g. alpha=beta); "
+                                                        "repeatable."),
+        share: Optional[str] = typer.Option(None, "--share",
+                                            help="Parameters common to all groups, comma-separated "
+                                                 "(e.g. E,beta): one joint fit, bootstrap rows paired "
+                                                 "across groups."),
+        at: Optional[float] = typer.Option(None, "--at", help="Also print N* (F*), D*, L* at this budget "
+                                                              "C (training FLOPs), with intervals."),
+        # -- end fitcore options -----------------------------------------------------------------
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON object to this file "
                                                                "(read by `smelt-scale savings --fits`)."),
@@ -195,8 +258,20 @@ def register(app: typer.Typer) -> None:
         With --holdout, a held-out extrapolation check instead: fit on the rest, predict the held-out points.
         """
         the_law = get_law(law)
+        # -- fitcore: objective and constraints (names checked against the law before any work)
+        if objective not in OBJECTIVES:
+            raise UserError(f"--objective: unknown objective {objective!r}; "
+                            f"choose one of: {', '.join(OBJECTIVES)}")
+        cons = Constraints.parse(fix=fix, tie=tie, share=[share] if share else [])
+        ParamMap.build(the_law, cons, ["check"])
+        if at is not None and not (math.isfinite(at) and at > 0):
+            raise UserError(f"--at: the budget must be a positive number of FLOPs, got {at}")
+        fitcore_kwargs = dict(objective=objective, fix=dict(cons.fixed),
+                              tie=[f"{a}={b}" for a, b in cons.ties])
+        if holdout_rule is not None and (cons.shared or at is not None):
+            raise UserError("--share and --at apply to the fit itself, not to --holdout")
+        # -- end fitcore
         # -- tables and holdout --
-        from scaling.common.errors import UserError
         from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
 
         if isoflop_estimator not in ESTIMATORS:
@@ -223,7 +298,7 @@ def register(app: typer.Typer) -> None:
 
             try:
                 result = holdout(points, the_law, holdout_rule, huber_delta=huber_delta,
-                                 n_bootstrap=n_bootstrap, seed=seed)
+                                 n_bootstrap=n_bootstrap, seed=seed, **fitcore_kwargs)
             except UserError as exc:
                 raise UserError(with_flags(exc)) from None
             for f in result.fits.values():
@@ -248,6 +323,8 @@ def register(app: typer.Typer) -> None:
             return
         # -- end tables and holdout --
         kwargs = dict(huber_delta=huber_delta, n_bootstrap=n_bootstrap, seed=seed)
+        # fitcore: constraints and objective; cross-checks are computed once, below (cross_check_groups)
+        kwargs.update(fitcore_kwargs, share=list(cons.shared), cross_checks=False)
         if show_progress(json_out) and n_bootstrap > 0:
             with Progress(TextColumn("bootstrap {task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
@@ -268,15 +345,21 @@ def register(app: typer.Typer) -> None:
         fits = {g: replace(f, settings={**f.settings, "table": table.settings}) for g, f in fits.items()}
         # -- end tables and holdout --
         fitset = FitSet(fits)
+        at_budget = {g: f.at_budget(at) for g, f in fits.items()} if at is not None else {}
         if out is not None:
             fitset.save(out)
         if json_out:
             for f in fits.values():
                 for w in [*f.diagnostics.get("warnings", []), *f.cross_checks.get("warnings", [])]:
                     warn(f"{f.group}: {w}")
-            emit_json(fitset.to_dict())
+            data = fitset.to_dict()
+            for g, a in at_budget.items():
+                data["fits"][g]["at_budget"] = a
+            emit_json(data)
             return
         for f in fits.values():
             print_fit(f)
+            if f.group in at_budget:
+                print_at_budget(f, at_budget[f.group])
         if out is not None:
             stdout.print(f"wrote {out}", highlight=False)

@@ -41,27 +41,30 @@ def read_config(path: Path | str, what: str = "config", *, fmt: str | None = Non
 
 @dataclass(frozen=True)
 class JsonlRows:
-    """The records of a JSONL file and how many lines were dropped (0 or 1: a torn last line)."""
+    """The records of a JSONL file, how many lines were dropped (0 or 1: a torn last line), and
+    whether the file ends with a newline (an appender must rewrite an unterminated file first)."""
 
     rows: list[dict]
     skipped: int = 0
+    terminated: bool = True
 
 
-def read_jsonl(path: Path | str, *, missing_ok: bool = False) -> JsonlRows:
+def read_jsonl(path: Path | str, *, missing_ok: bool = False, strict: bool = False) -> JsonlRows:
     """Every record of a JSONL file, one JSON object per line; blank lines are ignored.
 
     A log being appended to may end in a torn line (the writer died mid-line, or is still
     writing): only the *final* line may be dropped, when it is not JSON, and ``skipped`` says so
     (a final object without its newline is complete: no proper prefix of a JSON object parses).
     A broken line anywhere else is corruption, not a crash: UserError naming the file and line.
-    ``missing_ok``: a missing file reads as no rows.
+    ``missing_ok``: a missing file reads as no rows. ``strict``: a broken final line is an error
+    too (a table a user exported is complete; only a log being written can be torn).
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         if missing_ok:
-            return JsonlRows([], 0)
+            return JsonlRows([], 0, True)
         raise UserError(f"no such file: {path}") from None
     lines = text.splitlines(keepends=True)
     rows: list[dict] = []
@@ -73,11 +76,11 @@ def read_jsonl(path: Path | str, *, missing_ok: bool = False) -> JsonlRows:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            if last:
+            if last and not strict:
                 skipped = 1
                 break
             raise UserError(f"{path}:{i}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise UserError(f"{path}:{i}: expected a JSON object per line")
         rows.append(row)
-    return JsonlRows(rows, skipped)
+    return JsonlRows(rows, skipped, not lines or lines[-1].endswith("\n"))

@@ -25,6 +25,7 @@ from scaling.accounting.costs import costs, dense_equivalent_params, non_embeddi
 from scaling.accounting.matching import smelt_twin
 from scaling.accounting.tiers import ARCHS, tier_names
 from scaling.common.errors import UserError
+from scaling.fitting.laws import get_law
 
 SPARSITY_TOLERANCE = 0.03    # |S_config - S| accepted: with ~8 experts one expert moves S by ~0.04
 _BISECT_STEPS = 60
@@ -36,11 +37,7 @@ _TWIN_ITERS = 8
 # -- size measures -----------------------------------------------------------------------------
 def size_name(law_name: str) -> str:
     """The size variable of a law form: 'N' (active non-embedding params) or 'F' (FLOPs/token)."""
-    if law_name == "chinchilla":
-        return "N"
-    if law_name == "smelt":
-        return "F"
-    raise UserError(f"planning supports the chinchilla and smelt law forms, not {law_name!r}")
+    return get_law(law_name).size_input
 
 
 def measure(cfg: ModelConfig, name: str) -> float:

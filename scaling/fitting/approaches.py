@@ -308,9 +308,11 @@ def cross_checks(points: pd.DataFrame, fit: Any, *, estimator: str = DEFAULT_EST
                  window: float = WINDOW_DECADES) -> dict[str, Any]:
     """Approaches 1 and 2 beside an approach-3 fit (chinchilla form: they estimate N* ~ C^a), with
     ``warnings`` from :func:`agreement`."""
-    if fit.law != "chinchilla":
-        reason = (f"approaches 1 and 2 estimate N* ~ C^a from N; the {fit.law} law's groups mix sparsities, "
-                  "so they are run for the chinchilla law only")
+    law = fit.law_obj
+    if law.size_input != "N" or law.fixed_inputs:
+        reason = (f"approaches 1 and 2 estimate N* ~ C^a from N alone; the {fit.law} law sizes models by "
+                  f"{law.size_input} at fixed {', '.join(law.fixed_inputs) or 'nothing'}, so they are run "
+                  "for laws of N and D only")
         return {**{key: {"available": False, "reason": reason} for key in ("approach1", "approach2")},
                 "warnings": []}
     out = {"approach1": approach1(points, fit),

@@ -1,19 +1,38 @@
-"""Approach 3 scaling-law fits: Huber loss on log loss, multi-start L-BFGS, bootstrap over runs.
+"""Approach 3 scaling-law fits: robust loss on log loss, multi-start L-BFGS, bootstrap over runs.
 
 Objective (Hoffmann et al. 2022, approach 3; as corrected by Besiroglu et al. 2024):
 
-    J(z) = sum_i w_i * Huber_delta(log L_i - log L_hat(x_i; z)),   delta = 1e-3 by default,
+    J(z) = sum_i w_i * rho(r_i),   r_i = log L_i - log L_hat(x_i; z)   (or L_i - L_hat in loss space)
 
 with ``log L_hat = logsumexp_t(G[t] z)`` from the law registry (``scaling.fitting.laws``). It is a
 *sum*, not a mean: averaging shrinks the gradient by 1/n and with ordinary tolerances stops
-the optimiser early, the failure Besiroglu et al. found in the original fit.
+the optimiser early, the failure Besiroglu et al. found in the original fit. The choices of
+rho (``OBJECTIVES``; the argmin is the same whatever constant factor rho carries):
 
-Optimiser: every start of a grid is optimised at once by a batched projected L-BFGS written
-here in numpy (per-start memory, step length and convergence test; the analytic gradient is
-one matrix product over all starts), and the best few distinct results are polished by
-scipy's L-BFGS-B with tight tolerances. The bootstrap resamples runs with replacement (a run
-may hold several token budgets), and optimises all resamples together from the best
-full-data optima.
+- ``huber-log`` (default): Huber_delta(r) on log loss, delta = 1e-3 (Hoffmann et al. 2022, sec.
+  D.2; Besiroglu et al. 2024). Robust to a few outlying runs; for |r| < delta it is r^2/2.
+- ``sq-log``: r^2/2 on log loss, least squares in log space (the limit delta -> inf of the Huber;
+  a multiplicative-Gaussian noise model, as in e.g. Kaplan et al. 2020's fits of log loss).
+- ``sq``: r^2/2 on the loss itself, r = L - L_hat (ordinary nonlinear least squares; additive
+  Gaussian noise).
+- ``asym-abs``: |r| on the loss, r = L - L_hat, with over-predictions (r < 0) weighted by 10: the
+  asymmetric absolute error ``asymmetric_mae`` of the ``chinchilla`` library (kyo-takano/chinchilla,
+  ``chinchilla/_metrics.py``: ``error = y_true - y_pred; error[error < 0] *= -w``, w = 10, averaged
+  there, summed here). It fits the lower envelope of the points, not their mean.
+
+Constraints (``Constraints``): parameters fixed to a value, tied equal (``alpha=beta``), or shared
+by all groups of a joint fit. The optimiser then works on the free vector u, with every group's
+fitted vector an affine map of it, z_g = M_g u + c_g; the design becomes G M_g and c_g an offset.
+
+Optimiser: the start grid is screened for a few iterations by a batched projected L-BFGS written
+here in numpy (per-start memory, step length and convergence test; the analytic gradient is one
+matrix product over all starts), on at most ``SCREEN_POINTS`` points (a fixed random subset,
+weighted up to the full sum, when the table is larger). The best ``N_REFINE`` starts are refined
+to convergence on all points, and the winner polished by scipy's L-BFGS-B with tight tolerances.
+Objective evaluations are blocked over starts so that no temporary exceeds ``EVAL_BLOCK``
+elements: memory is bounded independently of the number of starts, time is linear in points.
+The bootstrap resamples runs with replacement (a run may hold several token budgets), and
+optimises all resamples together from the distinct optima of the full fit (warm starts).
 """
 
 from __future__ import annotations
@@ -22,60 +41,123 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
 from scaling.common.errors import UserError
-from scaling.fitting.laws import Law, get_law
-from scaling.fitting.laws import optimal as law_optimal
+from scaling.fitting.laws import Law, frontier, get_law
 from scaling.fitting.tables import flops_per_param_k, law_inputs, total_flops
 
 DEFAULT_DELTA = 1e-3
 DEFAULT_BOOTSTRAP = 200
+DEFAULT_OBJECTIVE = "huber-log"
 CI_LEVEL = 0.95
+ASYM_WEIGHT = 10.0     # the chinchilla library's default w of asymmetric_mae
+EVAL_BLOCK = 1 << 21   # elements (starts x terms x points) of one objective temporary: 16 MB of float64
+SCREEN_POINTS = 1024   # points the start grid is screened on (all of them when fewer)
+OBJECTIVES = {
+    "huber-log": "Huber(delta) on log loss (Hoffmann et al. 2022; Besiroglu et al. 2024)",
+    "sq-log": "squared error on log loss",
+    "sq": "squared error on loss",
+    "asym-abs": "asymmetric absolute error on loss, over-prediction x10 "
+                "(chinchilla library's asymmetric_mae)",
+}
 
 
 # -- objective ----------------------------------------------------------------------------
 class Objective:
-    """Weighted Huber sum on log residuals for a batch of fitted vectors, with analytic gradient.
+    """Weighted sum of rho(residual) for a batch of fitted vectors, with analytic gradient.
 
     ``weights`` is (n,) (one data set) or (R, n) (one row per bootstrap resample); ``rows`` in
-    ``__call__`` picks which weight row each start in the batch uses.
+    ``__call__`` picks which weight row each start in the batch uses. ``design`` (T, n, U) and
+    ``offset`` (T, n) replace the law's own design for constrained or joint fits (log term_t =
+    design[t] u + offset[t]).
     """
 
-    def __init__(self, law: Law, inputs: Mapping[str, np.ndarray], log_loss: np.ndarray,
-                 delta: float = DEFAULT_DELTA, weights: np.ndarray | None = None):
+    def __init__(self, law: Law, inputs: Mapping[str, np.ndarray] | None, log_loss: np.ndarray,
+                 delta: float = DEFAULT_DELTA, weights: np.ndarray | None = None, *,
+                 kind: str = DEFAULT_OBJECTIVE, design: np.ndarray | None = None,
+                 offset: np.ndarray | None = None):
+        if kind not in OBJECTIVES:
+            raise UserError(f"unknown objective {kind!r}; choose one of: {', '.join(OBJECTIVES)}")
         if not delta > 0:
             raise UserError(f"the Huber delta must be > 0, got {delta}")
         self.law = law
-        self.G = law.design(inputs)                      # (T, n, P)
+        self.kind = kind
+        self.G = law.design(inputs) if design is None else np.asarray(design, dtype=float)   # (T, n, P)
         T, n, P = self.G.shape
         self.Gflat = self.G.reshape(T * n, P)
         self.GflatT = np.ascontiguousarray(self.Gflat.T)
+        self.offset = None if offset is None or not np.any(offset) else np.asarray(offset, dtype=float)
         self.y = np.asarray(log_loss, dtype=float)
+        self.loss = np.exp(self.y)
         self.delta = float(delta)
         self.weights = np.ones((1, n)) if weights is None else np.atleast_2d(np.asarray(weights, dtype=float))
 
+    def subset(self, idx: np.ndarray) -> "Objective":
+        """The objective on points ``idx``, weights scaled by n/len(idx) (same scale as the full sum)."""
+        new = object.__new__(Objective)
+        new.__dict__.update(self.__dict__)
+        new.G = np.ascontiguousarray(self.G[:, idx])
+        T, m, P = new.G.shape
+        new.Gflat = new.G.reshape(T * m, P)
+        new.GflatT = np.ascontiguousarray(new.Gflat.T)
+        new.offset = None if self.offset is None else self.offset[:, idx]
+        new.y, new.loss = self.y[idx], self.loss[idx]
+        new.weights = self.weights[:, idx] * (self.y.size / m)
+        return new
+
     def __call__(self, z: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """J and dJ/dz for z (M, P); returns ((M,), (M, P))."""
+        """J and dJ/dz for z (M, P); returns ((M,), (M, P)). Evaluated in blocks of starts."""
+        T, n, P = self.G.shape
+        M = z.shape[0]
+        block = max(1, EVAL_BLOCK // (T * n))
+        if M <= block:
+            return self._eval(z, rows)
+        f, g = np.empty(M), np.empty((M, P))
+        for i in range(0, M, block):
+            r = None if rows is None else rows[i:i + block]
+            f[i:i + block], g[i:i + block] = self._eval(z[i:i + block], r)
+        return f, g
+
+    def _rho(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """rho(r) and rho'(r) of the objective kind."""
+        if self.kind == "huber-log":
+            c = np.clip(r, -self.delta, self.delta)
+            return c * (r - 0.5 * c), c                     # Huber: c (r - c/2) with c = clip(r)
+        if self.kind == "asym-abs":
+            neg = r < 0
+            return np.where(neg, -ASYM_WEIGHT * r, r), np.where(neg, -ASYM_WEIGHT, 1.0)
+        return 0.5 * r * r, r                               # sq-log, sq
+
+    def _eval(self, z: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         T, n, P = self.G.shape
         M = z.shape[0]
         terms = (z @ self.GflatT).reshape(M, T, n)
+        if self.offset is not None:
+            terms += self.offset
         ex = np.exp(terms)
         tot = ex.sum(axis=1)
-        r = self.y - np.log(tot)
-        if not np.isfinite(r).all():   # a term over- or underflowed: redo with the max shifted out
+        lse = np.log(tot)
+        if not np.isfinite(lse).all():   # a term over- or underflowed: redo with the max shifted out
             top = terms.max(axis=1, keepdims=True)
             ex = np.exp(terms - top)
             tot = ex.sum(axis=1)
-            r = self.y - (top[:, 0, :] + np.log(tot))
+            lse = top[:, 0, :] + np.log(tot)
         w = self.weights[0] if rows is None else self.weights[rows]
-        c = np.clip(r, -self.delta, self.delta)
-        f = (w * c * (r - 0.5 * c)).sum(axis=-1)             # Huber: c (r - c/2) with c = clip(r)
-        coef = -(w * c) / tot                                 # dJ/d(log L_hat) / sum_t exp(term_t)
+        if self.kind in ("huber-log", "sq-log"):
+            r = self.y - lse
+            rho, drho = self._rho(r)
+            coef = -(w * drho) / tot                         # dJ/d(log L_hat) / sum_t exp(term_t)
+        else:                                                # residual on the loss: dr/dlog L_hat = -L_hat
+            Lhat = np.exp(lse)
+            r = self.loss - Lhat
+            rho, drho = self._rho(r)
+            coef = -(w * drho) * Lhat / tot
+        f = (w * rho).sum(axis=-1)
         grad = (ex * coef[:, None, :]).reshape(M, T * n) @ self.Gflat
         return f, grad
 
@@ -92,6 +174,8 @@ class Objective:
     def residuals(self, z: np.ndarray) -> np.ndarray:
         """log L - log L_hat at one fitted vector z (P,)."""
         terms = self.G @ z
+        if self.offset is not None:
+            terms = terms + self.offset
         top = terms.max(axis=0)
         return self.y - (top + np.log(np.exp(terms - top).sum(axis=0)))
 
@@ -222,7 +306,7 @@ def lbfgs_batch(fun: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.nda
 
 # -- multi-start fit of one data set ---------------------------------------------------------
 @dataclass(frozen=True)
-class Optimum:
+class MultistartResult:
     """Result of the multi-start search on one data set (fitted space)."""
 
     z: np.ndarray               # (P,) best fitted vector
@@ -238,18 +322,26 @@ N_REFINE = 32       # starts refined to full convergence
 
 
 def multistart(obj: Objective, starts: np.ndarray, *, screen_iters: int = SCREEN_ITERS,
-               n_refine: int = N_REFINE) -> Optimum:
+               n_refine: int = N_REFINE, bounds: np.ndarray | None = None,
+               screen_points: int = SCREEN_POINTS) -> MultistartResult:
     """Screen all starts for a few batched iterations, refine the best, polish the winner with scipy.
 
     Checked against running every grid start to convergence on 14 data sets (Epoch's Chinchilla
     points; noisy synthetic chinchilla-law grids and IsoFLOP designs; smelt-law grids; an
     unidentified design): 5 screening iterations already found the same optimum in all of them,
-    though only ~30% of all 2,700 grid starts reach it on the Chinchilla points.
+    though only ~30% of all 2,700 grid starts reach it on the Chinchilla points. Tables larger
+    than ``screen_points`` are screened on a fixed random subset of that many points (weighted
+    to the full sum): the screen only ranks starts, the refinement uses every point, so its cost
+    no longer grows with starts x points. ``bounds`` (P, 2) defaults to the law's.
     """
-    law = obj.law
-    lo, hi = law.internal_bounds().T
+    lo, hi = (obj.law.internal_bounds() if bounds is None else np.asarray(bounds, dtype=float)).T
     H0 = obj.preconditioner()
-    screen = lbfgs_batch(obj, starts, lo, hi, maxiter=screen_iters, precond=H0)
+    n = obj.y.size
+    screen_obj = obj
+    if n > screen_points:
+        idx = np.sort(np.random.default_rng(0).choice(n, size=screen_points, replace=False))
+        screen_obj = obj.subset(idx)
+    screen = lbfgs_batch(screen_obj, starts, lo, hi, maxiter=screen_iters, precond=H0)
     finite = np.isfinite(screen.f)
     if not finite.any():
         raise UserError("the fit diverged from every start (non-finite objective)")
@@ -268,8 +360,8 @@ def multistart(obj: Objective, starts: np.ndarray, *, screen_iters: int = SCREEN
     z, f = refined_z[0], float(refined_f[0])
     if np.isfinite(pol.fun) and pol.fun < f:
         z, f = np.asarray(pol.x, dtype=float), float(pol.fun)
-    return Optimum(z=z, objective=f, refined_z=refined_z, refined_f=refined_f,
-                   converged=bool(conv[0]) or bool(pol.success), n_starts=int(starts.shape[0]))
+    return MultistartResult(z=z, objective=f, refined_z=refined_z, refined_f=refined_f,
+                            converged=bool(conv[0]) or bool(pol.success), n_starts=int(starts.shape[0]))
 
 
 def distinct_optima(z: np.ndarray, f: np.ndarray, tol: float = 1e-3, limit: int = 5) -> np.ndarray:
@@ -350,27 +442,58 @@ class FitResult:
 
     def optimal(self, C: np.ndarray | float, k: float | None = None,
                 **fixed: object) -> dict[str, np.ndarray]:
-        """Compute-optimal allocation at total training FLOPs C (closed form).
+        """Compute-optimal allocation at total training FLOPs C (``scaling.fitting.laws.frontier``).
 
         chinchilla: C = k N D with k = ``flops_per_param_k`` of the data unless given;
         returns {"N", "D", "loss"}. smelt: C = F D at fixed ``S=``; returns {"F", "D", "loss"}.
         """
-        return law_optimal(self.law_obj, self.params, C, k=self.k if k is None else k, **fixed)
+        return frontier(self.law_obj, self.params, C, k=self.k if k is None else k,
+                        S=fixed.get("S")).as_dict()
+
+    def at_budget(self, C: float, S: float | None = None) -> dict[str, Any]:
+        """x*, D*, L* at budget C with their bootstrap percentile intervals:
+        {"C": C, name: value, f"{name}_ci": [lo, hi], ...} for name in (size input, "D", "loss")."""
+        law = self.law_obj
+        if S is None and "S" in law.fixed_inputs and len(self.data_summary.get("sparsities", [])) == 1:
+            S = self.data_summary["sparsities"][0]
+        level = self.settings.get("ci_level", CI_LEVEL)
+        est = frontier(law, self.params, C, k=self.k, S=S).as_dict()
+        out: dict[str, Any] = {"C": float(C)}
+        boot = frontier(law, self.bootstrap, C, k=self.k, S=S).as_dict() if self.bootstrap.shape[0] else None
+        for name, v in est.items():
+            out[name] = float(v)
+            ci = _percentile_ci(np.asarray(boot[name]), level) if boot else (math.nan, math.nan)
+            out[f"{name}_ci"] = list(ci)
+        return out
+
+    @property
+    def joint_groups(self) -> list[str]:
+        """Groups fitted jointly with this one (shared parameters); their bootstrap rows are paired."""
+        return list(self.settings.get("joint_groups") or [])
 
     # -- text and JSON ------------------------------------------------------------------------
     def summary(self) -> str:
         law = self.law_obj
         level = self.settings.get("ci_level", CI_LEVEL)
         delta = self.settings.get("huber_delta", DEFAULT_DELTA)
-        lines = [f"group {self.group}: {law.formula}  ({self.n_points} points, Huber delta {delta:g}, "
+        kind = self.settings.get("objective", DEFAULT_OBJECTIVE)
+        how = f"Huber delta {delta:g}" if kind == "huber-log" else f"objective {kind}"
+        lines = [f"group {self.group}: {law.formula}  ({self.n_points} points, {how}, "
                  f"{self.bootstrap.shape[0]} bootstrap resamples)"]
+        cons = [f"fixed {k}={v:g}" for k, v in (self.settings.get("fixed") or {}).items()]
+        cons += [f"tied {t}" for t in self.settings.get("tied") or []]
+        if self.settings.get("shared"):
+            cons.append(f"shared {', '.join(self.settings['shared'])} with {', '.join(self.joint_groups)}")
+        if cons:
+            lines.append("  constraints: " + "; ".join(cons))
         for name, value in [*self.params.items(), *self.derived.items()]:
             lo, hi = self.ci.get(name, (math.nan, math.nan))
             ci = f"[{lo:.6g}, {hi:.6g}]" if np.isfinite(lo) else "(no bootstrap)"
             lines.append(f"  {name:>18} = {value:<12.6g} {100 * level:.0f}% CI {ci}")
         d = self.diagnostics
         lines.append(f"  RMSE(log L) {d['rmse_log']:.4g}, max |residual| {d['max_abs_residual']:.4g}, "
-                     f"objective {d['objective']:.10g}, identified: {'yes' if d['identified'] else 'NO'}")
+                     f"objective {d['objective']:.10g}, identified: {'yes' if d['identified'] else 'NO'}, "
+                     f"fit: {'MISFIT' if d.get('misfit') else 'ok'}")
         lines += [f"  warning: {w}" for w in d.get("warnings", [])]
         return "\n".join(lines)
 
@@ -501,6 +624,222 @@ class FitSet:
     def summary(self) -> str:
         return "\n\n".join(f.summary() for f in self.fits.values())
 
+    def paired(self, a: str, b: str) -> bool:
+        """Whether groups a and b were fitted jointly, so that bootstrap row i of one and row i of the
+        other come from the same resample of runs (savings then pairs them by index)."""
+        ga = self.get(a).joint_groups
+        return a == b or (b in ga and a in ga)
+
+
+# -- constraints -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Constraints:
+    """Fixed, tied and shared parameters of a fit (natural units, the law's parameter names).
+
+    fixed: {name: value}, pinned exactly. ties: pairs (a, b) held equal (a = b; both fitted as
+    logs or both as they are). shared: parameters common to all groups of a joint fit.
+    """
+
+    fixed: Mapping[str, float] = field(default_factory=dict)
+    ties: tuple[tuple[str, str], ...] = ()
+    shared: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, fix: Iterable[str] = (), tie: Iterable[str] = (),
+              share: Iterable[str] = ()) -> "Constraints":
+        """From text: fix items "E=1.7", tie items "alpha=beta", share items "E,beta" (or "E")."""
+        fixed: dict[str, float] = {}
+        for item in fix:
+            name, sep, value = str(item).partition("=")
+            try:
+                fixed[name.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or not name.strip():
+                raise UserError(f"a fixed parameter is NAME=VALUE (e.g. E=1.7), got {item!r}")
+        ties = []
+        for item in tie:
+            parts = [t.strip() for t in str(item).split("=")]
+            if len(parts) < 2 or not all(parts):
+                raise UserError(f"a tie is NAME=NAME (e.g. alpha=beta), got {item!r}")
+            ties += [(parts[0], p) for p in parts[1:]]
+        shared = [t.strip() for item in share for t in str(item).split(",") if t.strip()]
+        return cls(fixed=fixed, ties=tuple(ties), shared=tuple(dict.fromkeys(shared)))
+
+    def __bool__(self) -> bool:
+        return bool(self.fixed or self.ties or self.shared)
+
+    def describe(self) -> dict[str, Any]:
+        return {"fixed": {k: float(v) for k, v in self.fixed.items()},
+                "tied": [f"{a}={b}" for a, b in self.ties], "shared": list(self.shared)}
+
+
+@dataclass(frozen=True)
+class ParamMap:
+    """Affine map from the free vector u (U,) to each group's fitted vector z_g = M[g] u + c[g] (P,)."""
+
+    law: Law
+    groups: tuple[str, ...]
+    M: np.ndarray            # (n_groups, P, U)
+    c: np.ndarray            # (n_groups, P)
+    bounds: np.ndarray       # (U, 2) fitted-space bounds of u
+    slots: tuple[tuple[str, ...], ...]   # per column of u: the parameters it sets
+    slot_group: tuple[str | None, ...]   # per column: its group, None when shared
+
+    @classmethod
+    def build(cls, law: Law, cons: Constraints, groups: Sequence[str]) -> "ParamMap":
+        params = list(law.params)
+        known = ", ".join(params)
+        named = [*cons.fixed, *(n for t in cons.ties for n in t), *cons.shared]
+        for name in named:
+            if name not in params:
+                raise UserError(f"{name!r} is not a parameter of the {law.name} law ({known})")
+        lo_all, hi_all = law.internal_bounds().T
+        is_log = dict(zip(params, law.is_log))
+        for name, v in cons.fixed.items():
+            if not math.isfinite(v) or (is_log[name] and v <= 0):
+                raise UserError(f"the fixed value of {name} must be {'> 0' if is_log[name] else 'finite'}, "
+                                f"got {v}")
+        # tie classes (union-find over the names)
+        parent = {p: p for p in params}
+
+        def root(p: str) -> str:
+            while parent[p] != p:
+                p = parent[p]
+            return p
+
+        for a, b in cons.ties:
+            if a == b:
+                continue
+            if is_log[a] != is_log[b]:
+                raise UserError(f"cannot tie {a} and {b}: one is a scale fitted as its log, the other an "
+                                "exponent or offset fitted as it is")
+            if a in cons.fixed or b in cons.fixed:
+                raise UserError(f"{a if a in cons.fixed else b} is both fixed and tied; fix every parameter "
+                                "of the tie instead")
+            parent[root(b)] = root(a)
+        classes: dict[str, list[str]] = {}
+        for p in params:
+            if p not in cons.fixed:
+                classes.setdefault(root(p), []).append(p)
+        for name in cons.shared:
+            if name in cons.fixed:
+                raise UserError(f"{name} is both fixed and shared; a fixed value is common to all "
+                                "groups anyway")
+        shared_cls = [c for c in classes.values() if any(p in cons.shared for p in c)]
+        own_cls = [c for c in classes.values() if not any(p in cons.shared for p in c)]
+        groups = tuple(groups)
+        slots = [tuple(c) for c in shared_cls]
+        slot_group: list[str | None] = [None] * len(shared_cls)
+        for g in groups:
+            slots += [tuple(c) for c in own_cls]
+            slot_group += [g] * len(own_cls)
+        U, P = len(slots), len(params)
+        M = np.zeros((len(groups), P, U))
+        c = np.zeros((len(groups), P))
+        for gi, g in enumerate(groups):
+            for j, (members, sg) in enumerate(zip(slots, slot_group)):
+                if sg is None or sg == g:
+                    for p in members:
+                        M[gi, params.index(p), j] = 1.0
+            for p, v in cons.fixed.items():
+                c[gi, params.index(p)] = math.log(v) if is_log[p] else v
+        bounds = np.array([[max(lo_all[params.index(p)] for p in m), min(hi_all[params.index(p)] for p in m)]
+                           for m in slots]).reshape(U, 2)
+        return cls(law=law, groups=groups, M=M, c=c, bounds=bounds, slots=tuple(slots),
+                   slot_group=tuple(slot_group))
+
+    @property
+    def n_free(self) -> int:
+        return self.M.shape[2]
+
+    def is_identity(self) -> bool:
+        return len(self.groups) == 1 and self.M.shape[1] == self.M.shape[2] and \
+            np.array_equal(self.M[0], np.eye(self.M.shape[1])) and not self.c.any()
+
+    def z(self, u: np.ndarray, gi: int) -> np.ndarray:
+        """Group gi's fitted vector(s) z (..., P) from u (..., U)."""
+        return np.asarray(u) @ self.M[gi].T + self.c[gi]
+
+    def starts(self, grid: np.ndarray) -> np.ndarray:
+        """The law's start grid (M, P) in u: each slot takes its first parameter's grid value, every
+        group the same values; duplicates dropped."""
+        params = list(self.law.params)
+        cols = [params.index(m[0]) for m in self.slots]
+        u = np.unique(grid[:, cols], axis=0) if cols else np.zeros((1, 0))
+        return np.clip(u, *self.bounds.T)
+
+    def free_params(self, gi: int) -> int:
+        """Free parameters that act on group gi."""
+        return int(np.count_nonzero(self.M[gi].any(axis=0)))
+
+
+def _design(law: Law, pm: ParamMap,
+            X: Sequence[Mapping[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Joint design (T, n, U) and offset (T, n) over the groups' points, in group order."""
+    Gs = [law.design(x) for x in X]
+    if pm.is_identity():
+        return Gs[0], None
+    design = np.concatenate([G @ pm.M[gi] for gi, G in enumerate(Gs)], axis=1)
+    offset = np.concatenate([G @ pm.c[gi] for gi, G in enumerate(Gs)], axis=1)
+    return design, offset
+
+
+# -- goodness of fit and allocation ------------------------------------------------------------------
+MISFIT_P = 1e-3        # significance of the residual trend
+MISFIT_RATIO = 1.0     # trend RMS / scatter RMS at which the trend matters
+
+
+def goodness_of_fit(law: Law, inputs: Mapping[str, np.ndarray], resid: np.ndarray) -> dict[str, Any]:
+    """Do the log residuals carry a systematic trend the law misses, measured against their own scatter?
+
+    The residuals are regressed on a full quadratic in the law's (standardised) log inputs (S as
+    it is): constant, linear, squares and products, i.e. curvature in every direction. F-test of
+    that trend against the remaining scatter (a correct law leaves only noise: F ~ F(p-1, n-p)).
+    Flagged ``misfit`` when the trend is significant (p < MISFIT_P) and not negligible beside the
+    scatter (trend RMS >= MISFIT_RATIO x scatter RMS): with very many points a trend far below the
+    noise is significant but harmless: a law whose systematic error stays below the points' own
+    scatter predicts them as well as the noise allows. (Epoch's Chinchilla points under the
+    Chinchilla law: p = 2e-19 but trend/scatter = 0.71, not flagged.) Also reports the worst
+    residual in units of the scatter.
+    """
+    from scipy.stats import f as f_dist
+
+    cols = []
+    for name in law.inputs:
+        v = np.asarray(inputs[name], dtype=float)
+        v = v if name == "S" else np.log(v)
+        if np.ptp(v) > 0:
+            cols.append((v - v.mean()) / v.std())
+    feats = [np.ones_like(resid)] + cols + [a * b for i, a in enumerate(cols) for b in cols[i:]]
+    A = np.column_stack(feats)
+    n = resid.size
+    coef, _, rank, _ = np.linalg.lstsq(A, resid, rcond=None)
+    if n - rank < 5 or rank < 2:
+        return {"tested": False, "reason": f"too few points ({n}) for a quadratic residual trend in "
+                f"{len(cols)} inputs", "misfit": False}
+    trend = A @ coef
+    scatter = resid - trend
+    ss_trend = float(np.sum((trend - resid.mean()) ** 2))
+    ss_res = float(np.sum(scatter ** 2))
+    df1, df2 = rank - 1, n - rank
+    scatter_rms = math.sqrt(ss_res / df2)
+    F = (ss_trend / df1) / max(ss_res / df2, 1e-300)
+    p = float(f_dist.sf(F, df1, df2))
+    trend_rms = math.sqrt(ss_trend / n)
+    ratio = trend_rms / max(scatter_rms, 1e-300)
+    return {"tested": True, "trend_rms": trend_rms, "scatter_rms": scatter_rms, "trend_to_scatter": ratio,
+            "F": float(F), "p_value": p,
+            "worst_residual_in_scatter": float(np.max(np.abs(scatter)) / max(scatter_rms, 1e-300)),
+            "misfit": bool(p < MISFIT_P and ratio >= MISFIT_RATIO)}
+
+
+def allocation(law: Law, theta: np.ndarray, k: float, S: float | None = None) -> dict[str, np.ndarray]:
+    """Coefficients of the compute-optimal allocation x* = G C^a, D* = H C^b (x = N, or F), H = 1/(k G)
+    (k = 1 for per-token FLOPs): the frontier at C = 1 (``scaling.fitting.laws.frontier``)."""
+    fr = frontier(law, theta, 1.0, k=k, S=S)
+    return {"G": fr.size, "H": fr.tokens}
+
 
 # -- fitting ---------------------------------------------------------------------------------
 def _run_weights(runs: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -512,166 +851,276 @@ def _run_weights(runs: np.ndarray, n_resamples: int, rng: np.random.Generator) -
     return counts[:, inv]
 
 
-def bootstrap(law: Law, inputs: Mapping[str, np.ndarray], log_loss: np.ndarray, runs: np.ndarray,
-              starts: np.ndarray, *, n_resamples: int, seed: int, delta: float = DEFAULT_DELTA,
-              chunk: int = 50, progress: Callable[[int, int], None] | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Resample runs with replacement; refit each resample from ``starts`` (fitted space, e.g. the
-    distinct optima of the full fit). Returns (samples (K, P) natural units, converged (K,))."""
+def _joint_weights(runs: Sequence[np.ndarray], n_resamples: int, seed: int) -> np.ndarray:
+    """(K, n_total): runs resampled within each group (each keeps its number of runs), one resample
+    index across all groups, so the groups' bootstrap rows are paired."""
     rng = np.random.default_rng(seed)
-    W = _run_weights(np.asarray(runs), n_resamples, rng)
-    lo, hi = law.internal_bounds().T
-    S = starts.shape[0]
-    out = np.full((n_resamples, law.n_params), np.nan)
+    return np.concatenate([_run_weights(np.asarray(r), n_resamples, rng) for r in runs], axis=1)
+
+
+def bootstrap(law: Law, inputs: Mapping[str, np.ndarray] | None, log_loss: np.ndarray, runs: np.ndarray,
+              starts: np.ndarray, *, n_resamples: int, seed: int, delta: float = DEFAULT_DELTA,
+              chunk: int = 50, progress: Callable[[int, int], None] | None = None,
+              kind: str = DEFAULT_OBJECTIVE, weights: np.ndarray | None = None,
+              design: np.ndarray | None = None, offset: np.ndarray | None = None,
+              bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Resample runs with replacement; refit each resample from ``starts`` (fitted space, e.g. the
+    distinct optima of the full fit). Returns (samples (K, U) in fitted space, converged (K,)).
+
+    ``weights`` (K, n) replaces the resampling of ``runs`` (joint fits pass their paired weights);
+    memory stays bounded: objective blocks (``EVAL_BLOCK``) and ``chunk`` resamples at a time.
+    """
+    W = weights if weights is not None else _run_weights(np.asarray(runs), n_resamples,
+                                                         np.random.default_rng(seed))
+    lo, hi = (law.internal_bounds() if bounds is None else bounds).T
+    S, U = starts.shape
+    out = np.full((n_resamples, U), np.nan)
     conv = np.zeros(n_resamples, dtype=bool)
-    H0 = Objective(law, inputs, log_loss, delta).preconditioner()
+    base = Objective(law, inputs, log_loss, delta, kind=kind, design=design, offset=offset)
+    H0 = base.preconditioner()
     for b0 in range(0, n_resamples, chunk):
         b1 = min(n_resamples, b0 + chunk)
-        obj = Objective(law, inputs, log_loss, delta, weights=W[b0:b1])
+        obj = Objective(law, None, log_loss, delta, weights=W[b0:b1], kind=kind, design=base.G,
+                        offset=base.offset)
         rows = np.repeat(np.arange(b1 - b0), S)
         res = lbfgs_batch(obj, np.tile(starts, (b1 - b0, 1)), lo, hi, rows=rows, precond=H0)
         f = res.f.reshape(b1 - b0, S)
         best = np.argmin(np.where(np.isfinite(f), f, np.inf), axis=1)
         pick = np.arange(b1 - b0) * S + best
-        out[b0:b1] = law.from_internal(res.x[pick])
+        out[b0:b1] = res.x[pick]
         conv[b0:b1] = res.converged[pick]
         if progress is not None:
             progress(b1, n_resamples)
     return out, conv
 
 
-def fit_law(points: pd.DataFrame, law: str | Law = "chinchilla", *, group: str | None = None,
-            huber_delta: float = DEFAULT_DELTA, n_bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0,
-            ci_level: float = CI_LEVEL, starts: np.ndarray | None = None,
-            progress: Callable[[int, int], None] | None = None) -> FitResult:
-    """Approach-3 fit of one group of canonical points (``scaling.fitting.tables``), with bootstrap over runs.
+@dataclass
+class _Block:
+    group: str
+    points: pd.DataFrame
+    X: dict[str, np.ndarray]
+    y: np.ndarray
+    runs: np.ndarray
 
-    Raises UserError for fewer points than parameters or inputs the law cannot use.
-    """
-    law = get_law(law) if isinstance(law, str) else law
-    if group is None:
-        group = str(points["group"].iloc[0]) if "group" in points.columns and len(points) else "default"
+
+def _block(points: pd.DataFrame, law: Law, group: str) -> _Block:
     source = f"group {group!r}"
-    P = law.n_params
+    X = law_inputs(points, law.inputs, source=source)
+    y = np.log(points["loss"].to_numpy(dtype=float))
     n = len(points)
-    if n < P:
-        raise UserError(f"{source}: {n} points for {P} parameters of the {law.name} law; need at least {P}")
+    runs = points["run"].to_numpy() if "run" in points else np.arange(n)
+    return _Block(group, points, X, y, runs)
+
+
+def _fit_blocks(blocks: list[_Block], law: Law, cons: Constraints, *, objective: str, huber_delta: float,
+                n_bootstrap: int, seed: int, ci_level: float, starts: np.ndarray | None,
+                progress: Callable[[int, int], None] | None) -> dict[str, FitResult]:
+    """One (joint) fit of the blocks under the constraints; one FitResult per block."""
     if not (0 < ci_level < 1):
         raise UserError(f"the interval level must lie in (0, 1), got {ci_level}")
     if n_bootstrap < 0:
-        raise UserError(f"--bootstrap must be >= 0, got {n_bootstrap}")
-    X = law_inputs(points, law.inputs, source=source)
-    y = np.log(points["loss"].to_numpy(dtype=float))
-    runs = points["run"].to_numpy() if "run" in points else np.arange(n)
-    obj = Objective(law, X, y, huber_delta)
+        raise UserError(f"the number of bootstrap resamples must be >= 0, got {n_bootstrap}")
+    if objective not in OBJECTIVES:
+        raise UserError(f"unknown objective {objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+    groups = [b.group for b in blocks]
+    pm = ParamMap.build(law, cons, groups)
+    U = pm.n_free
+    n_all = sum(len(b.y) for b in blocks)
+    if n_all < U:
+        who = f"group {groups[0]!r}" if len(groups) == 1 else f"groups {', '.join(groups)} jointly"
+        free = " left free" if cons else ""
+        raise UserError(f"{who}: {n_all} points for {U} parameters of the {law.name} law{free}; "
+                        f"need at least {U}")
+    design, offset = _design(law, pm, [b.X for b in blocks])
+    y = np.concatenate([b.y for b in blocks])
+    obj = Objective(law, None, y, huber_delta, kind=objective, design=design, offset=offset)
     grid = law.starts() if starts is None else np.atleast_2d(np.asarray(starts, dtype=float))
-    opt = multistart(obj, grid)
-    theta = law.from_internal(opt.z)
-    params = law.as_dict(theta)
-    derived = law.derive(theta)
-
-    # diagnostics
-    resid = obj.residuals(opt.z)
-    lo, hi = law.internal_bounds().T
-    span = hi - lo
-    tol = 1e-6 * np.maximum(span, 1)
-    on_bound = [p for p, v, a, b, t in zip(law.params, opt.z, lo, hi, tol) if min(v - a, b - v) <= t]
+    ustarts = grid if pm.is_identity() else pm.starts(grid)
+    opt = multistart(obj, ustarts, bounds=pm.bounds)
+    lo, hi = pm.bounds.T
+    tol = 1e-6 * np.maximum(hi - lo, 1)
+    at_bound = (np.minimum(opt.z - lo, hi - opt.z) <= tol)
     near = opt.refined_f <= opt.objective * (1 + 1e-6) + 1e-14
-    near_theta = law.from_internal(opt.refined_z[near])
-    spread = 0.0
-    if near.sum() > 1:
-        spread = float(np.max(np.ptp(near_theta, axis=0) / np.maximum(np.abs(theta), 1e-300)))
     distinct = distinct_optima(opt.refined_z, opt.refined_f)
-    warnings: list[str] = []
-    if n < 4 * P:
-        warnings.append(f"few points: {n} for {P} parameters; the fit is weakly constrained")
-    if on_bound:
-        warnings.append(f"the best fit sits on a bound of {', '.join(on_bound)}: "
-                        "not identified from these points")
-    if spread > 1e-2:
-        warnings.append(f"starts with the same objective disagree by up to {spread:.3g}x (relative) in some "
-                        "parameter: a flat direction, the parameters are not identified")
-    if not opt.converged:
-        warnings.append("the optimiser did not meet its convergence test")
 
-    # bootstrap over runs, from the distinct optima of the full fit
     K = int(n_bootstrap)
     if K:
-        samples, bconv = bootstrap(law, X, y, runs, opt.refined_z[distinct], n_resamples=K, seed=seed,
-                                   delta=huber_delta, progress=progress)
-        zs = law.to_internal(samples)
-        hit = np.any((zs - lo <= tol) | (hi - zs <= tol), axis=1)
-        boot_bound = float(hit.mean())
-        if boot_bound > 0.1:
-            warnings.append(f"{100 * boot_bound:.0f}% of bootstrap fits end on a bound: weakly identified")
-        n_unconv = int((~bconv).sum())
+        W = _joint_weights([b.runs for b in blocks], K, seed)
+        usamples, bconv = bootstrap(law, None, y, np.zeros(0), opt.refined_z[distinct], n_resamples=K,
+                                    seed=seed, delta=huber_delta, progress=progress, kind=objective,
+                                    weights=W, design=design, offset=offset, bounds=pm.bounds)
+        u_hit = (usamples - lo <= tol) | (hi - usamples <= tol)
     else:
-        samples = np.zeros((0, P))
-        boot_bound, n_unconv = math.nan, 0
-    derived_samples = {k: np.array([law.derive(s)[k] for s in samples]) for k in derived}
-    ci = {p: _percentile_ci(samples[:, i], ci_level) for i, p in enumerate(law.params)}
-    ci.update({k: _percentile_ci(v, ci_level) for k, v in derived_samples.items()})
-    if K:
-        for p in law.params:
-            lo_p, hi_p = ci[p]
-            if p in law.log_params and lo_p > 0 and hi_p / lo_p > 10:
-                warnings.append(f"{p} is weakly identified: its {100 * ci_level:.0f}% interval spans "
-                                f"{math.log10(hi_p / lo_p):.1f} decades")
+        usamples, bconv = np.zeros((0, U)), np.zeros(0, dtype=bool)
+        u_hit = np.zeros((0, U), dtype=bool)
 
-    identified = not on_bound and spread <= 1e-2 and opt.converged and n > P and not (K and boot_bound > 0.1)
-    diagnostics = {
-        "objective": opt.objective,
-        "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
-        "max_abs_residual": float(np.max(np.abs(resid))),
-        "n_points": n,
-        "n_runs": int(np.unique(runs).size),
-        "on_bound": on_bound,
-        "n_starts": opt.n_starts,
-        "n_refined": int(opt.refined_f.size),
-        "n_refined_at_best": int(near.sum()),
-        "best_start_param_spread": spread,
-        "distinct_optima_objectives": [float(opt.refined_f[i]) for i in distinct],
-        "converged": opt.converged,
-        "bootstrap_on_bound_fraction": boot_bound,
-        "bootstrap_unconverged": n_unconv,
-        "identified": bool(identified),
-        "warnings": warnings,
-    }
-    k = flops_per_param_k(points)
-    C = total_flops(points, k)
-    summary = {
-        "n_points": n, "n_runs": diagnostics["n_runs"],
-        "N_min": float(points["N"].min()), "N_max": float(points["N"].max()),
-        "D_min": float(points["D"].min()), "D_max": float(points["D"].max()),
-        "loss_min": float(points["loss"].min()), "loss_max": float(points["loss"].max()),
-        "compute_min": float(C.min()), "compute_max": float(C.max()), "flops_per_param_k": k,
-    }
-    if "F" in X:
-        summary.update(F_min=float(X["F"].min()), F_max=float(X["F"].max()))
-    if "S" in X:
-        summary["sparsities"] = sorted({round(float(s), 6) for s in X["S"]})
-    settings = {"huber_delta": float(huber_delta), "n_bootstrap": K, "seed": int(seed),
-                "ci_level": float(ci_level), "bootstrap_unit": "run"}
-    return FitResult(law=law.name, group=group, params=params, ci=ci, bootstrap=samples,
-                     diagnostics=diagnostics, n_points=n, data_summary=summary, derived=derived,
-                     settings=settings)
+    out: dict[str, FitResult] = {}
+    joint = len(blocks) > 1
+    for gi, b in enumerate(blocks):
+        acts = pm.M[gi].any(axis=0)                       # free columns acting on this group
+        on_bound = sorted({p for j in np.flatnonzero(at_bound & acts) for p in pm.slots[j]},
+                          key=law.params.index)
+        z = pm.z(opt.z, gi)
+        theta = law.from_internal(z)
+        gobj = Objective(law, b.X, b.y, huber_delta, kind=objective)
+        resid = gobj.residuals(z)
+        g_objective = float(gobj(z[None])[0][0])
+        near_theta = law.from_internal(pm.z(opt.refined_z[near], gi))
+        spread = 0.0
+        if near.sum() > 1:
+            spread = float(np.max(np.ptp(near_theta, axis=0) / np.maximum(np.abs(theta), 1e-300)))
+        n, P_free = len(b.y), pm.free_params(gi)
+        warnings: list[str] = []
+        if n < 4 * P_free:
+            warnings.append(f"few points: {n} for {P_free} free parameters; the fit is weakly constrained")
+        if on_bound:
+            warnings.append(f"the best fit sits on a bound of {', '.join(on_bound)}: "
+                            "not identified from these points")
+        if spread > 1e-2:
+            warnings.append(f"starts with the same objective disagree by up to {spread:.3g}x (relative) in "
+                            "some parameter: a flat direction, the parameters are not identified")
+        if not opt.converged:
+            warnings.append("the optimiser did not meet its convergence test")
+        samples = law.from_internal(pm.z(usamples, gi)) if K else np.zeros((0, law.n_params))
+        boot_bound = float(u_hit[:, acts].any(axis=1).mean()) if K else math.nan
+        if K and boot_bound > 0.1:
+            warnings.append(f"{100 * boot_bound:.0f}% of bootstrap fits end on a bound: weakly identified")
+        k = flops_per_param_k(b.points)
+        S_fixed = None
+        if "S" in law.fixed_inputs:
+            s_vals = np.unique(b.X["S"])
+            S_fixed = float(s_vals[0]) if s_vals.size == 1 else None
+        derived = law.derive(theta)
+        if not law.fixed_inputs or S_fixed is not None:
+            derived.update({k_: float(v) for k_, v in allocation(law, theta, k, S_fixed).items()})
+        derived_samples = {key: np.array([law.derive(t)[key] for t in samples]) for key in law.derive(theta)}
+        if K and "G" in derived:
+            derived_samples.update(allocation(law, samples, k, S_fixed))
+        ci = {p: _percentile_ci(samples[:, i], ci_level) for i, p in enumerate(law.params)}
+        ci.update({key: _percentile_ci(v, ci_level) for key, v in derived_samples.items()})
+        if K:
+            for p in law.params:
+                lo_p, hi_p = ci[p]
+                if p in law.log_params and lo_p > 0 and hi_p / lo_p > 10:
+                    warnings.append(f"{p} is weakly identified: its {100 * ci_level:.0f}% interval spans "
+                                    f"{math.log10(hi_p / lo_p):.1f} decades")
+        gof = goodness_of_fit(law, b.X, resid)
+        if gof["misfit"]:
+            warnings.append(f"misfit: the log residuals keep a systematic trend (p = {gof['p_value']:.1e}, "
+                            f"{gof['trend_to_scatter']:.2f}x their scatter): the {law.name} form does not "
+                            "describe these points")
+        identified = (not on_bound and spread <= 1e-2 and opt.converged and n_all > U
+                      and not (K and boot_bound > 0.1))
+        diagnostics = {
+            "objective": g_objective,
+            "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
+            "max_abs_residual": float(np.max(np.abs(resid))),
+            "n_points": n,
+            "n_runs": int(np.unique(b.runs).size),
+            "on_bound": on_bound,
+            "n_starts": opt.n_starts,
+            "n_refined": int(opt.refined_f.size),
+            "n_refined_at_best": int(near.sum()),
+            "best_start_param_spread": spread,
+            "distinct_optima_objectives": [float(opt.refined_f[i]) for i in distinct],
+            "converged": opt.converged,
+            "bootstrap_on_bound_fraction": boot_bound,
+            "bootstrap_unconverged": int((~bconv).sum()) if K else 0,
+            "identified": bool(identified),
+            "misfit": bool(gof["misfit"]),
+            "goodness_of_fit": gof,
+            "warnings": warnings,
+        }
+        if joint:
+            diagnostics["joint_objective"] = opt.objective
+        C = total_flops(b.points, k)
+        summary = {
+            "n_points": n, "n_runs": diagnostics["n_runs"],
+            "N_min": float(b.points["N"].min()), "N_max": float(b.points["N"].max()),
+            "D_min": float(b.points["D"].min()), "D_max": float(b.points["D"].max()),
+            "loss_min": float(b.points["loss"].min()), "loss_max": float(b.points["loss"].max()),
+            "compute_min": float(C.min()), "compute_max": float(C.max()), "flops_per_param_k": k,
+        }
+        if "F" in b.X:
+            summary.update(F_min=float(b.X["F"].min()), F_max=float(b.X["F"].max()))
+        if "S" in b.X:
+            summary["sparsities"] = sorted({round(float(v), 6) for v in b.X["S"]})
+        settings = {"objective": objective, "huber_delta": float(huber_delta), "n_bootstrap": K,
+                    "seed": int(seed), "ci_level": float(ci_level), "bootstrap_unit": "run",
+                    **cons.describe()}
+        if joint:
+            # row i of every joint group's bootstrap comes from the same resample of runs
+            settings["joint_groups"] = list(groups)
+        out[b.group] = FitResult(law=law.name, group=b.group, params=law.as_dict(theta), ci=ci,
+                                 bootstrap=samples, diagnostics=diagnostics, n_points=n,
+                                 data_summary=summary, derived=derived, settings=settings)
+    return out
 
 
-def fit_groups(points: pd.DataFrame, law: str | Law = "chinchilla", *, cross_checks: bool = True,
-               progress: Callable[[str, int, int], None] | None = None,
+def _group_of(points: pd.DataFrame) -> str:
+    return str(points["group"].iloc[0]) if "group" in points.columns and len(points) else "default"
+
+
+def fit_law(points: pd.DataFrame, law: str | Law = "chinchilla", *, group: str | None = None,
+            objective: str = DEFAULT_OBJECTIVE, huber_delta: float = DEFAULT_DELTA,
+            fix: Mapping[str, float] | None = None, tie: Iterable[str | tuple[str, str]] = (),
+            n_bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0, ci_level: float = CI_LEVEL,
+            starts: np.ndarray | None = None,
+            progress: Callable[[int, int], None] | None = None) -> FitResult:
+    """Approach-3 fit of one group of canonical points (``scaling.fitting.tables``), with bootstrap over runs.
+
+    ``objective`` is one of ``OBJECTIVES``; ``fix`` pins parameters ({"E": 1.7}); ``tie`` holds
+    parameters equal ("alpha=beta" or ("alpha", "beta")). Raises UserError for fewer points than
+    free parameters, unknown parameter names or inputs the law cannot use.
+    """
+    law = get_law(law) if isinstance(law, str) else law
+    group = _group_of(points) if group is None else group
+    cons = Constraints(fixed=dict(fix or {}), ties=_ties(tie))
+    return _fit_blocks([_block(points, law, group)], law, cons, objective=objective, huber_delta=huber_delta,
+                       n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level, starts=starts,
+                       progress=progress)[group]
+
+
+def _ties(tie: Iterable[str | tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for t in tie:
+        out += list(Constraints.parse(tie=[t]).ties) if isinstance(t, str) else [tuple(t)]
+    return tuple(out)
+
+
+def fit_groups(points: pd.DataFrame, law: str | Law = "chinchilla", *, share: Iterable[str] = (),
+               cross_checks: bool = True, progress: Callable[[str, int, int], None] | None = None,
                **kwargs: Any) -> dict[str, FitResult]:
-    """``fit_law`` per group (sorted by name); keyword arguments as ``fit_law``. With ``cross_checks``,
-    approaches 1 and 2 (``scaling.fitting.approaches``) are attached to each result."""
+    """``fit_law`` per group (sorted by name); keyword arguments as ``fit_law``.
+
+    ``share`` names parameters common to all groups: then one joint fit (one objective summed over
+    all groups' points) with the other parameters per group, its bootstrap resampling runs within
+    every group under one resample index (rows paired across groups; ``settings["joint_groups"]``).
+    With ``cross_checks``, approaches 1 and 2 (``scaling.fitting.approaches``) are attached to each result.
+    """
     from dataclasses import replace
 
     from scaling.fitting.approaches import cross_checks as run_cross_checks
 
+    law = get_law(law) if isinstance(law, str) else law
+    names = sorted(points["group"].unique(), key=str) if "group" in points.columns else ["default"]
+    has = "group" in points.columns
+    subs = {str(g): (points[points["group"] == g] if has else points).reset_index(drop=True) for g in names}
+    share = tuple(dict.fromkeys(s for item in share for s in str(item).split(",") if s.strip()))
     out: dict[str, FitResult] = {}
-    for group in sorted(points["group"].unique(), key=str):
-        sub = points[points["group"] == group].reset_index(drop=True)
-        cb = None if progress is None else (lambda done, total, g=group: progress(g, done, total))
-        res = fit_law(sub, law, group=str(group), progress=cb, **kwargs)
-        if cross_checks:
-            res = replace(res, cross_checks=run_cross_checks(sub, res))
-        out[str(group)] = res
+    if share:
+        fix, tie = kwargs.pop("fix", None), kwargs.pop("tie", ())
+        kwargs.pop("group", None)
+        cons = Constraints(fixed=dict(fix or {}), ties=_ties(tie), shared=tuple(s.strip() for s in share))
+        cb = None if progress is None else (lambda done, total: progress("joint", done, total))
+        opts = {"objective": DEFAULT_OBJECTIVE, "huber_delta": DEFAULT_DELTA,
+                "n_bootstrap": DEFAULT_BOOTSTRAP, "seed": 0, "ci_level": CI_LEVEL, "starts": None, **kwargs}
+        fits = _fit_blocks([_block(s, law, g) for g, s in subs.items()], law, cons, progress=cb, **opts)
+    else:
+        fits = {}
+        for g, sub in subs.items():
+            cb = None if progress is None else (lambda done, total, g=g: progress(g, done, total))
+            fits[g] = fit_law(sub, law, group=g, progress=cb, **kwargs)
+    for g, res in fits.items():
+        out[g] = replace(res, cross_checks=run_cross_checks(subs[g], res)) if cross_checks else res
     return out

@@ -61,6 +61,15 @@ class Law:
         start_grid: per parameter, starting values in *fitted* space (logs for log_params).
         derived: theta -> derived quantities (compute-optimal exponents and so on).
         formula: one-line human formula.
+        size_input: the model-size input the compute budget is spent on (N, or F per-token FLOPs).
+        frontier_terms: (theta by name (arrays), fixed inputs) -> (E, P, p, Q, q) of the law written
+            as L = E + P x^-p + Q y^-q along the budget, x = the size input, y = tokens D.
+        budget_uses_k: True when C = k x D (x = parameters, k FLOPs per parameter per token); False
+            when x is already FLOPs per token, C = x D.
+        fixed_inputs: further inputs held fixed along the frontier (the smelt law's sparsity S).
+        allocation_exponents: the keys of ``derived`` holding the exponents of x* ~ C^. and D* ~ C^.
+        params_per_size: x -> parameter-equivalents (tokens per parameter D*/that): N itself, or
+            F/6 for per-token FLOPs (a dense model spends 6 FLOPs per parameter per token).
     """
 
     name: str
@@ -72,6 +81,13 @@ class Law:
     start_grid: dict[str, tuple[float, ...]] = field(repr=False)
     derived: Callable[[Mapping[str, float]], dict[str, float]] = field(repr=False)
     formula: str = ""
+    size_input: str = "N"
+    frontier_terms: Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple] | None = \
+        field(default=None, repr=False)
+    budget_uses_k: bool = True
+    fixed_inputs: tuple[str, ...] = ()
+    allocation_exponents: tuple[str, str] = ("a", "b")
+    params_per_size: Callable[[np.ndarray], np.ndarray] = field(default=lambda x: x, repr=False)
 
     # -- parameter transforms -------------------------------------------------------------
     @property
@@ -196,6 +212,16 @@ def _smelt_design(X: Inputs) -> np.ndarray:
     return G
 
 
+def _chinchilla_frontier(t: Mapping[str, np.ndarray], fixed: Mapping[str, np.ndarray]) -> tuple:
+    return t["E"], t["A"], t["alpha"], t["B"], t["beta"]
+
+
+def _smelt_frontier(t: Mapping[str, np.ndarray], fixed: Mapping[str, np.ndarray]) -> tuple:
+    """At fixed sparsity S the law is E + [A (1-S)^b] F^-a + K D^-c."""
+    S = np.asarray(fixed["S"], dtype=float)
+    return t["E"], t["A"] * (1.0 - S) ** t["b"], t["a"], t["K"], t["c"]
+
+
 def _smelt_derived(t: Mapping[str, float]) -> dict[str, float]:
     """Compute-optimal exponents for C = F D at fixed S: F* ~ C^f, D* ~ C^d, L* - E ~ C^-frontier."""
     s = t["a"] + t["c"]
@@ -220,6 +246,7 @@ LAWS: dict[str, Law] = {
                     "beta": (0.0, 0.5, 1.0, 1.5, 2.0)},
         derived=_chinchilla_derived,
         formula="L = E + A/N^alpha + B/D^beta",
+        size_input="N", frontier_terms=_chinchilla_frontier, budget_uses_k=True,
     ),
     "smelt": Law(
         name="smelt",
@@ -233,6 +260,9 @@ LAWS: dict[str, Law] = {
                     "c": (0.0, 0.5, 1.0, 1.5)},
         derived=_smelt_derived,
         formula="L = E + A(1-S)^b/F^a + K/D^c",
+        size_input="F", frontier_terms=_smelt_frontier, budget_uses_k=False, fixed_inputs=("S",),
+        allocation_exponents=("f_exponent", "d_exponent"),
+        params_per_size=lambda F: F / 6.0,
     ),
 }
 
@@ -244,24 +274,87 @@ def get_law(name: str) -> Law:
         raise UserError(f"unknown law {name!r}; choose one of: {', '.join(LAWS)}") from None
 
 
+# -- compute-optimal frontier ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Frontier:
+    """Compute-optimal point(s) of one law: arrays broadcast from theta (..., P) and C.
+
+    size is the law's size input at the optimum (N* for chinchilla, F* in FLOPs/token for smelt),
+    tokens is D*, loss is L* (nats/token), tokens_per_param is D* / ``law.params_per_size(size)``.
+    """
+
+    size_name: str
+    compute: np.ndarray
+    size: np.ndarray
+    tokens: np.ndarray
+    loss: np.ndarray
+    tokens_per_param: np.ndarray
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        """{size_name: x*, "D": D*, "loss": L*}."""
+        return {self.size_name: self.size, "D": self.tokens, "loss": self.loss}
+
+
+def _fixed(law: Law, S: object) -> dict[str, np.ndarray]:
+    given = {"S": S}
+    missing = [k for k in law.fixed_inputs if given.get(k) is None]
+    if missing:
+        raise UserError(f"the {law.name}-form law's optimum needs {', '.join(missing)} "
+                        "(the sparsity held fixed along the frontier)")
+    return {k: np.asarray(given[k], dtype=float) for k in law.fixed_inputs}
+
+
+def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | float, *,
+             k: float | np.ndarray = 6.0, S: float | np.ndarray | None = None) -> Frontier:
+    """Compute-optimal allocation and loss L*(C) of any registry law (closed form).
+
+    Every law here is, along a budget, L = E + P x^-p + Q y^-q (``Law.frontier_terms``), x the size
+    input and y = D tokens, with x y = C / k (``budget_uses_k``: C = k N D, k = 6 by Kaplan et al.
+    2020 or the measured flops/(N D)) or x y = C (x = FLOPs per token). Lagrange (Hoffmann et al.
+    2022, eq. 4): x* = G (C/k)^(q/(p+q)), G = (p P / (q Q))^(1/(p+q)), y* = (C/k) / x*. theta may be
+    (..., P) (bootstrap samples) and broadcasts against C.
+    """
+    if law.frontier_terms is None:
+        raise UserError(f"law {law.name!r} has no closed-form frontier")
+    arr = law.theta_array(theta)
+    t = {name: arr[..., i] for i, name in enumerate(law.params)}
+    C = np.asarray(C, dtype=float)
+    E, P, p, Q, q = law.frontier_terms(t, _fixed(law, S))
+    budget = C / np.asarray(k, dtype=float) if law.budget_uses_k else C
+    x, y, L = two_term_optimum(E, P, p, Q, q, budget)
+    return Frontier(law.size_input, C, x, y, L, y / law.params_per_size(x))
+
+
+def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float, *,
+                     k: float = 6.0, S: float | None = None) -> tuple[float, float, float]:
+    """(size*, D*, L*) by minimising ``law.predict`` along the budget numerically (a cross-check).
+
+    Scans log x over [0, log(C/k)] (x = the size input, at least one token), then refines the best
+    grid cell with a bounded Brent search. Independent of the closed form and of ``frontier_terms``.
+    """
+    from scipy.optimize import minimize_scalar
+
+    theta = law.theta_array(theta)
+    scale = k if law.budget_uses_k else 1.0
+    fixed = _fixed(law, S)
+    top = np.log(C / scale)
+
+    def loss(logx: np.ndarray) -> np.ndarray:
+        x = np.exp(logx)
+        inputs = {law.size_input: x, "D": C / (scale * x)}
+        inputs.update({name: np.full_like(x, v) for name, v in fixed.items()})
+        return law.predict(theta, **inputs)
+
+    grid = np.linspace(0.0, top, 2001)
+    i = int(np.argmin(loss(grid)))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
+    res = minimize_scalar(lambda z: float(loss(np.array([z]))[0]), bounds=(lo, hi), method="bounded",
+                          options={"xatol": 1e-12})
+    x = float(np.exp(res.x))
+    return x, C / (scale * x), float(res.fun)
+
+
 def optimal(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | float, k: float = 6.0,
             **fixed: object) -> dict[str, np.ndarray]:
-    """Compute-optimal allocation along a budget C (closed form).
-
-    chinchilla: C = k N D (k = 6 by Kaplan's approximation, or the measured flops/(N D));
-        returns {"N", "D", "loss"}.
-    smelt: C = F D (F is per-token FLOPs, so no k), at fixed sparsity ``S=...``;
-        returns {"F", "D", "loss"}.
-    """
-    t = law.as_dict(law.theta_array(theta))
-    C = np.asarray(C, dtype=float)
-    if law.name == "chinchilla":
-        N, D, L = two_term_optimum(t["E"], t["A"], t["alpha"], t["B"], t["beta"], C / k)
-        return {"N": N, "D": D, "loss": L}
-    if law.name == "smelt":
-        if "S" not in fixed:
-            raise UserError("the smelt law's optimum needs a sparsity S")
-        S = np.asarray(fixed["S"], dtype=float)
-        F, D, L = two_term_optimum(t["E"], t["A"] * (1.0 - S) ** t["b"], t["a"], t["K"], t["c"], C)
-        return {"F": F, "D": D, "loss": L}
-    raise UserError(f"law {law.name!r} has no closed-form optimum")
+    """``frontier(...).as_dict()``: {"N" or "F": x*, "D": D*, "loss": L*} (fixed inputs as keywords)."""
+    return frontier(law, theta, C, k=k, S=fixed.get("S")).as_dict()

@@ -46,11 +46,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
-from scaling.fitting.laws import Law, get_law, two_term_optimum
+from scaling.fitting.laws import Frontier, Law, frontier, frontier_numeric, get_law  # noqa: F401
 
 CONVENTIONS = ("candidate-budget", "reference-budget")
 SPAN_DECADES = 6.0
@@ -61,78 +60,13 @@ _BISECT_STEPS = 64  # 2*span*ln(10) / 2^64: far below float64 resolution of log 
 
 
 # -- frontier --------------------------------------------------------------------------------
-def _terms(law: Law, theta: np.ndarray, k: float | np.ndarray,
-           S: float | None) -> tuple[np.ndarray, ...]:
-    """(E, P, p, Q, q, k) of L = E + P x^-p + Q y^-q, x y = C/k, for theta (..., P)."""
-    t = {name: theta[..., i] for i, name in enumerate(law.params)}
-    if law.name == "chinchilla":
-        return t["E"], t["A"], t["alpha"], t["B"], t["beta"], np.asarray(k, dtype=float)
-    if law.name == "smelt":
-        if S is None:
-            raise UserError("the smelt-form law needs a sparsity: pass --sparsity")
-        return t["E"], t["A"] * (1.0 - S) ** t["b"], t["a"], t["K"], t["c"], np.asarray(1.0)
-    raise UserError(f"savings supports the chinchilla and smelt law forms, not {law.name!r}")
+# One frontier for the whole package: ``scaling.fitting.laws.frontier`` (closed form from the law
+# registry); ``Optimum`` is its result type under the name this module has always exported.
+Optimum = Frontier
 
 
 def uses_sparsity(law: Law) -> bool:
-    return "S" in law.inputs
-
-
-@dataclass(frozen=True)
-class Optimum:
-    """Compute-optimal point(s) of one law: arrays broadcast from theta (..., P) and C.
-
-    size is N* (chinchilla) or F* (smelt, FLOPs/token), tokens is D*, loss is L* (nats/token),
-    tokens_per_param is D*/N* or D*/(F*/6).
-    """
-
-    size_name: str
-    compute: np.ndarray
-    size: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    tokens_per_param: np.ndarray
-
-
-def frontier(law: Law, theta: np.ndarray | Mapping[str, float], C: np.ndarray | float, *,
-             k: float = 6.0, S: float | None = None) -> Optimum:
-    """Closed-form compute-optimal allocation and loss L*(C) (see the module docstring)."""
-    theta = law.theta_array(theta)
-    C = np.asarray(C, dtype=float)
-    E, P, p, Q, q, kk = _terms(law, theta, k, S)
-    x, y, L = two_term_optimum(E, P, p, Q, q, C / kk)
-    if law.name == "smelt":
-        return Optimum("F", C, x, y, L, y / (x / 6.0))
-    return Optimum("N", C, x, y, L, y / x)
-
-
-def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float, *,
-                     k: float = 6.0, S: float | None = None) -> tuple[float, float, float]:
-    """(size*, D*, L*) by minimising ``law.predict`` along the budget numerically (a cross-check).
-
-    Scans log x over [0, log(C/k)] (x = N or F, at least one token), then refines the best
-    grid cell with a bounded Brent search. Independent of the closed form and of ``_terms``.
-    """
-    theta = law.theta_array(theta)
-    scale = k if law.name == "chinchilla" else 1.0
-    top = np.log(C / scale)
-
-    def loss(logx: np.ndarray) -> np.ndarray:
-        x = np.exp(logx)
-        y = C / (scale * x)
-        if law.name == "chinchilla":
-            return law.predict(theta, N=x, D=y)
-        if law.name == "smelt":
-            return law.predict(theta, F=x, S=np.full_like(x, S), D=y)
-        raise UserError(f"no numeric frontier for law {law.name!r}")
-
-    grid = np.linspace(0.0, top, 2001)
-    i = int(np.argmin(loss(grid)))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
-    res = minimize_scalar(lambda z: float(loss(np.array([z]))[0]), bounds=(lo, hi), method="bounded",
-                          options={"xatol": 1e-12})
-    x = float(np.exp(res.x))
-    return x, C / (scale * x), float(res.fun)
+    return "S" in law.fixed_inputs
 
 
 def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np.ndarray, *,

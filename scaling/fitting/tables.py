@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 
 CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
 # Law input name (scaling.fitting.laws) -> canonical column.
@@ -178,7 +179,7 @@ def read_table(path: Path) -> pd.DataFrame:
             return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False,
                                na_values=[""])
         if suffix in (".jsonl", ".ndjson"):
-            return pd.DataFrame(_read_jsonl(path))
+            return pd.DataFrame(read_jsonl(path, strict=True).rows)
         if suffix == ".json":
             return pd.DataFrame(_points_of(json.loads(path.read_text()), str(path)))
         if suffix in (".parquet", ".pq"):
@@ -195,23 +196,6 @@ def read_table(path: Path) -> pd.DataFrame:
         raise UserError(f"cannot read {path}: {' '.join(str(exc).split())}") from None
     raise UserError(f"unknown table format {suffix!r} for {path}; use one of {', '.join(TABLE_SUFFIXES)} "
                     "or a runs directory")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    # json line by line, not pd.read_json: that turns fields named like timestamps into dates
-    # and cannot say which line is broken.
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{i}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise UserError(f"{path}:{i}: expected a JSON object per line")
-        rows.append(row)
-    return rows
 
 
 def _points_of(obj: object, where: str) -> list[dict]:

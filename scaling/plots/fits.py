@@ -62,7 +62,7 @@ def _nearest(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
 
 def _param_text(fit: Any) -> str:
     p = fit.params
-    if fit.law == "chinchilla":
+    if fit.law_obj.inputs == ("N", "D"):
         head = (f"$L = {p['E']:.3g} + {p['A']:.3g}/N^{{{p['alpha']:.3f}}} + "
                 f"{p['B']:.3g}/D^{{{p['beta']:.3f}}}$")
     else:
@@ -110,7 +110,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         ngrid = np.geomspace(Ns[0] / 1.6, Ns[-1] * 1.6, 80)
         for j, D in enumerate(Ds):
             m = di == j
-            if fit.law == "chinchilla":
+            if fit.law_obj.inputs == ("N", "D"):
                 ax.plot(ngrid, fit.predict(N=ngrid, D=np.full_like(ngrid, D)), color=cD[j], lw=1.2)
             else:
                 at = sub[m].sort_values("N")
@@ -165,7 +165,7 @@ def params(fits: Mapping[str, Any], *, names: Sequence[str] | None = None) -> Fi
     colours = group_colours(groups)
     first = fits[groups[0]]
     law = first.law_obj
-    names = list(names or [*law.params, *first.derived])
+    names = list(names or [*law.params, *law.derive(first.params)])   # the law's exponents, not G, H
     ncol = 4
     nrow = math.ceil(len(names) / ncol)
     fig, axes = figure(nrow, ncol, 8.4, 2.3 * nrow + 0.4)
@@ -257,7 +257,7 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
                 ax.plot([nv], [np.exp(np.polyval(q, np.log(nv)))], marker="D", color=cl[i], mec="k", ms=6,
                         ls="none")
                 vtx.append((C, nv))
-            if fit is not None and fit.law == "chinchilla":
+            if fit is not None and fit.law_obj.inputs == ("N", "D"):
                 Lc = fit.predict(N=ngrid, D=C / flops_per_token_of_size(ngrid, Nn, Fn))
                 ax.plot(ngrid, Lc, color=cl[i], lw=1.1)
                 j = int(np.argmin(Lc))
@@ -273,7 +273,7 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
         c = colours[g]
         cmin, cmax = float(total_flops(gp).min()), float(total_flops(gp).max())
         cgrid = np.geomspace(cmin / 3, cmax * 3, 40)
-        if fit is not None and fit.law == "chinchilla":
+        if fit is not None and fit.law_obj.inputs == ("N", "D"):
             nstar = optimal_size_along_flops(fit, cgrid, Nn, Fn)
             ax2 = nstar_ax
             ax2.plot(cgrid, nstar, color=c, label=f"{group_label(g)}: law along real FLOPs")

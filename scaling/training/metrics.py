@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 from scaling.common.serialize import to_json
 from scaling.training import runlog
 
@@ -84,11 +85,11 @@ def resume_metrics(path: Path, upto_iter: int) -> int:
     A torn final line is dropped; a corrupt line before it raises UserError and leaves the file
     as it was. The file is rewritten atomically, and only when something is dropped.
     """
-    records, torn = runlog.read_jsonl_checked(path)
-    kept = [r for r in records if r.get("iter", 0) <= upto_iter]
-    if torn or len(kept) != len(records):
+    read = read_jsonl(path, missing_ok=True)
+    kept = [r for r in read.rows if r.get("iter", 0) <= upto_iter]
+    if read.skipped or not read.terminated or len(kept) != len(read.rows):
         runlog.rewrite_jsonl(path, kept)
-    return len(records) - len(kept) + int(torn)
+    return len(read.rows) - len(kept) + read.skipped
 
 
 class MetricsSink:

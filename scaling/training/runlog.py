@@ -76,48 +76,6 @@ def append_jsonl(path: Path | str, record: dict) -> None:
         os.fsync(fh.fileno())
 
 
-def read_jsonl(path: Path | str) -> list[dict]:
-    """All complete lines of a JSONL file ([] if missing); a torn last line is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break  # the process died mid-write
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
-
-
-def read_jsonl_checked(path: Path | str) -> tuple[list[dict], bool]:
-    """All lines of a JSONL file and whether its final line was torn (written without its newline).
-
-    Only the final line may be torn (a write cut short); any other line that is not a JSON object
-    raises UserError naming the file and the line number.
-    """
-    path = Path(path)
-    if not path.exists():
-        return [], False
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    out, torn = [], False
-    for n, line in enumerate(lines, 1):
-        if n == len(lines) and not line.endswith("\n"):
-            torn = True
-            break
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            rec = None
-        if not isinstance(rec, dict):
-            raise UserError(f"{path} line {n} is not a JSON object (corrupt); repair or remove it, "
-                            "nothing was changed")
-        out.append(rec)
-    return out, torn
-
-
 def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
     """Replace a JSONL file atomically with ``records``."""
     text = "".join(to_json(r, indent=None) + "\n" for r in records)

@@ -50,6 +50,7 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs as accounting
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.branches import BranchPlan, Position, TokenBudget
 from scaling.training.checkpoint import Checkpointer, identity_diff, run_identity
@@ -371,7 +372,7 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     if exists and resume:
         if not (run_dir / runlog.CONFIG).exists():
             raise UserError(f"run folder {run_dir} has metrics.jsonl but no config.json; cannot resume it")
-        runlog.read_jsonl_checked(run_dir / runlog.METRICS)  # a corrupt line: stop before any change
+        read_jsonl(run_dir / runlog.METRICS, missing_ok=True)  # a corrupt line: stop before any change
     return exists and resume
 
 
