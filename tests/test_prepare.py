@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from scaling.cli import app
 from scaling.common.errors import UserError
+from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.corpus import _hash_unit
 from scaling.training.data import open_data
@@ -221,7 +222,7 @@ def test_train_on_shards_kill_and_resume_gives_identical_logs(env, tmp_path):
           runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt", resume=True)
 
     def logs(name):
-        rows = runlog.read_jsonl(tmp_path / "runs" / name / "metrics.jsonl")
+        rows = read_jsonl(tmp_path / "runs" / name / "metrics.jsonl").rows
         timing = ("tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes")
         return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
