@@ -14,8 +14,11 @@ Format (see ``plans/cpu-proxy.toml``)::
     batch_size = 16
     lr = 3e-3
 
-    [data]                                 # DataSpec fields (scaling.training.corpus)
-    vocab_size = 4096
+    [data]                                 # what every run trains on (scaling.training.data)
+    path = "~/data/fineweb-10B"            # shards from `smelt-scale prepare-data` (absent: the
+    tokenizer = "tokenizer.json"           # built-in corpus); optional: the tokenizer they must
+    allow_repeat = false                   # have; allow_repeat: permit > max_epochs passes
+    # max_bytes, val_fraction              # built-in corpus only (DataSpec fields)
 
     [tier."proxy-l"]                       # per-tier overrides: budgets and any [train] key
     budgets = [1e6, 2e6]
@@ -72,6 +75,7 @@ from scaling.accounting.matching import smelt_twin
 from scaling.accounting.memory import Layout
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
+from scaling.training.data import check_data_table
 
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition", "gpus_per_job",
@@ -186,7 +190,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise UserError(f"{where}: seeds must be a list of integers")
     train = dict(data.get("train", {}))
-    data_spec = dict(data.get("data", {}))
+    data_spec = check_data_table(data.get("data", {}), where)
     per_tier = data.get("tier", {})
     unknown_tiers = set(per_tier) - set(tiers)
     if unknown_tiers:
