@@ -9,6 +9,7 @@ traceback, an answer within ``LIMIT_S`` seconds, and no file changed outside the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -85,6 +86,9 @@ def world(tmp_path_factory):
     D = np.tile([1e8, 3e8, 1e9, 3e9], 4)
     loss = (1.8 + 400 / N**0.34 + 2000 / D**0.37) * np.exp(rng.normal(0, 0.005, N.size))
     pd.DataFrame({"N": N, "D": D, "loss": loss}).to_csv(tmp / "points.csv", index=False)
+    docs = [{"id": str(i), "text": f"document {i}: " + " ".join(f"word{j % 37}" for j in range(i, i + 60))}
+            for i in range(40)]
+    (tmp / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     runs = tmp / "runs"
     runs.mkdir()
     for name in ("proxy-xxs-baseline-s0", "proxy-xxs-smelt-s0", "proxy-xs-baseline-s0", "proxy-xs-smelt-s0"):
@@ -102,9 +106,9 @@ def world(tmp_path_factory):
 
 def _base(world: Path) -> dict[str, list[str]]:
     b = str(world)
-    small_model = ["--vocab-size", "256", "--d-model", "64", "--n-layers", "4", "--n-heads", "4",
-                   "--n-kv-heads", "2", "--head-dim", "16", "--n-experts", "8", "--top-k", "2",
-                   "--expert-hidden", "64", "--seq-len", "64"]
+    small_model = ["--vocab-size", "32000", "--d-model", "1024", "--n-layers", "16", "--n-heads", "16",
+                   "--n-kv-heads", "4", "--head-dim", "64", "--n-experts", "64", "--top-k", "8",
+                   "--expert-hidden", "512"]
     one_run = [f"{b}/pair/proxy-s-baseline-s0", "--no-save", "--device", "cpu", "--threads", "1"]
     return {
         "tiers": [],
@@ -113,6 +117,8 @@ def _base(world: Path) -> dict[str, list[str]]:
         "fit": [f"{b}/points.csv", "--bootstrap", "0"],
         "savings": ["--law-set", "paper", "--budget", "1e21"],
         "compare": [f"{b}/runs"],
+        "prepare-data": [f"{b}/docs.jsonl", "--out", f"{b}/shards", "--vocab-size", "300", "--overwrite",
+                         "--val-fraction", "0.2", "--shard-tokens", "4096", "--quiet"],
         "train": ["--tier", "proxy-tiny", "--arch", "smelt", "--tokens", "1024", "--batch-size", "2",
                   "--runs-dir", f"{b}/train-runs", "--ckpt-dir", f"{b}/ckpt", "--data-max-bytes", "100000",
                   "--val-windows", "2", "--threads", "1", "--device", "cpu", "--overwrite"],
@@ -160,7 +166,16 @@ def test_every_command_has_base_arguments(world):
     assert not missing, f"add quick valid arguments for {sorted(missing)} to BASE in this test"
 
 
-SLOW = {"train", "analyze sink", "analyze lengths", "analyze icl", "sweep", "plot"}
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_base_arguments_succeed(command, world, monkeypatch):
+    # the bad values below are only meaningful on top of arguments that work
+    monkeypatch.chdir(world)
+    monkeypatch.setenv("SMELT_CACHE", str(world / "cache"))
+    res = _invoke([*command.split(), *_base(world)[command]])
+    assert res.exit_code == 0, res.output[-2000:]
+
+
+SLOW = {"prepare-data", "train", "analyze sink", "analyze lengths", "analyze icl", "sweep", "plot"}
 
 
 @pytest.mark.parametrize("command", sorted(_commands()))
