@@ -9,11 +9,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
+from scaling.cli._util import check_output_dir, emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
 from scaling.training.data import check_data_use, plan_data_use
-from scaling.training.sweep import check_memory, estimate, run_status, submit
-from scaling.training.sweep_plan import load_plan
+from scaling.training.sweep import check_memory, estimate, run_status, submit, train_config
+from scaling.training.sweep_plan import EXECUTORS, load_plan
 
 
 def _fmt_s(s: float | None) -> str:
@@ -54,10 +54,10 @@ def register(app: typer.Typer) -> None:
         ),
         executor: Optional[str] = typer.Option(None, help="local | slurm | debug (default: the plan's)."),
         concurrency: Optional[int] = typer.Option(
-            None, help="Local: trainings at once (default: the plan's)."
+            None, min=1, help="Local: trainings at once (default: the plan's)."
         ),
         threads: Optional[int] = typer.Option(
-            None, help="Torch CPU threads per training (default: the plan's)."
+            None, min=1, help="Torch CPU threads per training (default: the plan's)."
         ),
         runs_dir: Optional[Path] = typer.Option(None, help="Override the plan's runs folder."),
         wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for local jobs to finish."),
@@ -69,8 +69,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a sweep plan: finished runs are skipped, interrupted ones resume."""
         plan = load_plan(plan_file)
+        if executor is not None and executor not in EXECUTORS:
+            raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         if runs_dir is not None:
             plan = type(plan)(**{**plan.__dict__, "runs_dir": runs_dir})
+        check_output_dir(plan.runs_dir, "runs folder")
+        for run in plan.runs:  # every run's training settings, checked before anything starts
+            train_config(run)
         if not max_epochs > 0:
             raise UserError(f"--max-epochs must be > 0, got {max_epochs}")
         # data first: a sweep without usable data stops here, before anything starts

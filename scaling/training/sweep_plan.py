@@ -78,6 +78,7 @@ from scaling.common.errors import UserError
 from scaling.training.data import check_data_table
 
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
+EXECUTORS = ("local", "slurm", "debug")
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition", "gpus_per_job",
                   "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
 _PARALLEL_KEYS = {"mode", "gpus_per_node", "nodes", "replicate", "gpu_memory_gb", "grad_sync"}
@@ -201,6 +202,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     if unknown:
         raise UserError(f"{where}: unknown [executor] keys: {', '.join(sorted(unknown))}; valid keys: "
                         f"{', '.join(sorted(_EXECUTOR_KEYS))}")
+    _check_executor(executor, where)
     parallel = _parallel_table(data.get("parallel", {}), f"{where} [parallel]")
     runs_dir = Path(sweep.get("runs_dir", "runs"))  # relative paths are relative to the working dir
     runs = []
@@ -242,6 +244,16 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         executor=executor,
         description=str(sweep.get("description", "")),
     )
+
+
+def _check_executor(executor: dict[str, Any], where: str) -> None:
+    kind = executor.get("kind", "local")
+    if kind not in EXECUTORS:
+        raise UserError(f"{where}: [executor] kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    for key in ("concurrency", "threads_per_job", "gpus_per_job", "cpus_per_job", "time_limit_min"):
+        v = executor.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UserError(f"{where}: [executor] {key} must be a positive integer, got {v!r}")
 
 
 def _parallel_table(table: Any, where: str) -> dict[str, Any]:
