@@ -12,6 +12,7 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.format import number
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_DELTA,
@@ -89,7 +90,7 @@ def print_holdout(result) -> None:
 
 
 def _fmt(x: float) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.5g}"
+    return number(x, ".5g")
 
 
 def print_fit(fit: FitResult) -> None:

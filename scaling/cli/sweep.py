@@ -11,15 +11,10 @@ from rich.table import Table
 
 from scaling.cli._util import check_output_dir, emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.format import duration
 from scaling.training.data import check_data_use, plan_data_use
 from scaling.training.sweep import check_memory, estimate, run_status, submit, train_config
 from scaling.training.sweep_plan import EXECUTORS, load_plan
-
-
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
 def _memory_cells(row: dict) -> list[str]:
@@ -139,7 +134,7 @@ def register(app: typer.Typer) -> None:
                     "-" if r["epochs"] is None else f"{r['epochs']:.3g}",
                     f"{r['flops']:.3g}",
                     f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
-                    _fmt_s(r["est_seconds"]),
+                    duration(r["est_seconds"]),
                     f"{r['gpu_hours']:.0f}" if r["gpu_hours"] else "-",
                     *_memory_cells(r),
                 )
@@ -147,8 +142,8 @@ def register(app: typer.Typer) -> None:
             conc = concurrency or int(plan.executor.get("concurrency", 1))
             if total["est_seconds_serial"]:
                 stdout.print(
-                    f"CPU estimate: {_fmt_s(total['est_seconds_serial'])} one at a time, about "
-                    f"{_fmt_s(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
+                    f"CPU estimate: {duration(total['est_seconds_serial'])} one at a time, about "
+                    f"{duration(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
                     "uncontended; concurrent runs share cores).",
                     highlight=False,
                 )
