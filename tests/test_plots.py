@@ -366,3 +366,17 @@ def test_cli_mechanism_kinds(runs, tmp_path):
 ])
 def test_cli_bad_input(args, pattern, tmp_path):
     one_line_error(runner.invoke(app, [*args, "--out", str(tmp_path)]), pattern)
+
+
+def test_loss_curves_say_how_many_torn_lines_they_left_out(tmp_path):
+    """Issue 19: readers never silently draw fewer lines than the log holds."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "runs" / "proxy-xxs-baseline-s0"
+    shutil.copytree(src, tmp_path / "runs" / src.name)
+    with open(tmp_path / "runs" / src.name / "metrics.jsonl", "a") as fh:
+        fh.write('{"iter": 99, "trai')
+    res = runner.invoke(app, ["plot", "loss-curves", "--runs", str(tmp_path / "runs"), "--out",
+                              str(tmp_path / "fig")])
+    assert res.exit_code == 0, res.output
+    assert "1 torn last line of metrics.jsonl left out" in res.stderr

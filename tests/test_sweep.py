@@ -162,3 +162,27 @@ def test_mini_plan_end_to_end(tmp_path, monkeypatch):
     # the mini runs reach ~2e9 FLOPs: 1e11 is an extrapolation and must be flagged as one
     assert row["extrapolation_decades"] > 1 and "extrapolate" in sav.stderr
     assert run_status(runs, "tiny-a-smelt-s0") == "done"
+
+
+@pytest.mark.parametrize("edit, args, message", [
+    (None, ["--runs-dir", "{tmp}/afile"], "is a file, not a folder"),
+    (None, ["--executor", "bogus"], "--executor must be one of local, slurm, debug"),
+    (None, ["--concurrency", "0"], "Invalid value for '--concurrency'"),
+    (("lr = ", "lrr = "), [], "unknown [train] keys: lrr"),
+    (('kind = "local"', 'kind = "bogus"'), [], "[executor] kind must be one of"),
+    (("concurrency = 2", "concurrency = 0"), [], "[executor] concurrency must be a positive integer"),
+])
+def test_dry_run_refuses_what_a_real_run_would(tmp_path, edit, args, message):
+    """Issue 19: a dry run accepted an unknown executor, a file as runs folder, a misspelt [train]
+    key and a zero concurrency; each is now a one-line error before anything runs."""
+    (tmp_path / "afile").write_text("")
+    text = (ROOT / "plans" / "cpu-proxy.toml").read_text()
+    if edit is not None:
+        assert edit[0] in text
+        text = text.replace(edit[0], edit[1], 1)
+    plan = tmp_path / "p.toml"
+    plan.write_text(text)
+    res = runner.invoke(app, ["sweep", str(plan), "--dry-run", "--no-probe",
+                              *[a.format(tmp=tmp_path) for a in args]])
+    assert res.exit_code == 2 and message in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1

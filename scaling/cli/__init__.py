@@ -94,6 +94,8 @@ def _root() -> None:
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiers": ("tiers", "The paper tiers and CPU proxies: Baseline, SMELT twin, and their costs."),
     "match": ("tiers", "Derive the compute-matched SMELT twin of a Baseline config (file and/or options)."),
+    "prepare-data": ("data",
+                     "Tokenize text, JSONL or Parquet into uint16/uint32 token shards with a manifest.json."),
     "train": ("train", "Train a Baseline or SMELT model into runs/<name>/."),
     "sweep": ("sweep", "Run a sweep plan: finished runs are skipped, interrupted ones resume."),
     "fit": ("fit", "Fit a scaling law per group, with bootstrap intervals and diagnostics."),

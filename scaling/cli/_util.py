@@ -60,7 +60,9 @@ def run_cli(fn: Callable) -> Callable:
             raise
         except UserError as exc:
             fail(str(exc))
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        except OSError as exc:
+            # a path the user gave that cannot be read or written (missing, a file where a folder is
+            # needed, no permission, disk full): the system's reason and the path, in one line
             fail(f"{exc.strerror or exc}: {exc.filename}" if getattr(exc, "filename", None) else str(exc))
         except UnicodeDecodeError:
             fail("an input file is not UTF-8 text (a binary file, or another encoding)")

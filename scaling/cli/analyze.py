@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
                                   "probe, k-shot Dyck prompts, mass on BOS vs on the demonstration answers."),
         sequences: int = typer.Option(16, help="Validation documents (bos) or Dyck prompts (dyck) "
                                       "to average over."),
-        seed: int = typer.Option(0, help="Seed choosing the documents / generating the Dyck prompts."),
+        seed: int = typer.Option(0, min=0, help="Seed choosing the documents / generating the Dyck prompts."),
         shots: Optional[int] = typer.Option(None, help="Dyck probe: demonstrations per prompt "
                                             "(default: the largest of 1..32 that fits the context)."),
         batch_size: int = typer.Option(4, help="Sequences per forward pass (attention maps are "
@@ -196,7 +196,7 @@ def register(app: typer.Typer) -> None:
         shots: str = typer.Option(",".join(map(str, SHOTS)), help="Comma-separated numbers of in-context "
                                   "demonstrations; those that do not fit the context are skipped."),
         trials: int = typer.Option(200, help="Queries per k (the same queries for every k)."),
-        seed: int = typer.Option(0, help="Seed of the Dyck generator."),
+        seed: int = typer.Option(0, min=0, help="Seed of the Dyck generator."),
         types: int = typer.Option(3, help="Bracket types, 1-4: () [] {} <>."),
         min_pairs: int = typer.Option(2, help="Fewest bracket pairs in a generated word."),
         max_pairs: int = typer.Option(8, help="Most bracket pairs in a generated word."),

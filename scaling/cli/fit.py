@@ -12,6 +12,7 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.format import number
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_DELTA,
@@ -89,7 +90,7 @@ def print_holdout(result) -> None:
 
 
 def _fmt(x: float) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.5g}"
+    return number(x, ".5g")
 
 
 def print_fit(fit: FitResult) -> None:
@@ -199,7 +200,7 @@ def register(app: typer.Typer) -> None:
                                          help="Column of compute-equivalent sparsity S (smelt law)."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
-        seed: int = typer.Option(0, help="Seed of the bootstrap resampling."),
+        seed: int = typer.Option(0, min=0, help="Seed of the bootstrap resampling."),
         huber_delta: float = typer.Option(DEFAULT_DELTA,
                                           help="Huber delta on log-loss residuals (objective huber-log; "
                                                "least squares: --objective sq-log)."),
@@ -287,6 +288,10 @@ def register(app: typer.Typer) -> None:
             if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
                 raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
             check_output_file(holdout_figure, "holdout figure")
+        if out is not None:
+            from scaling.cli._util import check_output_file
+
+            check_output_file(out, "fits file (--out)")
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from scaling.accounting.tiers import ARCHS
 from scaling.cli._util import (
+    check_output_file,
     emit_json,
     fail,
     parse_budgets,
@@ -264,7 +265,7 @@ def register(app: typer.Typer) -> None:
             "--bootstrap",
             help="Bootstrap resamples when fitting --runs (0: no loss interval).",
         ),
-        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         runs_per_budget: int = typer.Option(
             DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (at least 5)."
         ),
@@ -312,6 +313,8 @@ def register(app: typer.Typer) -> None:
         Expected losses carry the fits' bootstrap intervals. Run the plan with `smelt-scale sweep PLAN`.
         """
         C = parse_budgets(budget, budgets)
+        if not dry_run:
+            check_output_file(out, "plan file (--out)")
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
         S = src.sparsities(parse_sparsities(sparsity))
         proposal = propose(
@@ -411,7 +414,7 @@ def register(app: typer.Typer) -> None:
         n_bootstrap: int = typer.Option(
             50, "--bootstrap", help="Bootstrap resamples per fit (0: no intervals)."
         ),
-        seed: int = typer.Option(0, "--seed", help="Seed of the noise and the resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the noise and the resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings intervals."),
         starts: str = typer.Option(
             "warm",

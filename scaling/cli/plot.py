@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
                                 help="Law form when fitting the runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(100, "--bootstrap", help="Bootstrap resamples when fitting (0: no "
                                         "intervals)."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         budgets: Optional[str] = typer.Option(None, "--budgets", help="Savings budgets: a,b,c or lo:hi:n "
                                               "(default: 4 per decade from the data up to 1e22)."),
         reference: str = typer.Option("baseline", "--reference", help="Reference group of frontier/savings."),

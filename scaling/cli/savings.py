@@ -12,6 +12,7 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, parse_budgets, parse_sparsities, run_cli, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.format import number
 from scaling.fitting.envelope import envelope_points, envelope_savings
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP
 from scaling.fitting.reference_laws import LAW_SETS
@@ -72,7 +73,7 @@ def print_result(res: SavingsResult) -> None:
 
 
 def _num(x: float) -> str:
-    return "—" if not np.isfinite(x) else f"{x:.1f}"
+    return number(x, ".1f", missing="—")
 
 
 def _units(path: Path, points: pd.DataFrame) -> pd.Series | None:
@@ -115,7 +116,7 @@ def register(app: typer.Typer) -> None:
                                 help="Law form for fitting --runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", help="Bootstrap resamples when "
                                         "fitting --runs (0: no interval)."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
         method: str = typer.Option("auto", "--method", help="auto: the envelope (observed frontiers, no "
                                    "law) for budgets inside both architectures' data, the law elsewhere; "

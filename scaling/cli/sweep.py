@@ -9,15 +9,12 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout
-from scaling.training.sweep import check_memory, estimate, run_status, submit
-from scaling.training.sweep_plan import load_plan
-
-
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+from scaling.cli._util import check_output_dir, emit_json, run_cli, show_progress, stderr, stdout, warn
+from scaling.common.errors import UserError
+from scaling.common.format import duration
+from scaling.training.data import check_data_use, plan_data_use
+from scaling.training.sweep import check_memory, estimate, run_status, submit, train_config
+from scaling.training.sweep_plan import EXECUTORS, load_plan
 
 
 def _memory_cells(row: dict) -> list[str]:
@@ -52,22 +49,45 @@ def register(app: typer.Typer) -> None:
         ),
         executor: Optional[str] = typer.Option(None, help="local | slurm | debug (default: the plan's)."),
         concurrency: Optional[int] = typer.Option(
-            None, help="Local: trainings at once (default: the plan's)."
+            None, min=1, help="Local: trainings at once (default: the plan's)."
         ),
         threads: Optional[int] = typer.Option(
-            None, help="Torch CPU threads per training (default: the plan's)."
+            None, min=1, help="Torch CPU threads per training (default: the plan's)."
         ),
         runs_dir: Optional[Path] = typer.Option(None, help="Override the plan's runs folder."),
         wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for local jobs to finish."),
+        max_epochs: float = typer.Option(
+            4.0, help="Refuse runs reading more passes over their training split (unless [data] "
+            "allow_repeat)."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Run a sweep plan: finished runs are skipped, interrupted ones resume."""
         plan = load_plan(plan_file)
+        if executor is not None and executor not in EXECUTORS:
+            raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         if runs_dir is not None:
             plan = type(plan)(**{**plan.__dict__, "runs_dir": runs_dir})
+        check_output_dir(plan.runs_dir, "runs folder")
+        for run in plan.runs:  # every run's training settings, checked before anything starts
+            train_config(run)
+        if not max_epochs > 0:
+            raise UserError(f"--max-epochs must be > 0, got {max_epochs}")
+        # data first: a sweep without usable data stops here, before anything starts
+        uses = plan_data_use(plan.runs)
+        allow_repeat = any(bool(r.data.get("allow_repeat")) for r in plan.runs)
+        data_errors, data_warnings = check_data_use(uses, allow_repeat, max_epochs)
+        if not dry_run:
+            check_memory(estimate(plan, probe=False))  # both refusals come before anything starts
+            if data_errors:
+                more = f" (and {len(data_errors) - 1} more)" if len(data_errors) > 1 else ""
+                raise UserError(data_errors[0] + more)
+        if not json_out:
+            for msg in (data_errors if dry_run else []) + data_warnings:
+                warn(msg)
         if dry_run:
             est = estimate(plan, probe=probe)
-            rows = [e.to_dict() for e in est]
+            rows = [{**e.to_dict(), **u.to_dict()} for e, u in zip(est, uses)]
             total = {
                 "runs": len(rows),
                 "flops": sum(r["flops"] for r in rows),
@@ -77,7 +97,8 @@ def register(app: typer.Typer) -> None:
                 "gpu_peak_flops": float(plan.executor.get("gpu_peak_flops", 9.89e14)),
             }
             if json_out:
-                emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total})
+                emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
+                           "data_errors": data_errors, "data_warnings": data_warnings})
                 check_memory(est)
                 return
             table = Table(
@@ -88,6 +109,8 @@ def register(app: typer.Typer) -> None:
                 "budgets (tokens)",
                 "status",
                 "train tokens",
+                "data tokens",
+                "epochs",
                 "FLOPs",
                 "tok/s",
                 "est. time",
@@ -107,9 +130,11 @@ def register(app: typer.Typer) -> None:
                     ", ".join(f"{b:.3g}" for b in r["budgets"]),
                     r["status"],
                     f"{r['tokens']:.3g}",
+                    f"{r['data_tokens']:.3g}",
+                    "-" if r["epochs"] is None else f"{r['epochs']:.3g}",
                     f"{r['flops']:.3g}",
                     f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
-                    _fmt_s(r["est_seconds"]),
+                    duration(r["est_seconds"]),
                     f"{r['gpu_hours']:.0f}" if r["gpu_hours"] else "-",
                     *_memory_cells(r),
                 )
@@ -117,8 +142,8 @@ def register(app: typer.Typer) -> None:
             conc = concurrency or int(plan.executor.get("concurrency", 1))
             if total["est_seconds_serial"]:
                 stdout.print(
-                    f"CPU estimate: {_fmt_s(total['est_seconds_serial'])} one at a time, about "
-                    f"{_fmt_s(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
+                    f"CPU estimate: {duration(total['est_seconds_serial'])} one at a time, about "
+                    f"{duration(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
                     "uncontended; concurrent runs share cores).",
                     highlight=False,
                 )

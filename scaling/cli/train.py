@@ -37,7 +37,7 @@ def _table(doc: dict):
             f"{p['D']:,}",
             f"{p['N']:,}",
             f"{p['loss']:.4f}",
-            f"{p['val_bpb']:.4f}",
+            "-" if p["val_bpb"] is None else f"{p['val_bpb']:.4f}",
             f"{p['flops']:.3e}",
             f"{p['wall_s']:.1f}",
         )
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
         decay_fraction: float = typer.Option(0.2, help="WSD cooldown length as a fraction of each budget."),
         weight_decay: float = typer.Option(0.1, help="AdamW decoupled weight decay (matrices only)."),
         grad_clip: float = typer.Option(1.0, help="Global gradient-norm clip (0: off)."),
-        seed: int = typer.Option(0, help="Seed of the initial weights and of the batch order."),
+        seed: int = typer.Option(0, min=0, help="Seed of the initial weights and of the batch order."),
         eval_every: int = typer.Option(
             250, help="Validate every this many trunk steps (0: only at budget ends)."
         ),
@@ -166,8 +166,14 @@ def register(app: typer.Typer) -> None:
         save_final_weights: bool = typer.Option(
             False, "--save-final-weights", help="Also write final weights (safetensors) into the run folder."
         ),
+        data: Optional[Path] = typer.Option(
+            None, help="Token-shard folder made by `smelt-scale prepare-data` [default: the built-in corpus]."
+        ),
+        data_tokenizer: Optional[Path] = typer.Option(
+            None, help="Refuse --data unless its shards were made with this tokenizer.json."
+        ),
         data_max_bytes: Optional[int] = typer.Option(
-            None, help="Use a small deterministic corpus subset (tests)."
+            None, help="Use a small deterministic subset of the built-in corpus (tests)."
         ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar or messages."),
         json_out: bool = typer.Option(
@@ -203,6 +209,8 @@ def register(app: typer.Typer) -> None:
             val_windows=val_windows,
             ckpt_every=ckpt_every,
             log_every=log_every,
+            data=str(data) if data is not None else None,
+            data_tokenizer=str(data_tokenizer) if data_tokenizer is not None else None,
             data_max_bytes=data_max_bytes,
             device=device,
             threads=threads,

@@ -25,9 +25,9 @@ def read_curves(runs_dir: str | Path, *, warn: Callable[[str], None] | None = No
     step, tokens, flops = F * tokens, branch (<NA> on the WSD trunk, else the budget index of the
     cooldown branch), train_loss, val_loss, val_bpb (NaN where not evaluated), lr, budget_index
     (set on the validation that closes a token budget: the points the fits use). A torn last
-    line of a log being written is skipped (``scaling.common.files.read_jsonl``; a broken line
-    before it is an error); a run folder whose config.json cannot be read is skipped with a
-    warning.
+    line of a log being written is skipped and said so through ``warn``
+    (``scaling.common.files.read_jsonl``; a broken line before it is an error); a run folder
+    whose config.json cannot be read is skipped with a warning.
     """
     frames = []
     for run in find_run_folders(runs_dir, METRICS):
@@ -45,7 +45,10 @@ def read_curves(runs_dir: str | Path, *, warn: Callable[[str], None] | None = No
             if warn is not None:
                 warn(f"skipping run {run.path}: unreadable config.json ({exc})")
             continue
-        rows = run.metrics().rows
+        read = run.metrics()
+        if read.skipped and warn is not None:
+            warn(f"run {run.path}: {read.skipped} torn last line of {METRICS} left out (a log being written)")
+        rows = read.rows
         if not rows:
             continue
         df = pd.DataFrame(rows)

@@ -437,7 +437,7 @@ class FitResult:
     def predict_bootstrap(self, **inputs: object) -> np.ndarray:
         """Loss under every bootstrap sample: shape (K,) + broadcast input shape."""
         if self.bootstrap.shape[0] == 0:
-            raise UserError("this fit has no bootstrap samples (fitted with --bootstrap 0)")
+            raise UserError("this fit has no bootstrap samples (fitted with 0 resamples)")
         return self.law_obj.predict(self.bootstrap, **inputs)
 
     def optimal(self, C: np.ndarray | float, k: float | None = None,

@@ -400,12 +400,12 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
     sparsities = tuple(sparsities) or (None,)
     if needs_s:
         if any(s is None for s in sparsities):
-            raise UserError("a smelt-form law needs a sparsity: pass --sparsity")
+            raise UserError("a smelt-form law needs a sparsity S")
         for s in sparsities:
             if not (np.isfinite(s) and 0.0 <= s < 1.0):
                 raise UserError(f"sparsity must lie in [0, 1), got {s:g}")
     elif any(s is not None for s in sparsities):
-        raise UserError("--sparsity applies only to smelt-form laws; these are chinchilla-form")
+        raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
 
     warnings: list[str] = []
     paired = None

@@ -55,6 +55,7 @@ import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
+from scaling.common.run_folder import FINAL, find_run_folders
 
 CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
 # Law input name (scaling.fitting.laws) -> canonical column.
@@ -222,22 +223,23 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
     final.json) and unreadable ones are left out, each as a :class:`SkippedRun` (passed to ``warn``,
     and returned with ``return_skipped``). No points at all is an error.
     """
-    folders = sorted({p.parent for name in ("config.json", "final.json") for p in root.rglob(name)})
+    folders = find_run_folders(root)
     rows: list[dict] = []
     skipped: list[SkippedRun] = []
     n_unfinished = n_corrupt = 0
-    for folder in folders:
-        final = folder / "final.json"
-        name = str(folder.relative_to(root)) if folder != root else folder.name
-        if not final.exists():
-            n_unfinished += 1
-            skipped.append(SkippedRun(name, "no final.json (unfinished: not all its token budgets reached)"))
-            continue
+    for run in folders:
+        name = str(run.path.relative_to(root)) if run.path != root else run.name
         try:
-            pts = _points_of(json.loads(final.read_text()), str(final))
+            final = run.final()
+            if final is None:
+                n_unfinished += 1
+                skipped.append(SkippedRun(name, "no final.json (unfinished: not all its token budgets "
+                                                "reached)"))
+                continue
+            pts = _points_of(final, str(run.path / FINAL))
             if not pts:
                 raise UserError("no points")
-        except (UserError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        except UserError as exc:
             n_corrupt += 1
             skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
             continue

@@ -365,6 +365,21 @@ class Corpus:
             out[source] = (win[:, :-1], win[:, 1:])
         return out
 
+    @property
+    def n_train_tokens(self) -> int:
+        return int(len(self.train_tokens))
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self.spec.sources)
+
+    @property
+    def identity(self) -> dict:
+        """What a run records and a resume must match: the spec and the cache key it hashes to."""
+        return {"kind": "builtin", "key": self.provenance["key"], "spec": self.spec.to_dict(),
+                "tokenizer_sha256": self.provenance["tokenizer"]["sha256"],
+                "train_tokens": self.n_train_tokens}
+
     def val_documents(self) -> list[tuple[str, np.ndarray]]:
         """(name, tokens) of each validation document, tokens = [BOS] + doc ids (uint16)."""
         return [

@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
 
-from scaling.common.errors import UserError
 from scaling.common.serialize import to_json
 
 CONFIG, METRICS, FINAL, WEIGHTS = "config.json", "metrics.jsonl", "final.json", "final_weights.safetensors"
@@ -83,31 +82,6 @@ def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
 
 
 # ----- run folder -------------------------------------------------------------------------
-
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
-    """Create or reuse the run folder; True if it already held a run (to resume).
-
-    Raises UserError for an existing run without ``resume``/``overwrite``, both flags at once,
-    or a folder that cannot be written.
-    """
-    run_dir = Path(run_dir)
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite exclude each other")
-    exists = (run_dir / CONFIG).exists() or (run_dir / METRICS).exists()
-    if exists and not (resume or overwrite):
-        raise UserError(f"run folder {run_dir} already holds a run; pass --resume to continue it "
-                        "or --overwrite to start again")
-    if exists and overwrite:
-        for name in (CONFIG, METRICS, FINAL, WEIGHTS):
-            (run_dir / name).unlink(missing_ok=True)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test-", delete=True)
-        probe.close()
-    except OSError as exc:
-        raise UserError(f"run folder {run_dir} is not writable: {exc.strerror or exc}") from None
-    return exists and resume
-
 
 def code_version() -> dict:
     """Package version and, when the source is a git checkout, its commit and dirty flag."""

@@ -28,6 +28,7 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
+from scaling.training.data import DATA_TO_TRAIN, expand_path
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
@@ -55,6 +56,11 @@ def train_config(run: PlannedRun, threads: int | None = None):
     unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
         raise UserError(f"run {run.name}: unknown [train] keys: {', '.join(sorted(unknown))}")
+    for key, name in DATA_TO_TRAIN.items():
+        if key in run.data:
+            if name in fields:
+                raise UserError(f"run {run.name}: {name} is set in [train] and as {key} in [data]; keep one")
+            fields[name] = str(expand_path(run.data[key])) if key in ("path", "tokenizer") else run.data[key]
     fields.update(tokens=run.budgets, seed=run.seed)
     # the [parallel] layout that the memory planner checked is the one trained
     for key, field in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):

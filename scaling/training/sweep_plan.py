@@ -14,8 +14,11 @@ Format (see ``plans/cpu-proxy.toml``)::
     batch_size = 16
     lr = 3e-3
 
-    [data]                                 # DataSpec fields (scaling.training.corpus)
-    vocab_size = 4096
+    [data]                                 # what every run trains on (scaling.training.data)
+    path = "~/data/fineweb-10B"            # shards from `smelt-scale prepare-data` (absent: the
+    tokenizer = "tokenizer.json"           # built-in corpus); optional: the tokenizer they must
+    allow_repeat = false                   # have; allow_repeat: permit > max_epochs passes
+    # max_bytes, val_fraction              # built-in corpus only (DataSpec fields)
 
     [tier."proxy-l"]                       # per-tier overrides: budgets and any [train] key
     budgets = [1e6, 2e6]
@@ -75,8 +78,10 @@ from scaling.accounting.matching import smelt_twin
 from scaling.accounting.memory import Layout
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
+from scaling.training.data import check_data_table
 
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
+EXECUTORS = ("local", "slurm", "debug")
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition",
                   "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
 _PARALLEL_KEYS = {"mode", "gpus_per_node", "nodes", "replicate", "gpu_memory_gb", "grad_sync"}
@@ -189,7 +194,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise UserError(f"{where}: seeds must be a list of integers")
     train = dict(data.get("train", {}))
-    data_spec = dict(data.get("data", {}))
+    data_spec = check_data_table(data.get("data", {}), where)
     per_tier = data.get("tier", {})
     unknown_tiers = set(per_tier) - set(tiers)
     if unknown_tiers:
@@ -200,6 +205,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     if unknown:
         raise UserError(f"{where}: unknown [executor] keys: {', '.join(sorted(unknown))}; valid keys: "
                         f"{', '.join(sorted(_EXECUTOR_KEYS))}")
+    _check_executor(executor, where)
     parallel = _parallel_table(data.get("parallel", {}), f"{where} [parallel]")
     runs_dir = Path(sweep.get("runs_dir", "runs"))  # relative paths are relative to the working dir
     runs = []
@@ -241,6 +247,16 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         executor=executor,
         description=str(sweep.get("description", "")),
     )
+
+
+def _check_executor(executor: dict[str, Any], where: str) -> None:
+    kind = executor.get("kind", "local")
+    if kind not in EXECUTORS:
+        raise UserError(f"{where}: [executor] kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    for key in ("concurrency", "threads_per_job", "cpus_per_job", "time_limit_min"):
+        v = executor.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UserError(f"{where}: [executor] {key} must be a positive integer, got {v!r}")
 
 
 def _parallel_table(table: Any, where: str) -> dict[str, Any]:

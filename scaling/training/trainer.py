@@ -54,7 +54,8 @@ from scaling.common.files import read_jsonl
 from scaling.training import runlog
 from scaling.training.branches import BranchPlan, Position, TokenBudget
 from scaling.training.checkpoint import Checkpointer, identity_diff, run_identity
-from scaling.training.corpus import DataSpec, load_corpus
+from scaling.training.corpus import DataSpec
+from scaling.training.data import open_data
 from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
 from scaling.training.evaluate import Evaluator, autocast
 from scaling.training.metrics import (
@@ -108,7 +109,9 @@ class TrainConfig:
     peak_flops        dense peak FLOP/s of one device, or a preset name (see metrics.PEAK_FLOPS);
                       when set, each line records mfu
     mfu               require MFU in the log (an error without peak_flops)
-    data_max_bytes    None: full corpus; else the DataSpec test subset
+    data              folder of token shards (``smelt-scale prepare-data``); None: built-in corpus
+    data_tokenizer    tokenizer.json the shards must have been made with (None: not checked)
+    data_max_bytes    None: full corpus; else the DataSpec test subset (built-in corpus only)
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
     parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
@@ -147,6 +150,8 @@ class TrainConfig:
     log_to: tuple[str, ...] = ("jsonl",)
     peak_flops: float | str | None = None
     mfu: bool = False
+    data: str | None = None
+    data_tokenizer: str | None = None
     data_max_bytes: int | None = None
     data_val_fraction: float = 0.025
     device: str = "auto"
@@ -368,12 +373,18 @@ class Trainer:
         if cfg.threads is not None and device.type == "cpu":
             torch.set_num_threads(cfg.threads)
 
-        spec = cfg.data_spec(model_cfg.vocab_size)
-        if dist.is_main:
-            self.corpus = load_corpus(spec, data_cache)
+        spec = cfg.data_spec(model_cfg.vocab_size) if cfg.data is None else None
+
+        def open_():
+            return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
+                             val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
+                             tokenizer=cfg.data_tokenizer)
+
+        if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
+            self.corpus = open_()
         dist.barrier()
         if not dist.is_main:
-            self.corpus = load_corpus(spec, data_cache)
+            self.corpus = open_()
         windows = {"": self.corpus.val_windows(T, cfg.val_windows)}
         if cfg.val_by_source:
             windows.update(self.corpus.val_windows_by_source(T, cfg.val_windows))
@@ -430,7 +441,7 @@ class Trainer:
         self.write_final()
         dist.barrier()
 
-    def _meta(self, spec: DataSpec, code: dict, device: torch.device) -> dict:
+    def _meta(self, spec: DataSpec | None, code: dict, device: torch.device) -> dict:
         cfg, dist = self.cfg, self.dist
         return {
             "run": self.run_name, "tier": self.tier, "arch": self.model_cfg.arch, "proxy": self.proxy,
@@ -441,7 +452,8 @@ class Trainer:
                          "world_size": dist.world, "tokens_per_step": self.tokens_per_step,
                          "total_steps": self.plan.total_steps, "val_windows": self.evaluator.n_windows,
                          "peak_flops": self.peak_flops},
-            "budgets": self.plan.to_dicts(), "data_spec": spec.to_dict(), "data": self.corpus.provenance,
+            "budgets": self.plan.to_dicts(), "data_spec": spec and spec.to_dict(),
+            "data": self.corpus.provenance, "data_identity": self.corpus.identity,
             "seed": cfg.seed, "code": code,
             "env": {**runlog.environment(), "device": str(device), "threads": torch.get_num_threads(),
                     "world_size": dist.world,

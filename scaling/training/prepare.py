@@ -1,0 +1,772 @@
+"""Prepare a user's corpus as token shards (:mod:`scaling.training.shards`): ``smelt-scale prepare-data``.
+
+Inputs. Local files, folders (searched recursively for the suffixes in ``SUFFIXES``) and glob
+patterns, each optionally prefixed ``name=`` to name its source. JSON Lines (``.jsonl``,
+``.ndjson``, optionally ``.gz``): one document per object, its text in ``text_field``;
+Parquet (``.parquet``, needs pyarrow): one document per row; any other file: one document per
+file. Text must be UTF-8. A record's source is its ``source_field`` value when that is set and
+present, else the name given to its input, else none.
+
+Document id and split. A document's id is its ``id_field`` value when present, else the
+SHA-256 of its text (so exact duplicates share a split and a reshuffled dump splits the same
+way). It is held out for validation iff ``sha256(id) / 2**64 < val_fraction`` (first 8 bytes),
+never by position, so the split does not depend on file order or on the other documents.
+
+Tokenizer. A Hugging Face ``tokenizer.json`` (copied into the output), or a byte-level BPE
+trained on the first ``tokenizer_train_bytes`` of the training split (the built-in corpus's
+trainer, :func:`scaling.training.corpus.train_tokenizer`, deterministic). Each document becomes
+``[bos] + ids + [eos]`` (each separator only when defined: the trained BPE uses ``<|bos|>``;
+another tokenizer's separators are found by name, see ``_SEPARATORS``, or given).
+
+Output. Training documents in input order (files sorted by path) form the training stream,
+cut into shards of exactly ``shard_tokens`` tokens (the last one shorter). Validation
+documents are sorted by (source, id) -- so the validation stream is the same whatever the
+file order -- and each source's range is recorded for per-source evaluation.
+
+Work is done in chunks of about ``chunk_bytes`` of text, encoded with ``Tokenizer.encode_batch``
+(Rust threads on every core). Resumable: after every chunk a state file records the input
+position, the finished shards and the lengths of the append-only work files under
+``.prepare/``; a rerun truncates the work files to those lengths and continues. Every file under
+its final name is complete (written to a temporary name, fsynced, renamed): a kill can leave
+at most work files, which the rerun reuses, never a half-written shard or manifest. Given the
+same inputs and options the output is byte-identical however often the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from scaling.common.errors import UserError
+from scaling.training.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
+from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
+from scaling.training.shards import (
+    DTYPES,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    dtype_for_vocab,
+    npy_header,
+    sha256_file,
+)
+
+SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".json.gz", ".parquet",
+            ".txt", ".md", ".rst", ".py", ".text")
+WORK = ".prepare"
+TOKENIZER = "tokenizer.json"
+# Separators looked up by name in a given tokenizer: (bos, eos) candidates, first match wins.
+_SEPARATORS = (("<|bos|>", None), (None, "<|endoftext|>"), ("<s>", "</s>"), ("<|begin_of_text|>", None),
+               ("[CLS]", "[SEP]"))
+# Fault injection for tests/test_prepare.py: raise after this many shards are complete.
+_FAULT_ENV = "SMELT_FAULT_PREPARE_RAISE_AFTER_SHARDS"
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How to turn inputs into shards (everything that changes the output bytes).
+
+    text_field / id_field / source_field   record fields (JSONL keys, Parquet columns)
+    val_fraction            target fraction of documents held out for validation
+    tokenizer               path of a Hugging Face tokenizer.json; None: train a byte-level BPE
+    vocab_size              vocabulary of the trained BPE (with tokenizer=None)
+    tokenizer_train_bytes   UTF-8 bytes of training documents the BPE is trained on (stream order)
+    bos_token / eos_token   separators of a given tokenizer (None: found by name)
+    shard_tokens            tokens per shard (the last of each split shorter)
+    chunk_bytes             text per encode_batch call and per resume checkpoint
+    """
+
+    text_field: str = "text"
+    id_field: str = "id"
+    source_field: str | None = None
+    val_fraction: float = 0.01
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    tokenizer_train_bytes: int = 1 << 30
+    bos_token: str | None = None
+    eos_token: str | None = None
+    shard_tokens: int = 1 << 24
+    chunk_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.val_fraction < 0.5:
+            raise UserError(f"validation fraction must be in (0, 0.5), got {self.val_fraction}")
+        if (self.tokenizer is None) == (self.vocab_size is None):
+            raise UserError("give either a tokenizer file or a vocabulary size to train one, not both")
+        if self.vocab_size is not None and not 256 + len(SPECIAL_TOKENS) <= self.vocab_size <= 1 << 16:
+            raise UserError(f"vocabulary size must be in [{256 + len(SPECIAL_TOKENS)}, 65536], "
+                            f"got {self.vocab_size}")
+        if self.shard_tokens < 1 or self.chunk_bytes < 1 or self.tokenizer_train_bytes < 1:
+            raise UserError("shard_tokens, chunk_bytes and tokenizer_train_bytes must be >= 1")
+        if not self.text_field:
+            raise UserError("the text field must not be empty")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str  # absolute
+    kind: str  # "jsonl" | "parquet" | "text"
+    source: str | None  # the name given to its input argument
+    bytes: int
+    mtime_ns: int
+
+
+@dataclass
+class _Doc:
+    text: str
+    id: str
+    source: str | None
+
+
+# ----- inputs -----------------------------------------------------------------------------
+
+
+def _kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".json.gz")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    return "text"
+
+
+def find_inputs(specs: list[str]) -> list[InputFile]:
+    """Files of the SOURCE arguments (``[name=]file|folder|glob``), sorted by path, no repeats."""
+    if not specs:
+        raise UserError("no input sources given")
+    found: dict[str, InputFile] = {}
+    for spec in specs:
+        name, sep, pattern = spec.partition("=")
+        if not sep or Path(spec).exists() or not name.replace("-", "").replace("_", "").isalnum():
+            name, pattern = "", spec
+        name = name or None
+        pattern = os.path.expanduser(pattern)
+        if any(c in pattern for c in "*?["):
+            paths = [Path(p) for p in sorted(glob.glob(pattern, recursive=True)) if Path(p).is_file()]
+            if not paths:
+                raise UserError(f"no files match {pattern!r}")
+        elif Path(pattern).is_dir():
+            paths = sorted(p for p in Path(pattern).rglob("*") if p.is_file() and not any(
+                part.startswith(".") for part in p.relative_to(pattern).parts)
+                and p.name.lower().endswith(SUFFIXES))
+            if not paths:
+                raise UserError(f"folder {pattern} holds no input files ({', '.join(SUFFIXES)})")
+        elif Path(pattern).is_file():
+            paths = [Path(pattern)]
+        else:
+            raise UserError(f"input source {pattern} does not exist")
+        for p in paths:
+            p = p.resolve()
+            st = p.stat()
+            if st.st_size == 0:
+                raise UserError(f"input source {p} is empty")
+            found.setdefault(str(p), InputFile(str(p), _kind(p), name, st.st_size, st.st_mtime_ns))
+    return [found[k] for k in sorted(found)]
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 4]!r})") \
+            from None
+
+
+def _record_doc(rec: Any, opts: PrepareOptions, where: str, source: str | None) -> _Doc | None:
+    if not isinstance(rec, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    if opts.text_field not in rec:
+        raise UserError(f"{where}: no text field {opts.text_field!r} (fields: {', '.join(map(str, rec))})")
+    text = rec[opts.text_field]
+    if not isinstance(text, str):
+        raise UserError(f"{where}: text field {opts.text_field!r} is {type(text).__name__}, not a string")
+    if not text:
+        return None
+    doc_id = rec.get(opts.id_field)
+    doc_id = str(doc_id) if doc_id is not None else hashlib.sha256(text.encode()).hexdigest()
+    if opts.source_field and rec.get(opts.source_field) is not None:
+        source = str(rec[opts.source_field])
+    return _Doc(text, doc_id, source)
+
+
+def _units(f: InputFile, offset: int, opts: PrepareOptions) -> Iterator[tuple[list[_Doc], int, int]]:
+    """(documents, next offset, bytes of input consumed) of one file from ``offset`` (bytes of a
+    JSONL file, row group of a Parquet file, 0 for a text file)."""
+    if f.kind == "text":
+        if offset == 0:
+            raw = Path(f.path).read_bytes()
+            text = _decode(raw, f.path)
+            docs = [_Doc(text, hashlib.sha256(raw).hexdigest(), f.source)] if text else []
+            yield docs, 1, f.bytes
+        return
+    if f.kind == "parquet":
+        yield from _parquet_units(f, offset, opts)
+        return
+    try:
+        yield from _jsonl_units(f, offset, opts)
+    except (OSError, EOFError, zlib.error) as exc:  # a truncated or corrupt .gz
+        raise UserError(f"{f.path} cannot be read ({exc})") from None
+
+
+def _jsonl_units(f: InputFile, offset: int, opts: PrepareOptions):
+    opener = gzip.open if f.path.endswith(".gz") else open
+    with opener(f.path, "rb") as fh:
+        fh.seek(offset)
+        pos, docs, size = offset, [], 0
+        for line in fh:
+            where = f"{f.path} at byte {pos}"
+            pos += len(line)
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except UnicodeDecodeError:
+                raise UserError(f"{where} is not UTF-8 text") from None
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{where}: not a JSON line ({exc.msg})") from None
+            doc = _record_doc(rec, opts, where, f.source)
+            if doc is not None:
+                docs.append(doc)
+                size += len(doc.text)
+            if size >= 1 << 20:
+                yield docs, pos, pos - offset
+                offset, docs, size = pos, [], 0
+        if docs or pos > offset:
+            yield docs, pos, pos - offset
+
+
+def _parquet_units(f: InputFile, offset: int, opts: PrepareOptions):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError("reading Parquet needs pyarrow: pip install 'smelt-scale[parquet]'") from None
+    try:
+        pf = pq.ParquetFile(f.path)
+    except Exception as exc:  # pyarrow raises its own error types for a bad file
+        raise UserError(f"{f.path} is not a readable Parquet file ({exc})") from None
+    names = pf.schema_arrow.names
+    if opts.text_field not in names:
+        raise UserError(f"{f.path}: no text column {opts.text_field!r} (columns: {', '.join(names)})")
+    cols = [c for c in (opts.text_field, opts.id_field, opts.source_field) if c and c in names]
+    total_rows = max(1, pf.metadata.num_rows)
+    for rg in range(offset, pf.num_row_groups):
+        table = pf.read_row_group(rg, columns=cols)
+        data = {c: table.column(c).to_pylist() for c in cols}
+        docs = []
+        for i in range(table.num_rows):
+            rec = {c: data[c][i] for c in cols}
+            if rec[opts.text_field] is None:
+                continue
+            doc = _record_doc(rec, opts, f"{f.path} row group {rg} row {i}", f.source)
+            if doc is not None:
+                docs.append(doc)
+        yield docs, rg + 1, f.bytes * table.num_rows // total_rows
+
+
+def _chunks(files: list[InputFile], position: list[int], opts: PrepareOptions,
+            doc_counts: list[int]) -> Iterator[tuple[list[_Doc], list[int], int]]:
+    """Chunks of about chunk_bytes of text: (documents, position after them, input bytes read)."""
+    fi, offset = position
+    docs, size, read = [], 0, 0
+    while fi < len(files):
+        f = files[fi]
+        for unit, nxt, nbytes in _units(f, offset, opts):
+            docs += unit
+            doc_counts[fi] += len(unit)
+            size += sum(len(d.text) for d in unit)
+            read += nbytes
+            offset = nxt
+            if size >= opts.chunk_bytes:
+                yield docs, [fi, offset], read
+                docs, size, read = [], 0, 0
+        if doc_counts[fi] == 0:
+            raise UserError(f"input source {f.path} holds no documents (no non-empty text)")
+        fi, offset = fi + 1, 0
+    yield docs, [fi, 0], read
+
+
+# ----- tokenizer ----------------------------------------------------------------------------
+
+
+def _separators(tok, opts: PrepareOptions) -> tuple[int | None, int | None]:
+    def tid(token: str | None, what: str) -> int | None:
+        if token is None:
+            return None
+        i = tok.token_to_id(token)
+        if i is None:
+            raise UserError(f"the tokenizer has no {what} token {token!r}")
+        return i
+
+    if opts.tokenizer is None:
+        return tid("<|bos|>", "BOS"), None
+    if opts.bos_token or opts.eos_token:
+        return tid(opts.bos_token, "BOS"), tid(opts.eos_token, "EOS")
+    for bos, eos in _SEPARATORS:
+        if all(t is None or tok.token_to_id(t) is not None for t in (bos, eos)):
+            return tid(bos, "BOS"), tid(eos, "EOS")
+    raise UserError("the tokenizer has no known document separator (<|endoftext|>, <s>, <|bos|>, ...); "
+                    "name its BOS or EOS token")
+
+
+def _load_tokenizer(path: str):
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # tokenizers raises a bare Exception for a bad file
+        if not Path(path).is_file():
+            raise UserError(f"tokenizer file {path} does not exist") from None
+        raise UserError(f"{path} is not a Hugging Face tokenizer.json ({str(exc).splitlines()[0]})") from None
+
+
+def _train_bpe(files: list[InputFile], opts: PrepareOptions, out: Path, progress) -> None:
+    texts, size = [], 0
+    counts = [0] * len(files)
+    for docs, _, nbytes in _chunks(files, [0, 0], opts, counts):
+        for d in docs:
+            if _hash_unit(d.id) >= opts.val_fraction and size < opts.tokenizer_train_bytes:
+                texts.append(d.text)
+                size += len(d.text.encode())
+        progress("training tokenizer", nbytes)
+        if size >= opts.tokenizer_train_bytes:
+            break
+    if not texts:
+        raise UserError("no training documents to train the tokenizer on")
+    tok = train_tokenizer(texts, opts.vocab_size)
+    atomic_write_bytes(out, tok.to_str(pretty=True).encode())
+
+
+# ----- the pipeline -----------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    fingerprint: dict
+    tokenizer_sha256: str
+    position: list[int] = field(default_factory=lambda: [0, 0])
+    train_shards: list[dict] = field(default_factory=list)
+    partial_tokens: int = 0
+    val_bytes: int = 0
+    val_index_bytes: int = 0
+    doc_counts: list[int] = field(default_factory=list)
+    counts: dict = field(default_factory=lambda: {s: {"documents": 0, "bytes": 0, "tokens": 0}
+                                                 for s in ("train", "val")})
+    input_done: bool = False
+
+
+def _fingerprint(files: list[InputFile], opts: PrepareOptions, sha: dict[str, str]) -> dict:
+    o = asdict(opts)
+    if opts.tokenizer:
+        o["tokenizer"] = sha256_file(opts.tokenizer)
+    o.pop("chunk_bytes")  # does not change the output
+    return {"options": o, "inputs": [[f.path, f.source, f.bytes, sha[f.path]] for f in files],
+            "format_version": FORMAT_VERSION}
+
+
+def _differs(old: dict | None, new: dict) -> str:
+    """What changed between two fingerprints, in words."""
+    old = old or {}
+    a, b = old.get("options") or {}, new["options"]
+    if a.get("tokenizer") != b.get("tokenizer") or a.get("vocab_size") != b.get("vocab_size"):
+        return "another tokenizer"
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if keys:
+        return f"other options ({', '.join(keys)})"
+    return "other inputs"
+
+
+def _hash_inputs(files: list[InputFile], work: Path, progress) -> dict[str, str]:
+    """SHA-256 of each input, remembered under (size, mtime) so a resumed run does not re-read."""
+    cache_path = work / "input_hashes.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    out = {}
+    for f in files:
+        key = f"{f.path}|{f.bytes}|{f.mtime_ns}"
+        if key not in cache:
+            cache[key] = sha256_file(f.path)
+        out[f.path] = cache[key]
+        progress("hashing inputs", f.bytes)
+    write_json(cache_path, cache)
+    return out
+
+
+def _append(path: Path, arr: np.ndarray) -> None:
+    with open(path, "ab") as fh:
+        fh.write(arr.tobytes())
+
+
+def _truncate(path: Path, nbytes: int) -> None:
+    with open(path, "ab") as fh:
+        fh.truncate(nbytes)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def _shard_name(split: str, i: int) -> str:
+    return f"{split}-{i:05d}.bin"
+
+
+def _finish_shard(work_file: Path, final: Path, dtype: np.dtype) -> dict:
+    _fsync(work_file)
+    digest = sha256_file(work_file)
+    tokens = work_file.stat().st_size // dtype.itemsize
+    os.replace(work_file, final)
+    return {"path": final.name, "split": "train", "tokens": tokens, "sha256": digest, "offset": 0}
+
+
+def prepare(
+    specs: list[str],
+    out: Path | str,
+    opts: PrepareOptions,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Prepare ``specs`` (see :func:`find_inputs`) into shards under ``out``; returns the manifest.
+
+    Resumes an interrupted run with the same inputs and options; a finished folder with the same
+    inputs and options is returned as is; anything else in ``out`` needs ``overwrite``.
+    """
+    out = Path(out)
+    files = find_inputs(specs)
+    total = sum(f.bytes for f in files)
+    done = {"phase": None, "n": 0}
+
+    def tick(phase: str, nbytes: int) -> None:
+        if done["phase"] != phase:
+            done.update(phase=phase, n=0)
+        done["n"] += nbytes
+        if progress:
+            progress(phase, done["n"], total)
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output {out} exists and is not a folder")
+    if overwrite and out.exists():
+        for p in out.iterdir():
+            if p.name in (MANIFEST, TOKENIZER, WORK) or fnmatch.fnmatch(p.name, "*-[0-9]????.bin"):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    work = out / WORK
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"cannot create the output folder {out} (a file is in the way)") from None
+    sha = _hash_inputs(files, work, tick)
+    fp = _fingerprint(files, opts, sha)
+
+    if (out / MANIFEST).exists():
+        manifest = json.loads((out / MANIFEST).read_text())
+        if manifest.get("fingerprint") != fp:
+            what = _differs(manifest.get("fingerprint"), fp)
+            raise UserError(f"{out} already holds shards made with {what}; "
+                            "choose another output folder or overwrite it")
+        shutil.rmtree(work, ignore_errors=True)
+        return manifest
+
+    state_path = work / "state.json"
+    state: _State | None = None
+    if state_path.exists():
+        state = _State(**json.loads(state_path.read_text()))
+        if state.fingerprint != fp:
+            what = _differs(state.fingerprint, fp)
+            raise UserError(f"{out} holds an unfinished preparation made with {what}; "
+                            "rerun it unchanged, choose another output folder or overwrite it")
+    else:
+        leftovers = [p.name for p in out.iterdir() if p.name not in (WORK, TOKENIZER)]
+        if leftovers:
+            raise UserError(f"output folder {out} is not empty ({', '.join(sorted(leftovers)[:3])}, ...); "
+                            "choose another folder or overwrite it")
+
+    tok_path = out / TOKENIZER
+    if state is None:
+        if opts.tokenizer is not None:
+            _load_tokenizer(opts.tokenizer)  # a clear error before anything is written
+            atomic_write_bytes(tok_path, Path(opts.tokenizer).read_bytes())
+        else:
+            _train_bpe(files, opts, tok_path, tick)
+        state = _State(fp, sha256_file(tok_path), doc_counts=[0] * len(files))
+        write_json(state_path, asdict(state))
+    elif not tok_path.exists() or sha256_file(tok_path) != state.tokenizer_sha256:
+        raise UserError(f"{tok_path} differs from the tokenizer this unfinished preparation started with; "
+                        "overwrite the output folder")
+    tok = _load_tokenizer(str(tok_path))
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    dtype = DTYPES[dtype_for_vocab(vocab)]
+    bos, eos = _separators(tok, opts)
+
+    # -- bring the work files back to the last checkpoint ----------------------------------
+    k = len(state.train_shards)
+    partial = work / f"train-{k:05d}.partial"
+    if not partial.exists():
+        partial.touch()
+        final = out / _shard_name("train", k)
+        if state.partial_tokens and final.exists():  # killed after renaming, before checkpointing
+            with open(final, "rb") as fh:
+                _append(partial, np.frombuffer(fh.read(state.partial_tokens * dtype.itemsize), dtype))
+    _truncate(partial, state.partial_tokens * dtype.itemsize)
+    if partial.stat().st_size != state.partial_tokens * dtype.itemsize:
+        raise UserError(f"work file {partial} is shorter than its checkpoint; overwrite the output folder")
+    val_tmp, val_index = work / "val.tmp", work / "val_index.jsonl"
+    for p, n in ((val_tmp, state.val_bytes), (val_index, state.val_index_bytes)):
+        p.touch()
+        _truncate(p, n)
+    fault = int(os.environ.get(_FAULT_ENV, "-1"))
+
+    def doc_tokens(ids: list[int]) -> np.ndarray:
+        a = np.empty(len(ids) + (bos is not None) + (eos is not None), dtype=dtype)
+        if bos is not None:
+            a[0] = bos
+        a[int(bos is not None):len(a) - int(eos is not None)] = ids
+        if eos is not None:
+            a[-1] = eos
+        return a
+
+    skip = sum(f.bytes for f in files[:state.position[0]])
+    if skip:
+        tick("tokenizing", skip)
+    if not state.input_done:
+        for docs, position, nbytes in _chunks(files, list(state.position), opts, state.doc_counts):
+            encs = tok.encode_batch([d.text for d in docs], add_special_tokens=False) if docs else []
+            train_parts, val_parts, val_lines = [], [], []
+            val_off = state.val_bytes
+            for d, e in zip(docs, encs):
+                split = "val" if _hash_unit(d.id) < opts.val_fraction else "train"
+                arr = doc_tokens(e.ids)
+                c = state.counts[split]
+                c["documents"] += 1
+                nb = len(d.text.encode())
+                c["bytes"] += nb
+                c["tokens"] += len(arr)
+                if split == "train":
+                    train_parts.append(arr)
+                    continue
+                val_lines.append(json.dumps({"source": d.source, "id": d.id,
+                                             "text_sha": hashlib.sha256(d.text.encode()).hexdigest(),
+                                             "offset": val_off, "tokens": len(arr), "bytes": nb,
+                                             "doc_tokens": len(e.ids)}) + "\n")
+                val_parts.append(arr)
+                val_off += arr.nbytes
+            stream = np.concatenate(train_parts) if train_parts else np.empty(0, dtype)
+            while len(stream):
+                take = min(len(stream), opts.shard_tokens - state.partial_tokens)
+                _append(partial, stream[:take])
+                stream, state.partial_tokens = stream[take:], state.partial_tokens + take
+                if state.partial_tokens == opts.shard_tokens:
+                    state.train_shards.append(_finish_shard(partial, out / _shard_name("train", k), dtype))
+                    if len(state.train_shards) == fault:
+                        raise RuntimeError(f"fault injected after {fault} shards")
+                    k, state.partial_tokens = k + 1, 0
+                    partial = work / f"train-{k:05d}.partial"
+                    partial.write_bytes(b"")  # a killed earlier attempt may have left one
+            if val_parts:
+                _append(val_tmp, np.concatenate(val_parts))
+            with open(val_index, "a") as fh:
+                fh.writelines(val_lines)
+            for p in (partial, val_tmp, val_index):
+                _fsync(p)
+            state.position = position
+            state.val_bytes = val_tmp.stat().st_size
+            state.val_index_bytes = val_index.stat().st_size
+            state.input_done = position[0] >= len(files)
+            write_json(state_path, asdict(state))
+            tick("tokenizing", nbytes)
+
+    # -- finish: last training shard, sorted validation shards, manifest -------------------
+    shards = list(state.train_shards)
+    if state.partial_tokens:
+        shards.append(_finish_shard(partial, out / _shard_name("train", k), dtype))
+    index = [json.loads(line) for line in val_index.read_text().splitlines()]
+    if not shards:
+        raise UserError("no document went to the training split; add data or lower the validation fraction")
+    if not index:
+        raise UserError("no document went to the validation split; add data or raise the validation fraction")
+    index.sort(key=lambda r: (r["source"] or "", r["id"], r["text_sha"]))
+    val = np.memmap(val_tmp, dtype=dtype, mode="r")
+    val_sources: dict[str, dict] = {}
+    buf, pos, vi = [], 0, 0
+    buffered = 0
+
+    def flush_val(final: bool) -> None:
+        nonlocal buf, buffered, vi
+        if not buf:
+            return
+        data = np.concatenate(buf)
+        while len(data) >= opts.shard_tokens or (final and len(data)):
+            piece, data = data[:opts.shard_tokens], data[opts.shard_tokens:]
+            name = _shard_name("val", vi)
+            atomic_write(out / name, lambda fh: fh.write(piece.tobytes()))
+            shards.append({"path": name, "split": "val", "tokens": int(len(piece)),
+                           "sha256": hashlib.sha256(piece.tobytes()).hexdigest(), "offset": 0})
+            vi += 1
+        buf, buffered = ([data] if len(data) else []), len(data)
+
+    for r in index:
+        arr = np.asarray(val[r["offset"] // dtype.itemsize:(r["offset"] // dtype.itemsize) + r["tokens"]])
+        name = r["source"] or "unnamed"
+        s = val_sources.setdefault(name, {"name": name, "start": pos, "stop": pos, "documents": 0,
+                                          "bytes": 0, "tokens": 0})
+        s["stop"] = pos + len(arr)
+        s["documents"] += 1
+        s["bytes"] += r["bytes"]
+        s["tokens"] += r["doc_tokens"]
+        pos += len(arr)
+        buf.append(arr)
+        buffered += len(arr)
+        if buffered >= opts.shard_tokens:
+            flush_val(False)
+    flush_val(True)
+    del val
+    val_doc_tokens = sum(r["doc_tokens"] for r in index)
+    val_bytes = sum(r["bytes"] for r in index)
+    from importlib.metadata import version
+
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype.name,
+        "byte_order": "little",
+        "vocab_size": vocab,
+        "bos_id": bos,
+        "eos_id": eos,
+        "document_layout": "[bos] + ids + [eos] per document (each separator only if its id is not null)",
+        "tokenizer": {"path": TOKENIZER, "sha256": state.tokenizer_sha256, "vocab_size": vocab,
+                      "kind": "trained byte-level BPE" if opts.tokenizer is None else "given",
+                      "given_path": opts.tokenizer},
+        "shard_tokens": opts.shard_tokens,
+        "shards": shards,
+        "splits": {s: dict(state.counts[s]) for s in ("train", "val")},
+        "documents": {s: state.counts[s]["documents"] for s in ("train", "val")},
+        "bytes": {s: state.counts[s]["bytes"] for s in ("train", "val")},
+        "val_sources": list(val_sources.values()) if any(r["source"] for r in index) else [],
+        "val_bytes_per_token": val_bytes / val_doc_tokens if val_doc_tokens else None,
+        "sources": [{"path": f.path, "source": f.source, "format": f.kind, "bytes": f.bytes,
+                     "sha256": sha[f.path], "documents": n} for f, n in zip(files, state.doc_counts)],
+        "split_rule": {"val_fraction": opts.val_fraction, "id": f"{opts.id_field!r} field, else sha256(text)",
+                       "rule": "validation iff int(sha256(id)[:8 bytes]) / 2**64 < val_fraction",
+                       "val_order": "sorted by (source, id)"},
+        "created_by": {"tool": "smelt-scale prepare-data", "tokenizers": version("tokenizers")},
+        "fingerprint": fp,
+    }
+    write_json(out / MANIFEST, manifest)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+# ----- existing shards ----------------------------------------------------------------------
+
+
+def index_existing(
+    folder: Path | str,
+    dtype: str,
+    vocab_size: int,
+    *,
+    tokenizer: str | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Write ``manifest.json`` for a folder of token files made elsewhere (no copy, no re-tokenizing).
+
+    nanoGPT's ``train.bin``/``val.bin`` and OLMo-style ``*.npy`` (raw memmaps or real .npy with a
+    header): files whose name starts with ``val`` (``val``, ``valid``, ``validation``) form the
+    validation split, the others the training split, each in name order. With a ``tokenizer``,
+    its hash is recorded and bytes per token measured by decoding the validation split;
+    otherwise bits per byte are unknown.
+    """
+    folder = Path(folder)
+    if dtype not in DTYPES:
+        raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not 0 < vocab_size <= np.iinfo(DTYPES[dtype]).max + 1:
+        raise UserError(f"vocabulary size {vocab_size} does not fit dtype {dtype}")
+    if not folder.is_dir():
+        raise UserError(f"shard folder {folder} does not exist")
+    if (folder / MANIFEST).exists():
+        raise UserError(f"{folder} already has a {MANIFEST}")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".bin", ".npy"))
+    if not files:
+        raise UserError(f"{folder} holds no .bin or .npy token files")
+    total = sum(p.stat().st_size for p in files)
+    shards, done = [], 0
+    want = DTYPES[dtype]
+    for p in files:
+        head = npy_header(p)
+        offset = 0
+        if head is not None:
+            offset, got, _ = head
+            if got.newbyteorder("<") != want and got != want:
+                raise UserError(f"{p} holds {got}, not the stated {dtype}")
+        size = p.stat().st_size - offset
+        if size % want.itemsize:
+            raise UserError(f"{p} is {size} bytes, not a whole number of {dtype} tokens")
+        tokens = size // want.itemsize
+        arr = np.memmap(p, dtype=want, mode="r", offset=offset, shape=(tokens,)) if tokens else np.empty(0)
+        top = int(arr.max()) if tokens else 0
+        if top >= vocab_size:
+            raise UserError(f"{p} holds token id {top}, outside the stated vocabulary of {vocab_size}")
+        split = "val" if p.name.lower().startswith("val") else "train"
+        shards.append({"path": p.name, "split": split, "tokens": tokens, "sha256": sha256_file(p, offset),
+                       "offset": offset})
+        done += p.stat().st_size
+        if progress:
+            progress("indexing shards", done, total)
+    if not any(s["split"] == "val" for s in shards):
+        raise UserError(f"{folder} has no validation file (a name starting with 'val', e.g. val.bin)")
+    tok_info, bpt = None, None
+    if tokenizer is not None:
+        tok = _load_tokenizer(tokenizer)
+        if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
+            raise UserError(f"the tokenizer's vocabulary ({tok.get_vocab_size(with_added_tokens=True)}) "
+                            f"exceeds the stated {vocab_size}")
+        tok_info = {"path": str(Path(tokenizer).resolve()), "sha256": sha256_file(tokenizer),
+                    "vocab_size": tok.get_vocab_size(with_added_tokens=True), "kind": "given"}
+        nbytes = ntok = 0
+        seps = {i for i in (bos_id, eos_id) if i is not None}
+        for s in shards:
+            if s["split"] != "val":
+                continue
+            arr = np.memmap(folder / s["path"], dtype=want, mode="r", offset=s["offset"],
+                            shape=(s["tokens"],))
+            for lo in range(0, len(arr), 1 << 20):
+                ids = [int(i) for i in arr[lo:lo + (1 << 20)] if int(i) not in seps]
+                ntok += len(ids)
+                nbytes += len(tok.decode(ids, skip_special_tokens=False).encode())
+        bpt = nbytes / ntok if ntok else None
+    counts = {sp: sum(s["tokens"] for s in shards if s["split"] == sp) for sp in ("train", "val")}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype,
+        "byte_order": "little",
+        "vocab_size": vocab_size,
+        "bos_id": bos_id,
+        "eos_id": eos_id,
+        "document_layout": "as made by the tool that wrote the files (stated separators only)",
+        "tokenizer": tok_info,
+        "shard_tokens": None,
+        "shards": shards,
+        "splits": {sp: {"tokens": counts[sp], "documents": None, "bytes": None} for sp in counts},
+        "documents": None,
+        "bytes": None,
+        "val_sources": [],
+        "val_bytes_per_token": bpt,
+        "sources": [],
+        "split_rule": {"rule": "files named val* are the validation split (made elsewhere)"},
+        "created_by": {"tool": "smelt-scale prepare-data (indexed existing shards)"},
+    }
+    write_json(folder / MANIFEST, manifest)
+    return manifest

@@ -1,0 +1,218 @@
+"""Bad values at every numeric option of every command (issue 19).
+
+For each command (found by walking the typer app, so a new command or option is covered without
+editing this file; a new command needs an entry in ``BASE``) hypothesis throws generated bad values
+— negative, zero, NaN, infinities, overflowing and huge numbers, non-numbers — at one numeric option
+on top of arguments that make the command quick and valid, and asserts: exit code 0 or 2, no
+traceback, an answer within ``LIMIT_S`` seconds, and no file changed outside the test's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import typing
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from scaling.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT_S = 60
+runner = CliRunner()
+
+# Options given as text that hold numbers (budgets, token counts, lists of them).
+NUMERIC_TEXT = {"--budget", "--budgets", "--tokens", "--sparsity", "--shots"}
+
+BAD_TEXT = ["-1", "0", "-0.5", "nan", "NaN", "inf", "-inf", "1e400", "-1e400", "1e308", str(10**30),
+            "9" * 40, "abc", "", " ", "1e-400", "0x10", "1_000", "2.5", "1,2,", ":", "1e18:1e24:100000000",
+            "a:b:c", "[red]x[/red]", ":b:"]
+bad_values = (st.sampled_from(BAD_TEXT)
+              | st.integers(-10**15, 10**15).map(str)
+              | st.floats(allow_nan=True, allow_infinity=True).map(repr))
+
+
+def _commands() -> dict[str, object]:
+    found: dict[str, object] = {}
+
+    def walk(cmd, path, ctx):
+        if hasattr(cmd, "list_commands"):  # a group; the top-level one loads its commands lazily
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                walk(sub, path + [name], sub.make_context(name, [], parent=ctx, resilient_parsing=True))
+        else:
+            found[" ".join(path)] = cmd
+
+    root = get_command(app)
+    walk(root, [], root.make_context("smelt-scale", [], resilient_parsing=True))
+    return found
+
+
+def _annotation(param) -> set:
+    """The Python types an option accepts (Optional[int] -> {int, NoneType})."""
+    try:
+        ann = param.get_runtime_param().annotation
+    except AttributeError:  # older typer: click types
+        return {getattr(param.type, "name", None) == "integer" and int or float} if getattr(
+            param.type, "name", None) in ("integer", "float") else set()
+    return set(typing.get_args(ann)) or {ann}
+
+
+def _numeric_options(cmd) -> list[str]:
+    out = []
+    for p in cmd.params:
+        if p.param_type_name != "option" or not p.opts or p.opts[0] == "--help":
+            continue
+        if _annotation(p) & {int, float} or p.opts[0] in NUMERIC_TEXT:
+            out.append(p.opts[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Inputs for every command inside one temporary folder."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    rng = np.random.default_rng(0)
+    N = np.repeat([1e6, 3e6, 1e7, 3e7], 4)
+    D = np.tile([1e8, 3e8, 1e9, 3e9], 4)
+    loss = (1.8 + 400 / N**0.34 + 2000 / D**0.37) * np.exp(rng.normal(0, 0.005, N.size))
+    pd.DataFrame({"N": N, "D": D, "loss": loss}).to_csv(tmp / "points.csv", index=False)
+    docs = [{"id": str(i), "text": f"document {i}: " + " ".join(f"word{j % 37}" for j in range(i, i + 60))}
+            for i in range(40)]
+    (tmp / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    runs = tmp / "runs"
+    runs.mkdir()
+    for name in ("proxy-xxs-baseline-s0", "proxy-xxs-smelt-s0", "proxy-xs-baseline-s0", "proxy-xs-smelt-s0"):
+        shutil.copytree(ROOT / "runs" / name, runs / name)
+    pair = tmp / "pair"
+    pair.mkdir()
+    for name in ("proxy-s-baseline-s0", "proxy-s-smelt-s0"):
+        shutil.copytree(ROOT / "runs" / name, pair / name, ignore=shutil.ignore_patterns("analysis"))
+    (tmp / "plan.toml").write_text(
+        '[sweep]\nname = "fuzz"\ntiers = ["proxy-tiny"]\narchs = ["baseline", "smelt"]\nseeds = [0]\n'
+        'budgets = [2048]\n\n[train]\nbatch_size = 2\nval_windows = 2\ndevice = "cpu"\n\n'
+        '[executor]\nkind = "local"\nconcurrency = 1\nthreads_per_job = 1\n')
+    return tmp
+
+
+def _base(world: Path) -> dict[str, list[str]]:
+    b = str(world)
+    small_model = ["--vocab-size", "32000", "--d-model", "1024", "--n-layers", "16", "--n-heads", "16",
+                   "--n-kv-heads", "4", "--head-dim", "64", "--n-experts", "64", "--top-k", "8",
+                   "--expert-hidden", "512"]
+    one_run = [f"{b}/pair/proxy-s-baseline-s0", "--no-save", "--device", "cpu", "--threads", "1"]
+    return {
+        "tiers": [],
+        "match": small_model,
+        "sweep": [f"{b}/plan.toml", "--dry-run", "--no-probe", "--runs-dir", f"{b}/sweep-runs"],
+        "fit": [f"{b}/points.csv", "--bootstrap", "0"],
+        "savings": ["--law-set", "paper", "--budget", "1e21"],
+        "compare": [f"{b}/runs"],
+        "prepare-data": [f"{b}/docs.jsonl", "--out", f"{b}/shards", "--vocab-size", "300", "--overwrite",
+                         "--val-fraction", "0.2", "--shard-tokens", "4096", "--quiet"],
+        "train": ["--tier", "proxy-tiny", "--arch", "smelt", "--tokens", "1024", "--batch-size", "2",
+                  "--runs-dir", f"{b}/train-runs", "--ckpt-dir", f"{b}/ckpt", "--data-max-bytes", "100000",
+                  "--val-windows", "2", "--threads", "1", "--device", "cpu", "--overwrite"],
+        "plot": ["fits", "--out", f"{b}/figs", "--runs", f"{b}/runs", "--bootstrap", "0"],
+        "plan": ["--law-set", "paper", "--budget", "1e20", "--dry-run", "--out", f"{b}/next.toml"],
+        "simulate": ["--law-set", "paper", "--budget", "1e20", "--trials", "2", "--bootstrap", "0"],
+        "analyze sink": [*one_run, "--sequences", "2"],
+        "analyze lengths": [*one_run, "--windows", "2", "--documents", "2", "--no-gain"],
+        "analyze icl": [*one_run, "--shots", "0,1", "--trials", "2"],
+        "analyze snapshot-data": [f"{b}/pair/proxy-s-baseline-s0"],
+    }
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    skip = {".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache"}
+    state = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for f in filenames:
+            p = Path(dirpath) / f
+            st_ = p.stat()
+            state[str(p)] = (st_.st_mtime_ns, st_.st_size)
+    return state
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _invoke(args: list[str]):
+    def alarm(signum, frame):
+        raise _Timeout(f"no answer within {LIMIT_S} s: smelt-scale {' '.join(args)}")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(LIMIT_S)
+    try:
+        return runner.invoke(app, args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_every_command_has_base_arguments(world):
+    missing = set(_commands()) - set(_base(world))
+    assert not missing, f"add quick valid arguments for {sorted(missing)} to BASE in this test"
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_base_arguments_succeed(command, world, monkeypatch):
+    # the bad values below are only meaningful on top of arguments that work
+    monkeypatch.chdir(world)
+    monkeypatch.setenv("SMELT_CACHE", str(world / "cache"))
+    res = _invoke([*command.split(), *_base(world)[command]])
+    assert res.exit_code == 0, res.output[-2000:]
+
+
+SLOW = {"prepare-data", "train", "analyze sink", "analyze lengths", "analyze icl", "sweep", "plot"}
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_bad_numeric_values(command, world, monkeypatch):
+    cmd = _commands()[command]
+    options = _numeric_options(cmd)
+    if not options:
+        pytest.skip(f"{command} has no numeric option")
+    base = _base(world)[command]
+    monkeypatch.chdir(world)
+    monkeypatch.setenv("SMELT_CACHE", str(world / "cache"))
+    before = _tree_state(ROOT)
+
+    @settings(max_examples=6 if command in SLOW else 30, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(option=st.sampled_from(options), value=bad_values)
+    def check(option, value):
+        args = [*command.split(), *_replace(base, option, value)]
+        res = _invoke(args)
+        out = res.output
+        assert "Traceback" not in out, out
+        if res.exception is not None and not isinstance(res.exception, SystemExit):
+            raise AssertionError(f"smelt-scale {' '.join(args)} raised {res.exception!r}")
+        assert res.exit_code in (0, 2), (args, res.exit_code, out[-2000:])
+        if res.exit_code == 2:
+            errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1, (args, res.stderr[-2000:])
+
+    check()
+    assert _tree_state(ROOT) == before, "a command changed files outside the test's folder"
+
+
+def _replace(base: list[str], option: str, value: str) -> list[str]:
+    args = list(base)
+    if option in args:
+        i = args.index(option)
+        args[i + 1] = value
+    else:
+        args += [option, value]
+    return args
