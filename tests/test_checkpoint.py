@@ -31,15 +31,6 @@ TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes", "mfu"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture()
-def env(tmp_path_factory, monkeypatch):
-    cache = str(tmp_path_factory.getbasetemp() / "smelt-cache")
-    monkeypatch.setenv("SMELT_CACHE", cache)
-    threads = torch.get_num_threads()
-    yield {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
-    torch.set_num_threads(threads)
-
-
 def cli_args(runs, name="r", lr="0.003", tokens=12 * STEP_TOKENS, *extra):
     return ["train", "--tier", TIER, "--arch", "smelt", "--tokens", str(tokens), "--batch-size", "8",
             "--data-max-bytes", "100000", "--eval-every", "5", "--ckpt-every", "4", "--threads", "1",

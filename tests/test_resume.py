@@ -7,14 +7,12 @@ branch; plus one kill from outside at an arbitrary moment. CPU, 1 thread: bitwis
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-import torch
 
 from scaling.accounting.tiers import get_config
 from scaling.common.files import read_jsonl
@@ -36,15 +34,6 @@ resume = os.path.exists(os.path.join(a["runs"], a["name"], "config.json"))
 train(get_config(a["tier"], "smelt"), TrainConfig(**a["cfg"]), tier=a["tier"], run_name=a["name"],
       runs_dir=a["runs"], resume=resume)
 """
-
-
-@pytest.fixture()
-def env(tmp_path_factory, monkeypatch):
-    cache = str(tmp_path_factory.getbasetemp() / "smelt-cache")
-    monkeypatch.setenv("SMELT_CACHE", cache)
-    threads = torch.get_num_threads()
-    yield {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
-    torch.set_num_threads(threads)
 
 
 def launch(tmp_path, name, env, kill_at=None, cfg=CFG):

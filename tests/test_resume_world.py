@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from scaling.accounting.tiers import get_config
 from scaling.common.files import read_jsonl
@@ -29,15 +28,6 @@ REL = 1e-5
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = dict(tokens=TOKENS, batch_size=8, micro_batch_size=4, data_max_bytes=100_000, eval_every=4,
            ckpt_every=3, threads=1, val_windows=6, warmup=2)
-
-
-@pytest.fixture()
-def env(tmp_path_factory, monkeypatch):
-    cache = str(tmp_path_factory.getbasetemp() / "smelt-cache")
-    monkeypatch.setenv("SMELT_CACHE", cache)
-    threads = torch.get_num_threads()
-    yield {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
-    torch.set_num_threads(threads)
 
 
 def cli_args(runs, name, resume=False):

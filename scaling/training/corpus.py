@@ -51,6 +51,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.training.shards import window_index
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
@@ -334,13 +335,7 @@ class Corpus:
         (stride seq_len+1); ``n_windows`` of them, evenly spaced over the stream, are kept
         (all when None or larger than the tiling).
         """
-        total = (len(self.val_tokens)) // (seq_len + 1)
-        if total < 1:
-            raise UserError(f"validation stream ({len(self.val_tokens)} tokens) shorter than seq_len+1")
-        if n_windows is None or n_windows >= total:
-            idx = np.arange(total)
-        else:
-            idx = np.unique(np.linspace(0, total - 1, n_windows).round().astype(np.int64))
+        idx = window_index(len(self.val_tokens), seq_len, n_windows, "validation stream")
         win = np.stack(
             [np.asarray(self.val_tokens[i * (seq_len + 1) : (i + 1) * (seq_len + 1)]) for i in idx]
         ).astype(np.int64)

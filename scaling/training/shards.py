@@ -120,14 +120,20 @@ def resolve(root: Path, rel: str) -> Path:
     return p if p.is_absolute() else root / p
 
 
-def _windows(stream: _Stream, start: int, stop: int, seq_len: int, n: int | None, what: str):
-    total = (stop - start) // (seq_len + 1)
+def window_index(length: int, seq_len: int, n: int | None, what: str) -> np.ndarray:
+    """Which of the non-overlapping (seq_len + 1)-token windows tiling a validation stream of
+    ``length`` tokens are evaluated: ``n`` evenly spaced ones (all when None or more than the
+    tiling). The one rule for the built-in corpus and for shards, so both evaluate alike."""
+    total = length // (seq_len + 1)
     if total < 1:
-        raise UserError(f"{what} ({stop - start} tokens) is shorter than seq_len + 1 = {seq_len + 1}")
+        raise UserError(f"{what} ({length} tokens) is shorter than seq_len + 1 = {seq_len + 1}")
     if n is None or n >= total:
-        idx = np.arange(total)
-    else:
-        idx = np.unique(np.linspace(0, total - 1, n).round().astype(np.int64))
+        return np.arange(total)
+    return np.unique(np.linspace(0, total - 1, n).round().astype(np.int64))
+
+
+def _windows(stream: _Stream, start: int, stop: int, seq_len: int, n: int | None, what: str):
+    idx = window_index(stop - start, seq_len, n, what)
     win = np.stack([stream.read(start + int(i) * (seq_len + 1), seq_len + 1) for i in idx]).astype(np.int64)
     return win[:, :-1], win[:, 1:]
 
