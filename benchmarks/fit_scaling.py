@@ -1,6 +1,10 @@
 """Time and memory of the approach-3 fitter as the table grows, beside a fair scipy reference.
 
     python benchmarks/fit_scaling.py [--json] [--sizes 250,2500,25000,250000] [--bootstrap 200]
+                                     [--startup-repeats 5]
+
+Start-up (issue 20): wall seconds of whole ``smelt-scale`` processes (``--help``, ``tiers --json``,
+``fit`` of a 250-point table with and without the bootstrap), median of 5, measured first.
 
 Data: synthetic tables from a known Chinchilla law (E 1.8, A 480, alpha 0.35, B 2100, beta 0.37)
 with 1% multiplicative noise; runs of 10 token budgets each (N log-uniform in [3e7, 1e10], a run's
@@ -130,13 +134,47 @@ def one_size(n: int, n_boot: int) -> dict:
     }
 
 
+def startup(repeats: int = 5) -> dict:
+    """Wall seconds of whole ``smelt-scale`` processes (median of ``repeats``), as a user meets them:
+    ``--help``, ``tiers --json`` and ``fit`` of a 250-point table (default settings: 200 bootstrap
+    resamples; and ``--bootstrap 0``). Each is a fresh interpreter, so import time is included."""
+    import shutil
+    import statistics
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("smelt-scale") or "smelt-scale"
+    with tempfile.TemporaryDirectory() as tmp:
+        table = os.path.join(tmp, "points.csv")
+        synthetic(250).drop(columns=["flops_per_token", "sparsity"]).to_csv(table, index=False)
+        cases = {"help": [exe, "--help"], "tiers_json": [exe, "tiers", "--json"],
+                 "fit_250_points": [exe, "fit", table, "--json"],
+                 "fit_250_points_bootstrap_0": [exe, "fit", table, "--bootstrap", "0", "--json"]}
+        out = {}
+        for name, cmd in cases.items():
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True)
+                times.append(time.perf_counter() - t0)
+            out[name] = {"median_s": statistics.median(times), "runs_s": times}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--sizes", default="250,2500,25000,250000", help="comma-separated numbers of points")
     ap.add_argument("--bootstrap", type=int, default=200, help="resamples of our bootstrap")
     ap.add_argument("--jsonl", default=None, help="also append each size's result to this file as it ends")
+    ap.add_argument("--startup-repeats", type=int, default=5,
+                    help="runs of each start-up case (median reported; 0 skips them)")
     args = ap.parse_args(argv)
+    starts = startup(args.startup_repeats) if args.startup_repeats > 0 else {}
+    if starts and not args.json:
+        for name, s in starts.items():
+            print(f"start-up {name}: median {s['median_s']:.2f} s wall over {len(s['runs_s'])} runs",
+                  flush=True)
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         rows.append(one_size(n, args.bootstrap))
@@ -151,7 +189,8 @@ def main(argv=None) -> int:
                   f"{r['ref_bootstrap_s']:.2f} s "
                   f"over {r['ref_resamples']}; objective ours {r['ours_objective']:.10g} ref "
                   f"{r['ref_objective']:.10g}", flush=True)
-    out = {"sizes": rows, "memory": "tracemalloc peak per stage (Python + numpy allocations)",
+    out = {"startup": starts, "sizes": rows,
+           "memory": "tracemalloc peak per stage (Python + numpy allocations)",
            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg())}
     if args.json:
