@@ -1,4 +1,5 @@
-"""With the loop off, our model equals Hugging Face transformers' Mixtral given the same weights."""
+"""With the loop off, our model equals Hugging Face transformers' Mixtral given the same weights (the
+looped model, unrolled, is tested in tests/test_export.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
-from scaling.training.hf_reference import to_hf_mixtral
+from scaling.evaluation.export import to_hf_mixtral
 from scaling.training.model import MoETransformer
 
 transformers = pytest.importorskip("transformers", reason="transformers (test extra) is not installed")
@@ -94,8 +95,7 @@ def test_gradients_match_mixtral():
 
 
 def test_unrepresentable_configs_are_refused():
-    looped = CONFIGS["gqa"].replace(n_layers=4, loop_start=1, loop_end=3, n_loops=2)
-    with pytest.raises(UserError):
-        to_hf_mixtral(MoETransformer(looped))
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="eval --backend native"):
         to_hf_mixtral(MoETransformer(CONFIGS["gqa"].replace(head_dim=9)))
+    with pytest.raises(UserError, match="shared expert"):
+        to_hf_mixtral(MoETransformer(CONFIGS["gqa"].replace(shared_expert_hidden=16)))
