@@ -47,8 +47,8 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
 from scaling.cli._util import emit_json, stdout
-from scaling.training.cpu import tune_cpu_allocator
 from scaling.evaluation.export import to_hf_mixtral
+from scaling.training.cpu import tune_cpu_allocator
 from scaling.training.model import MoETransformer
 
 AUX_COEF, Z_COEF = 0.01, 0.001

@@ -43,19 +43,33 @@ def run_program(source: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(source)
         try:
-            done = subprocess.run([sys.executable, "-I", path], cwd=tmp, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+            done = subprocess.run(
+                [sys.executable, "-I", path],
+                cwd=tmp,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return False
         return done.returncode == 0
 
 
-def check_candidates(tests: Sequence[str], candidates: Sequence[Sequence[str]], timeout: float = DEFAULT_TIMEOUT,
-                     workers: int = 2) -> list[list[bool]]:
+def check_candidates(
+    tests: Sequence[str],
+    candidates: Sequence[Sequence[str]],
+    timeout: float = DEFAULT_TIMEOUT,
+    workers: int = 2,
+) -> list[list[bool]]:
     """Per problem i, whether each candidate program passes ``tests[i]`` (program, newline, test)."""
     if len(tests) != len(candidates):
         raise ValueError(f"{len(tests)} tests for {len(candidates)} problems")
-    jobs = [(i, j, f"{prog}\n{tests[i]}\n") for i, progs in enumerate(candidates) for j, prog in enumerate(progs)]
+    jobs = [
+        (i, j, f"{prog}\n{tests[i]}\n")
+        for i, progs in enumerate(candidates)
+        for j, prog in enumerate(progs)
+    ]
     out = [[False] * len(progs) for progs in candidates]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for (i, j, _), ok in zip(jobs, pool.map(lambda job: run_program(job[2], timeout), jobs)):
@@ -63,15 +77,21 @@ def check_candidates(tests: Sequence[str], candidates: Sequence[Sequence[str]], 
     return out
 
 
-def pass_at_k(tests: Sequence[str], candidates: Sequence[Sequence[str]], k: Sequence[int] = (1,),
-              timeout: float = DEFAULT_TIMEOUT) -> dict[str, float]:
+def pass_at_k(
+    tests: Sequence[str],
+    candidates: Sequence[Sequence[str]],
+    k: Sequence[int] = (1,),
+    timeout: float = DEFAULT_TIMEOUT,
+) -> dict[str, float]:
     """{"pass@k": mean over problems of the unbiased estimate} for each k (k <= samples per problem)."""
     passed = check_candidates(tests, candidates, timeout)
-    return {f"pass@{kk}": sum(pass_at_k_estimate(len(p), sum(p), kk) for p in passed) / len(passed)
-            for kk in k}
+    return {
+        f"pass@{kk}": sum(pass_at_k_estimate(len(p), sum(p), kk) for p in passed) / len(passed) for kk in k
+    }
 
 
 # ----- lm-eval hooks (referenced by the generated task YAMLs through a two-line shim) ---------
+
 
 def pass_at_1(references: list[str], predictions: list[list[str]], k: list[int] | int | None = None):
     """lm-eval metric (lm-eval names the metric after this function): one problem's references

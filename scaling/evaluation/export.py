@@ -53,8 +53,10 @@ SPECIAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>
 def unexportable(cfg: ModelConfig) -> str | None:
     """Why Mixtral cannot represent ``cfg`` exactly, or None when it can."""
     if cfg.rotary_dim != cfg.head_dim:
-        return (f"head size {cfg.head_dim} is odd: the model rotates {cfg.rotary_dim} of its dims, "
-                "Mixtral rotates the whole head")
+        return (
+            f"head size {cfg.head_dim} is odd: the model rotates {cfg.rotary_dim} of its dims, "
+            "Mixtral rotates the whole head"
+        )
     if cfg.shared_expert_hidden:
         return "the model has a shared expert, which Mixtral lacks"
     return None
@@ -83,8 +85,10 @@ def hf_state_dict(cfg: ModelConfig, state: dict, dtype: Any = None) -> dict:
         t = t.detach().float().contiguous().clone()
         return t if dtype is None else t.to(dtype)
 
-    out = {"model.embed_tokens.weight": put(state["embed.weight"]),
-           "model.norm.weight": put(state["norm.weight"])}
+    out = {
+        "model.embed_tokens.weight": put(state["embed.weight"]),
+        "model.norm.weight": put(state["norm.weight"]),
+    }
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = put(state["lm_head.weight"])
     for j, (layer, _) in enumerate(cfg.schedule()):
@@ -106,25 +110,41 @@ def hf_state_dict(cfg: ModelConfig, state: dict, dtype: Any = None) -> dict:
     return out
 
 
-def hf_config(cfg: ModelConfig, dtype: str = "fp32", smelt_scale: dict | None = None,
-              special_ids: dict | None = None) -> dict:
+def hf_config(
+    cfg: ModelConfig, dtype: str = "fp32", smelt_scale: dict | None = None, special_ids: dict | None = None
+) -> dict:
     """config.json of the unrolled Mixtral (see the module docstring)."""
     if dtype not in DTYPES:
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     ids = special_ids or {}
     doc = {
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.expert_hidden,
-        "num_hidden_layers": cfg.n_layer_passes, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.expert_hidden,
+        "num_hidden_layers": cfg.n_layer_passes,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.seq_len,
+        "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "tie_word_embeddings": cfg.tie_embeddings, "sliding_window": None, "hidden_act": "silu",
-        "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.top_k,
-        "attention_dropout": 0.0, "router_jitter_noise": 0.0, "output_router_logits": False,
-        "initializer_range": 0.02, "use_cache": True, "dtype": DTYPES[dtype],
-        "bos_token_id": ids.get("bos"), "eos_token_id": ids.get("eos"), "pad_token_id": ids.get("pad"),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "sliding_window": None,
+        "hidden_act": "silu",
+        "num_local_experts": cfg.n_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "attention_dropout": 0.0,
+        "router_jitter_noise": 0.0,
+        "output_router_logits": False,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": DTYPES[dtype],
+        "bos_token_id": ids.get("bos"),
+        "eos_token_id": ids.get("eos"),
+        "pad_token_id": ids.get("pad"),
     }
     if eager_experts(cfg):
         doc["experts_implementation"] = "eager"
@@ -135,10 +155,17 @@ def hf_config(cfg: ModelConfig, dtype: str = "fp32", smelt_scale: dict | None = 
 
 def loop_layout(cfg: ModelConfig) -> dict:
     """The loop and the HF layer -> (physical layer, pass, residual scale) map."""
-    return {"n_layers": cfg.n_layers, "loop_start": cfg.loop_start, "loop_end": cfg.loop_end,
-            "n_loops": cfg.n_loops, "loop_residual_scale": cfg.loop_residual_scale,
-            "hf_layers": [{"layer": layer, "pass": p, "residual_scale": cfg.residual_scale(layer)}
-                          for layer, p in cfg.schedule()]}
+    return {
+        "n_layers": cfg.n_layers,
+        "loop_start": cfg.loop_start,
+        "loop_end": cfg.loop_end,
+        "n_loops": cfg.n_loops,
+        "loop_residual_scale": cfg.loop_residual_scale,
+        "hf_layers": [
+            {"layer": layer, "pass": p, "residual_scale": cfg.residual_scale(layer)}
+            for layer, p in cfg.schedule()
+        ],
+    }
 
 
 def special_token_ids(tokenizer_json: Path) -> dict:
@@ -148,12 +175,23 @@ def special_token_ids(tokenizer_json: Path) -> dict:
     missing = [v for v in SPECIAL.values() if v not in found]
     if missing:
         raise UserError(f"{tokenizer_json} lacks the special tokens {', '.join(missing)}")
-    return {"bos": found[SPECIAL["bos_token"]], "eos": found[SPECIAL["eos_token"]],
-            "pad": found[SPECIAL["pad_token"]]}
+    return {
+        "bos": found[SPECIAL["bos_token"]],
+        "eos": found[SPECIAL["eos_token"]],
+        "pad": found[SPECIAL["pad_token"]],
+    }
 
 
-def write_hf_folder(out: Path | str, cfg: ModelConfig, state: dict, *, tokenizer_json: Path | str | None,
-                    dtype: str = "fp32", smelt_scale: dict | None = None, overwrite: bool = False) -> Path:
+def write_hf_folder(
+    out: Path | str,
+    cfg: ModelConfig,
+    state: dict,
+    *,
+    tokenizer_json: Path | str | None,
+    dtype: str = "fp32",
+    smelt_scale: dict | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the export folder ``out`` atomically (temporary sibling, then rename).
 
     ``tokenizer_json`` None writes no tokenizer files (and no special ids): a model-only folder.
@@ -173,16 +211,27 @@ def write_hf_folder(out: Path | str, cfg: ModelConfig, state: dict, *, tokenizer
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype, smelt_scale, ids), indent=2) + "\n")
+        (tmp / "config.json").write_text(
+            json.dumps(hf_config(cfg, dtype, smelt_scale, ids), indent=2) + "\n"
+        )
         if ids is not None:
             shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
-            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL,
-                       "model_max_length": cfg.seq_len, "add_bos_token": False, "add_eos_token": False,
-                       "clean_up_tokenization_spaces": False}
+            tok_cfg = {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                **SPECIAL,
+                "model_max_length": cfg.seq_len,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "clean_up_tokenization_spaces": False,
+            }
             (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
             (tmp / "special_tokens_map.json").write_text(json.dumps(SPECIAL, indent=2) + "\n")
-            gen = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"],
-                   "do_sample": False}
+            gen = {
+                "bos_token_id": ids["bos"],
+                "eos_token_id": ids["eos"],
+                "pad_token_id": ids["pad"],
+                "do_sample": False,
+            }
             (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
         os.chmod(tmp, 0o755)
         if out.exists():
@@ -194,14 +243,27 @@ def write_hf_folder(out: Path | str, cfg: ModelConfig, state: dict, *, tokenizer
     return out
 
 
-def export_run(run_dir: Path | str, out: Path | str, *, budget: int | None = None,
-               checkpoint: Path | str | None = None, dtype: str = "fp32", overwrite: bool = False) -> dict:
+def export_run(
+    run_dir: Path | str,
+    out: Path | str,
+    *,
+    budget: int | None = None,
+    checkpoint: Path | str | None = None,
+    dtype: str = "fp32",
+    overwrite: bool = False,
+) -> dict:
     """Export one run's weights (a budget's, the final ones, or a checkpoint's) to ``out``.
 
     Returns the ``smelt_scale`` block written into config.json. Refuses (UserError, before reading
     any weights) a configuration Mixtral cannot represent.
     """
-    from scaling.evaluation.weights import load_weights, model_config, resolve_weights, run_meta, tokenizer_file
+    from scaling.evaluation.weights import (
+        load_weights,
+        model_config,
+        resolve_weights,
+        run_meta,
+        tokenizer_file,
+    )
 
     run_dir = Path(run_dir)
     if dtype not in DTYPES:
@@ -211,15 +273,31 @@ def export_run(run_dir: Path | str, out: Path | str, *, budget: int | None = Non
     loaded = load_weights(source)
     tok = tokenizer_file(run_dir, loaded.meta, loaded.model)
     facts = loaded.facts()
-    block = {"tier": loaded.meta.get("tier"), "arch": loaded.config.arch, "run": run_dir.name,
-             "run_id": loaded.meta.get("run_id"), "seed": loaded.meta.get("seed"),
-             "budget": source.budget, "N": facts["N"], "D": facts["D"], "C": facts["C"],
-             "val_loss": facts["val_loss"], "loop": loop_layout(loaded.config),
-             "model_config": loaded.config.to_dict(),
-             "source_weights": {"kind": source.kind, "path": str(source.path), "sha256": loaded.sha256},
-             "dtype": dtype}
-    write_hf_folder(out, loaded.config, loaded.model.state_dict(), tokenizer_json=tok, dtype=dtype,
-                    smelt_scale=block, overwrite=overwrite)
+    block = {
+        "tier": loaded.meta.get("tier"),
+        "arch": loaded.config.arch,
+        "run": run_dir.name,
+        "run_id": loaded.meta.get("run_id"),
+        "seed": loaded.meta.get("seed"),
+        "budget": source.budget,
+        "N": facts["N"],
+        "D": facts["D"],
+        "C": facts["C"],
+        "val_loss": facts["val_loss"],
+        "loop": loop_layout(loaded.config),
+        "model_config": loaded.config.to_dict(),
+        "source_weights": {"kind": source.kind, "path": str(source.path), "sha256": loaded.sha256},
+        "dtype": dtype,
+    }
+    write_hf_folder(
+        out,
+        loaded.config,
+        loaded.model.state_dict(),
+        tokenizer_json=tok,
+        dtype=dtype,
+        smelt_scale=block,
+        overwrite=overwrite,
+    )
     return block
 
 

@@ -43,9 +43,19 @@ class NativeLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, bos_id: int, eos_id: int, pad_id: int,
-                 max_length: int | None = None, batch_size: int = 16, max_gen_toks: int = 256,
-                 device: str | torch.device | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        bos_id: int,
+        eos_id: int,
+        pad_id: int,
+        max_length: int | None = None,
+        batch_size: int = 16,
+        max_gen_toks: int = 256,
+        device: str | torch.device | None = None,
+    ):
         super().__init__()
         self.model = model.eval()
         self.tok = tokenizer
@@ -112,28 +122,30 @@ class NativeLM(TemplateLM):
         T = max(len(r) for r in rows)
         ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         with autocast(self._device):
             logits = self.model(ids.to(self._device)).logits
         return F.log_softmax(logits.float(), dim=-1)
 
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests: list, disable_tqdm: bool = False, **kwargs
+    ) -> list[tuple[float, bool]]:
         """(sum log p(continuation | context), continuation is greedy) per (key, context, continuation)."""
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
+            chunk = order[start : start + self.batch_size]
             rows, conts = [], []
             for i in chunk:
                 _, ctx, cont = requests[i]
                 if not ctx or not cont:
                     raise ValueError("a loglikelihood request needs a non-empty context and continuation")
-                rows.append((list(ctx) + list(cont))[-(self._max_length + 1):][:-1])
+                rows.append((list(ctx) + list(cont))[-(self._max_length + 1) :][:-1])
                 conts.append(list(cont))
             logp = self._logprobs(rows)
             for b, i in enumerate(chunk):
                 n, c = len(rows[b]), conts[b]
-                lp = logp[b, n - len(c):n]  # [len(c), V]
+                lp = logp[b, n - len(c) : n]  # [len(c), V]
                 target = torch.tensor(c, dtype=torch.long, device=lp.device)
                 score = float(lp.gather(-1, target[:, None]).sum())
                 greedy = bool((lp.argmax(dim=-1) == target).all())
@@ -145,9 +157,15 @@ class NativeLM(TemplateLM):
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         out = []
         for (string,) in [r.args for r in requests]:
-            windows = [(None,) + lm_utils.make_disjoint_window(w) for w in lm_utils.get_rolling_token_windows(
-                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                max_seq_len=self._max_length, context_len=1)]
+            windows = [
+                (None,) + lm_utils.make_disjoint_window(w)
+                for w in lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self._max_length,
+                    context_len=1,
+                )
+            ]
             out.append(sum(s for s, _ in self._loglikelihood_tokens(windows)))
         return out
 
@@ -155,7 +173,7 @@ class NativeLM(TemplateLM):
     @torch.no_grad()
     def greedy(self, context: list[int], until: list[str], max_gen_toks: int) -> str:
         max_gen = max(1, min(max_gen_toks, self._max_length // 2))
-        ids = list(context)[-(self._max_length - max_gen):] or [self.bos_id]
+        ids = list(context)[-(self._max_length - max_gen) :] or [self.bos_id]
         new: list[int] = []
         text = ""
         for _ in range(max_gen):

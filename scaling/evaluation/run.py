@@ -145,18 +145,30 @@ def native_lm(loaded: LoadedWeights, device: str, batch_size: int):
     tok_path = tokenizer_file(loaded.source.run, loaded.meta, loaded.model)
     ids = special_token_ids(tok_path)
     loaded.model.to(device)
-    return NativeLM(loaded.model, Tokenizer.from_file(str(tok_path)), bos_id=ids["bos"], eos_id=ids["eos"],
-                    pad_id=ids["pad"], batch_size=batch_size, device=device)
+    return NativeLM(
+        loaded.model,
+        Tokenizer.from_file(str(tok_path)),
+        bos_id=ids["bos"],
+        eos_id=ids["eos"],
+        pad_id=ids["pad"],
+        batch_size=batch_size,
+        device=device,
+    )
 
 
 def hf_lm(folder: Path, device: str, batch_size: int):
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=str(folder), dtype="float32" if device == "cpu" else "bfloat16", device=device,
-                batch_size=batch_size)
+    return HFLM(
+        pretrained=str(folder),
+        dtype="float32" if device == "cpu" else "bfloat16",
+        device=device,
+        batch_size=batch_size,
+    )
 
 
 # ----- gold-answer bits per byte ----------------------------------------------------------
+
 
 def _ratio_stderr(a: Sequence[float], b: Sequence[float]) -> float | None:
     n = len(a)
@@ -193,8 +205,11 @@ def gold_pairs(task: LocalTask, samples: list[dict]) -> tuple[list[float | None]
             if isinstance(target, list):
                 target = target[0]
             target = int(target)
-            lls.append(float(resps[target][0][0] if isinstance(resps[target][0], (list, tuple))
-                             else resps[target][0]))
+            lls.append(
+                float(
+                    resps[target][0][0] if isinstance(resps[target][0], (list, tuple)) else resps[target][0]
+                )
+            )
             pairs.append((args[target][0], conts[target]))
     return lls, pairs
 
@@ -212,11 +227,15 @@ def gold_bpb(lm, task: LocalTask, samples: list[dict]) -> dict:
     bits = [-float(ll) / LN2 for ll in lls]
     nbytes = [len(cont.encode("utf-8")) for _, cont in pairs]
     total = sum(nbytes)
-    return {"value": sum(bits) / total if total else None, "stderr": _ratio_stderr(bits, nbytes),
-            "n": len(bits)}
+    return {
+        "value": sum(bits) / total if total else None,
+        "stderr": _ratio_stderr(bits, nbytes),
+        "n": len(bits),
+    }
 
 
 # ----- one model on all tasks -------------------------------------------------------------
+
 
 def _metric_rows(task: str, res: dict, n: int | None) -> list[dict]:
     rows = []
@@ -229,8 +248,15 @@ def _metric_rows(task: str, res: dict, n: int | None) -> list[dict]:
         name = metric if flt in ("none", "", "create_test") else f"{metric}[{flt}]"
         name = "pass@1" if metric == "pass_at_1" else name
         se = res.get(f"{metric}_stderr,{flt}")
-        rows.append({"task": task, "metric": name, "value": float(value),
-                     "stderr": float(se) if isinstance(se, (int, float)) else None, "n": n})
+        rows.append(
+            {
+                "task": task,
+                "metric": name,
+                "value": float(value),
+                "stderr": float(se) if isinstance(se, (int, float)) else None,
+                "n": n,
+            }
+        )
     return rows
 
 
@@ -245,11 +271,18 @@ def evaluate_model(lm, tasks: list[LocalTask], settings: EvalSettings, max_lengt
     with tempfile.TemporaryDirectory(prefix="smelt-tasks-") as tmp:
         write_overlays(tasks, Path(tmp))
         manager = TaskManager(include_path=tmp, include_defaults=False)
-        out = simple_evaluate(model=lm, tasks=[t.name for t in tasks], num_fewshot=settings.num_fewshot,
-                              limit=settings.limit, task_manager=manager, log_samples=True,
-                              bootstrap_iters=1000, confirm_run_unsafe_code=settings.allow_code,
-                              gen_kwargs={"max_gen_toks": max_length // 2} if max_length < 2048 else None,
-                              verbosity="ERROR")
+        out = simple_evaluate(
+            model=lm,
+            tasks=[t.name for t in tasks],
+            num_fewshot=settings.num_fewshot,
+            limit=settings.limit,
+            task_manager=manager,
+            log_samples=True,
+            bootstrap_iters=1000,
+            confirm_run_unsafe_code=settings.allow_code,
+            gen_kwargs={"max_gen_toks": max_length // 2} if max_length < 2048 else None,
+            verbosity="ERROR",
+        )
     if out is None:  # a non-zero rank under torch.distributed
         return []
     rows = []
@@ -264,10 +297,24 @@ def evaluate_model(lm, tasks: list[LocalTask], settings: EvalSettings, max_lengt
 
 def _facts_row(loaded: LoadedWeights, settings: EvalSettings) -> dict:
     f = loaded.facts()
-    return {"run": f["run"], "arch": f["arch"], "tier": f["tier"], "seed": f["seed"], "proxy": f["proxy"],
-            "budget_index": f["budget"], "N": f["N"], "D": f["D"], "flops": f["C"], "loss": f["val_loss"],
-            "val_bpb": f["val_bpb"], "backend": settings.backend, "num_fewshot": settings.num_fewshot,
-            "limit": settings.limit, "weights": f["weights"], "weights_sha256": f["weights_sha256"]}
+    return {
+        "run": f["run"],
+        "arch": f["arch"],
+        "tier": f["tier"],
+        "seed": f["seed"],
+        "proxy": f["proxy"],
+        "budget_index": f["budget"],
+        "N": f["N"],
+        "D": f["D"],
+        "flops": f["C"],
+        "loss": f["val_loss"],
+        "val_bpb": f["val_bpb"],
+        "backend": settings.backend,
+        "num_fewshot": settings.num_fewshot,
+        "limit": settings.limit,
+        "weights": f["weights"],
+        "weights_sha256": f["weights_sha256"],
+    }
 
 
 def _budgets_of(run: Path, settings: EvalSettings) -> list[int | None]:
@@ -283,8 +330,9 @@ def _budgets_of(run: Path, settings: EvalSettings) -> list[int | None]:
     return list(settings.budgets)
 
 
-def evaluate_runs(runs: Sequence[Path | str], settings: EvalSettings,
-                  progress: Callable[[str], None] | None = None) -> list[dict]:
+def evaluate_runs(
+    runs: Sequence[Path | str], settings: EvalSettings, progress: Callable[[str], None] | None = None
+) -> list[dict]:
     """Every (run, budget) on every task: one row per (run, budget, task, metric).
 
     Checks everything it can (runs, budgets, task folders, exportability for ``hf``, code tasks
@@ -303,8 +351,10 @@ def evaluate_runs(runs: Sequence[Path | str], settings: EvalSettings,
     tasks = [resolve_task(t, Path(settings.data).resolve()) for t in settings.tasks]
     code = [t.name for t in tasks if t.kind == "code"]
     if code and not settings.allow_code:
-        raise UserError(f"task {', '.join(code)} runs model-generated programs; pass --allow-code-execution "
-                        "to run them (each in its own subprocess with a timeout)")
+        raise UserError(
+            f"task {', '.join(code)} runs model-generated programs; pass --allow-code-execution "
+            "to run them (each in its own subprocess with a timeout)"
+        )
     plan = []
     for run in runs:
         meta = run_meta(run)
@@ -325,16 +375,43 @@ def evaluate_runs(runs: Sequence[Path | str], settings: EvalSettings,
         else:
             tok = tokenizer_file(source.run, loaded.meta, loaded.model)
             with tempfile.TemporaryDirectory(prefix="smelt-export-") as tmp:
-                folder = write_hf_folder(Path(tmp) / "model", loaded.config, loaded.model.state_dict(),
-                                         tokenizer_json=tok, dtype="fp32")
-                got = evaluate_model(hf_lm(folder, device, settings.batch_size), tasks, settings,
-                                     loaded.config.seq_len)
+                folder = write_hf_folder(
+                    Path(tmp) / "model",
+                    loaded.config,
+                    loaded.model.state_dict(),
+                    tokenizer_json=tok,
+                    dtype="fp32",
+                )
+                got = evaluate_model(
+                    hf_lm(folder, device, settings.batch_size), tasks, settings, loaded.config.seq_len
+                )
         rows += [{**head, **r} for r in got]
     return rows
 
 
-COLUMNS = ("run", "arch", "tier", "seed", "budget_index", "N", "D", "flops", "loss", "task", "metric", "value",
-           "stderr", "n", "backend", "num_fewshot", "limit", "val_bpb", "proxy", "weights", "weights_sha256")
+COLUMNS = (
+    "run",
+    "arch",
+    "tier",
+    "seed",
+    "budget_index",
+    "N",
+    "D",
+    "flops",
+    "loss",
+    "task",
+    "metric",
+    "value",
+    "stderr",
+    "n",
+    "backend",
+    "num_fewshot",
+    "limit",
+    "val_bpb",
+    "proxy",
+    "weights",
+    "weights_sha256",
+)
 
 
 def write_table(rows: list[dict], path: Path) -> None:

@@ -128,8 +128,11 @@ def resolve_task(name: str, data: Path) -> LocalTask:
 
 def _data_lines(task: LocalTask) -> list[str]:
     files = {split: [str(p) for p in fs] for split, fs in task.files.items()}
-    return [f"dataset_path: {task.builder}", "dataset_name: null",
-            f"dataset_kwargs: {json.dumps({'data_files': files})}"]
+    return [
+        f"dataset_path: {task.builder}",
+        "dataset_name: null",
+        f"dataset_kwargs: {json.dumps({'data_files': files})}",
+    ]
 
 
 def _overlay(task: LocalTask) -> str:
@@ -142,11 +145,15 @@ def _overlay(task: LocalTask) -> str:
     for key, split in wanted.items():
         if split not in task.files:
             lines.append(f"{key}: null")
-    evaluated = cfg.get("test_split") if cfg.get("test_split") in task.files else cfg.get("validation_split")
+    evaluated = (
+        cfg.get("test_split") if cfg.get("test_split") in task.files else cfg.get("validation_split")
+    )
     if evaluated not in task.files:
-        raise UserError(f"task {task.name} needs its {' or '.join(repr(s) for s in wanted.values())} split; "
-                        f"{task.files and next(iter(task.files.values()))[0].parent} has "
-                        f"{', '.join(sorted(task.files))}")
+        raise UserError(
+            f"task {task.name} needs its {' or '.join(repr(s) for s in wanted.values())} split; "
+            f"{task.files and next(iter(task.files.values()))[0].parent} has "
+            f"{', '.join(sorted(task.files))}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -157,40 +164,72 @@ def _code(task: LocalTask) -> str:
         body = [
             'doc_to_text: "{{prompt}}"',
             'doc_to_target: "{{test}}\\ncheck({{entry_point}})"',
-            "generation_kwargs: " + json.dumps({"until": ["\nclass", "\ndef", "\n#", "\nif", "\nprint"],
-                                                "max_gen_toks": 1024, "do_sample": False}),
+            "generation_kwargs: "
+            + json.dumps(
+                {
+                    "until": ["\nclass", "\ndef", "\n#", "\nif", "\nprint"],
+                    "max_gen_toks": 1024,
+                    "do_sample": False,
+                }
+            ),
             f"filter_list: [{{name: create_test, filter: [{{function: custom, filter_fn: !function "
             f"{SHIM}.humaneval_programs}}]}}]",
         ]
     else:
         body = [
-            "doc_to_text: " + json.dumps("You are an expert Python programmer, and here is your task: {{text}} "
-                                         "Your code should pass these tests:\n\n{{test_list[0]}}\n"
-                                         "{{test_list[1]}}\n{{test_list[2]}}\n[BEGIN]\n"),
+            "doc_to_text: "
+            + json.dumps(
+                "You are an expert Python programmer, and here is your task: {{text}} "
+                "Your code should pass these tests:\n\n{{test_list[0]}}\n"
+                "{{test_list[1]}}\n{{test_list[2]}}\n[BEGIN]\n"
+            ),
             'doc_to_target: "{{test_list[0]}}\\n{{test_list[1]}}\\n{{test_list[2]}}"',
             'target_delimiter: ""',
             "generation_kwargs: " + json.dumps({"until": ["[DONE]"], "do_sample": False}),
             f"filter_list: [{{name: create_test, filter: [{{function: custom, filter_fn: !function "
             f"{SHIM}.mbpp_programs}}]}}]",
         ]
-    return "\n".join([
-        f"task: {task.name}", *_data_lines(task), "unsafe_code: true", "output_type: generate_until",
-        "test_split: test", *body,
-        f"metric_list: [{{metric: !function {SHIM}.pass_at_1, aggregation: mean, higher_is_better: true, k: [1]}}]",
-        "repeats: 1", "num_fewshot: 0", "metadata: {version: 1.0}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"task: {task.name}",
+                *_data_lines(task),
+                "unsafe_code: true",
+                "output_type: generate_until",
+                "test_split: test",
+                *body,
+                f"metric_list: [{{metric: !function {SHIM}.pass_at_1, aggregation: mean, "
+                "higher_is_better: true, k: [1]}]",
+                "repeats: 1",
+                "num_fewshot: 0",
+                "metadata: {version: 1.0}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _text(task: LocalTask) -> str:
     if "test" not in task.files:
-        raise UserError(f"text task {task.name} needs a test split (test.jsonl or test.parquet) "
-                        "with a \"text\" field")
+        raise UserError(
+            f'text task {task.name} needs a test split (test.jsonl or test.parquet) with a "text" field'
+        )
     metrics = [{"metric": m} for m in ("bits_per_byte", "byte_perplexity", "word_perplexity")]
-    return "\n".join([
-        f"task: {task.name}", *_data_lines(task), "output_type: loglikelihood_rolling", "test_split: test",
-        'doc_to_text: ""', 'doc_to_target: "{{text}}"', f"metric_list: {json.dumps(metrics)}",
-        "metadata: {version: 1.0}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"task: {task.name}",
+                *_data_lines(task),
+                "output_type: loglikelihood_rolling",
+                "test_split: test",
+                'doc_to_text: ""',
+                'doc_to_target: "{{text}}"',
+                f"metric_list: {json.dumps(metrics)}",
+                "metadata: {version: 1.0}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def write_overlays(tasks: list[LocalTask], folder: Path) -> Path:
@@ -200,7 +239,8 @@ def write_overlays(tasks: list[LocalTask], folder: Path) -> Path:
         (folder / f"{task.name}.yaml").write_text(text)
     if any(t.kind == "code" for t in tasks):
         (folder / f"{SHIM}.py").write_text(
-            '"""lm-eval imports task functions from beside the YAML; these are smelt-scale\'s local ones."""\n'
+            '"""lm-eval imports task functions from beside the YAML; smelt-scale\'s local ones."""\n'
             "from scaling.evaluation.code_eval import humaneval_programs, mbpp_programs  # noqa: F401\n"
-            "from scaling.evaluation.code_eval import pass_at_1  # noqa: F401\n")
+            "from scaling.evaluation.code_eval import pass_at_1  # noqa: F401\n"
+        )
     return folder

@@ -90,8 +90,9 @@ def available_budgets(run_dir: Path | str) -> list[int]:
     return sorted(out)
 
 
-def resolve_weights(run_dir: Path | str, budget: int | None = None,
-                    checkpoint: Path | str | None = None) -> WeightsSource:
+def resolve_weights(
+    run_dir: Path | str, budget: int | None = None, checkpoint: Path | str | None = None
+) -> WeightsSource:
     """The weights to load. ``budget=None``: the largest budget (final weights, else its budget
     file); ``checkpoint``: a DCP checkpoint folder of this run (``budget`` must then be None).
     UserError (one line, naming what exists) when the weights are not there."""
@@ -117,9 +118,11 @@ def resolve_weights(run_dir: Path | str, budget: int | None = None,
     if budget == last and (run_dir / runlog.WEIGHTS).is_file():
         return WeightsSource(run_dir, "final", run_dir / runlog.WEIGHTS, budget, points.get(budget))
     have = available_budgets(run_dir)
-    raise UserError(f"run {run_dir.name} has no weights for budget {budget} (weights for budgets: "
-                    f"{', '.join(map(str, have)) or 'none'}); train it with --save-budget-weights "
-                    f"(every budget) or --save-final-weights (the largest), or give --checkpoint")
+    raise UserError(
+        f"run {run_dir.name} has no weights for budget {budget} (weights for budgets: "
+        f"{', '.join(map(str, have)) or 'none'}); train it with --save-budget-weights "
+        f"(every budget) or --save-final-weights (the largest), or give --checkpoint"
+    )
 
 
 def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
@@ -184,12 +187,21 @@ class LoadedWeights:
             meta_file = self.source.path / "meta.json"
             if meta_file.is_file():
                 D = (json.loads(meta_file.read_text()).get("state") or {}).get("tokens_seen")
-        return {"run": self.source.run.name, "arch": self.config.arch, "tier": self.meta.get("tier"),
-                "seed": self.meta.get("seed"), "proxy": self.meta.get("proxy"), "budget": self.source.budget,
-                "N": p.get("N", acc.active_params), "D": D,
-                "C": p.get("flops", acc.flops_per_token * D if D is not None else None),
-                "val_loss": p.get("loss"), "val_bpb": p.get("val_bpb"), "weights": self.source.kind,
-                "weights_sha256": self.sha256}
+        return {
+            "run": self.source.run.name,
+            "arch": self.config.arch,
+            "tier": self.meta.get("tier"),
+            "seed": self.meta.get("seed"),
+            "proxy": self.meta.get("proxy"),
+            "budget": self.source.budget,
+            "N": p.get("N", acc.active_params),
+            "D": D,
+            "C": p.get("flops", acc.flops_per_token * D if D is not None else None),
+            "val_loss": p.get("loss"),
+            "val_bpb": p.get("val_bpb"),
+            "weights": self.source.kind,
+            "weights_sha256": self.sha256,
+        }
 
 
 def load_weights(source: WeightsSource, device: str = "cpu") -> LoadedWeights:
@@ -205,8 +217,9 @@ def load_weights(source: WeightsSource, device: str = "cpu") -> LoadedWeights:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()
-        raise UserError(f"weights {source.path} do not fit run {source.run.name}'s config: "
-                        f"{' '.join(first[:2])}") from None
+        raise UserError(
+            f"weights {source.path} do not fit run {source.run.name}'s config: {' '.join(first[:2])}"
+        ) from None
     model.eval().requires_grad_(False).to(device)
     return LoadedWeights(source, meta, cfg, model, sha)
 

@@ -599,14 +599,16 @@ class Trainer:
         if self.dist.is_main:
             path = self.run_dir / runlog.WEIGHTS if path is None else path
             path.parent.mkdir(exist_ok=True)
-            runlog.save_weights(path, full, {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier})
+            runlog.save_weights(path, full,
+                                {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier})
         self.dist.barrier()
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom", proxy: bool | None = None,
           run_name: str | None = None, runs_dir: str | Path = "runs", ckpt_dir: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, save_final_weights: bool = False,
-          save_budget_weights: bool = False, progress: Callable[[Progress], None] | None = None, data_cache: str | Path | None = None) -> dict:
+          save_budget_weights: bool = False, progress: Callable[[Progress], None] | None = None,
+          data_cache: str | Path | None = None) -> dict:
     """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
 
     ``resume=True`` continues an existing run from its last checkpoint (a complete run returns its
