@@ -179,14 +179,19 @@ class LoadedWeights:
 
     def facts(self) -> dict:
         """The run's N (active parameters), D (tokens), C (training FLOPs) and validation loss
-        at this budget (from final.json; a checkpoint: its tokens seen, no loss)."""
+        at this budget (from final.json; a checkpoint: the tokens of its steps, no loss)."""
         acc = accounting(self.config)
         p = self.source.point or {}
         D = p.get("D")
         if D is None and self.source.kind == "checkpoint":
+            # the steps on the path to these weights (Position.step: trunk, or trunk then branch),
+            # not tokens_seen, which also counts the cooldown branches already closed
             meta_file = self.source.path / "meta.json"
-            if meta_file.is_file():
-                D = (json.loads(meta_file.read_text()).get("state") or {}).get("tokens_seen")
+            per_step = (self.meta.get("resolved") or {}).get("tokens_per_step")
+            if meta_file.is_file() and per_step:
+                pos = (json.loads(meta_file.read_text()).get("state") or {}).get("position") or {}
+                step = pos.get("trunk_step") if pos.get("branch") is None else pos.get("branch_step")
+                D = None if step is None else int(step) * int(per_step)
         return {
             "run": self.source.run.name,
             "arch": self.config.arch,

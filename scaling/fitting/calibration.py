@@ -15,7 +15,7 @@ The candidate's residual is ``mean_j (acc_j - acc_ref(L_j))`` over the candidate
 ``acc_ref`` the law fitted on the reference points: positive = the candidate is more accurate than
 a reference model of the same loss. Its interval is a percentile bootstrap (Efron & Tibshirani
 1993, ch. 13) that resamples the reference points (refitting the law) and the candidate points
-independently, ``n_boot`` times.
+independently, ``n_boot`` times (each refit starts at the full-data fit).
 
 Identification: a sigmoid is identified only where the points span its rise. When every
 accuracy sits at the floor (proxies score at chance), ``k`` runs to a bound or ``L0`` leaves the
@@ -78,10 +78,13 @@ def _check(L: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return L, acc
 
 
-def fit_acc_sigmoid(L: np.ndarray, acc: np.ndarray, floor: float | None = None) -> SigmoidFit:
+def fit_acc_sigmoid(
+    L: np.ndarray, acc: np.ndarray, floor: float | None = None, start: SigmoidFit | None = None
+) -> SigmoidFit:
     """Least-squares ``acc-sigmoid`` on (loss, accuracy) points; ``floor`` None = fitted.
 
-    Needs at least 3 points with a fixed floor, 4 with a fitted one.
+    Needs at least 3 points with a fixed floor, 4 with a fitted one. ``start``: a previous fit to
+    start from alone (the bootstrap refits start at the full-data fit) instead of the grid.
     """
     from scipy.optimize import least_squares
 
@@ -106,15 +109,18 @@ def fit_acc_sigmoid(L: np.ndarray, acc: np.ndarray, floor: float | None = None) 
 
     lb = [K_BOUNDS[0], lo_L0] + ([] if floor is not None else [0.0])
     ub = [K_BOUNDS[1], hi_L0] + ([] if floor is not None else [0.999])
+    if start is not None:
+        starts = [[float(np.clip(start.k, *K_BOUNDS)), float(np.clip(start.L0, lo_L0, hi_L0))]
+                  + ([] if floor is not None else [float(np.clip(start.floor, 0.0, 0.999))])]
+    else:
+        starts = [[float(np.clip(k, *K_BOUNDS)), float(L0)]
+                  + ([] if floor is not None else [float(np.clip(acc.min(), 0, 0.9))])
+                  for L0 in np.quantile(L, [0.1, 0.5, 0.9]) for k in (1.0 / span, 4.0 / span, 16.0 / span)]
     best = None
-    for L0 in np.quantile(L, [0.1, 0.5, 0.9]):
-        for k in (1.0 / span, 4.0 / span, 16.0 / span):
-            p0 = [float(np.clip(k, *K_BOUNDS)), float(L0)] + (
-                [] if floor is not None else [float(np.clip(acc.min(), 0, 0.9))]
-            )
-            r = least_squares(resid, p0, bounds=(lb, ub), method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12)
-            if best is None or r.cost < best.cost:
-                best = r
+    for p0 in starts:
+        r = least_squares(resid, p0, bounds=(lb, ub), method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12)
+        if best is None or r.cost < best.cost:
+            best = r
     f, k, L0 = unpack(best.x)
     rmse = float(np.sqrt(np.mean(best.fun**2)))
     reasons = []
@@ -193,7 +199,7 @@ def calibrate(
         i = rng.integers(0, ref_L.size, ref_L.size)
         j = rng.integers(0, cand_L.size, cand_L.size)
         try:
-            fb = fit_acc_sigmoid(ref_L[i], ref_acc[i], floor)
+            fb = fit_acc_sigmoid(ref_L[i], ref_acc[i], floor, start=fit)
         except UserError:
             continue
         boots[b] = float(np.mean(cand_acc[j] - fb.predict(cand_L[j])))
