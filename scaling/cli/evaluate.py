@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         else:
             src = block["source_weights"]
             stdout.print(
-                f"exported {block['run']} ({block['arch']}, budget {block['budget']}, "
+                f"exported {block['run']} ({block['arch']}, {'checkpoint' if block['budget'] is None else 'budget ' + str(block['budget'])}, "
                 f"{len(block['loop']['hf_layers'])} Mixtral layers, {dtype}) from {src['kind']} "
                 f"weights {src['sha256'][:12]} to {out}",
                 highlight=False,

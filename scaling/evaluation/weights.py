@@ -136,7 +136,11 @@ def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
         template = MoETransformer(cfg).state_dict()
         state = {"model": {k: torch.empty_like(v) for k, v in template.items()}}
         try:
-            dcp.load(state, checkpoint_id=str(source.path), no_dist=True)
+            import warnings
+
+            with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": meant
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(state, checkpoint_id=str(source.path), no_dist=True)
         except Exception as exc:  # DCP raises CheckpointException and others for foreign folders
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"cannot read the model from checkpoint {source.path}: {first}") from None
