@@ -73,8 +73,9 @@ def register(app: typer.Typer) -> None:
             emit_json({"out": str(out), "smelt_scale": block})
         else:
             src = block["source_weights"]
+            which = "checkpoint" if block["budget"] is None else f"budget {block['budget']}"
             stdout.print(
-                f"exported {block['run']} ({block['arch']}, {'checkpoint' if block['budget'] is None else 'budget ' + str(block['budget'])}, "
+                f"exported {block['run']} ({block['arch']}, {which}, "
                 f"{len(block['loop']['hf_layers'])} Mixtral layers, {dtype}) from {src['kind']} "
                 f"weights {src['sha256'][:12]} to {out}",
                 highlight=False,
