@@ -12,6 +12,7 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
@@ -233,10 +234,11 @@ def register(app: typer.Typer) -> None:
                                                                 "C and for the compute of tables without a "
                                                                 "compute column. Default 6 (printed)."),
         where: Optional[list[str]] = typer.Option(None, "--where", metavar="EXPR",
-                                                  help="Keep only the rows matching this pandas "
-                                                  "query on the table's columns, e.g. 'loss < 4' or "
-                                                  "'`Model Size` > 1e8'; repeatable (all must hold). "
-                                                  "Recorded in the fit's settings."),
+                                                  help="Keep only the rows matching this condition on "
+                                                  "the table's columns, e.g. 'loss < 4', '1e6 < N <= 1e8 "
+                                                  "and arch == \"smelt\"' or '`Model Size` > 1e8'; "
+                                                  "repeatable (all must hold); recorded in the fit's "
+                                                  "settings. Grammar: " + FILTER_GRAMMAR),
         isoflop_estimator: str = typer.Option("window", help="Approach-2 IsoFLOP estimator: window (a "
                                               "parabola within --isoflop-window decades of each minimum; "
                                               "robust to wide sweeps) or parabola (the whole sweep)."),

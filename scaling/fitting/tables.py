@@ -33,8 +33,9 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
   ``notes`` and can be switched off with the column name ``"none"``. A guessed ``flops`` column
   whose median flops/(N D) lies outside [0.5, 100] is not total compute (a per-token FLOPs column
   gives ~1e-9) and is ignored with a note.
-- Row filters: ``where`` holds pandas query expressions on the table's own column names (applied
-  in order, before anything else); row numbers in messages are those of the file.
+- Row filters: ``where`` holds conditions on the table's own column names in the filter language
+  of :mod:`scaling.common.filter` (comparisons, and/or/not, in [...], arithmetic; nothing that can
+  run code), applied in order before anything else; row numbers in messages are those of the file.
 - A cell that is not a number (``n/a``, ``-``) is an error naming its column, row and value; only
   empty cells are missing values.
 - Runs: without a run column every row is its own run, so the bootstrap treats rows as
@@ -55,6 +56,7 @@ import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
+from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, find_run_folders
 
 CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
@@ -279,15 +281,17 @@ def _missing(df: pd.DataFrame, role: str, col: str, source: str, extra: str = ""
 
 
 def _apply_where(raw: pd.DataFrame, where: Iterable[str], source: str) -> pd.DataFrame:
+    """Rows satisfying every filter, in order (:mod:`scaling.common.filter`: a checked grammar evaluated
+    on numpy arrays; never ``DataFrame.query``, whose ``@names`` and method calls run code)."""
     for expr in where:
         try:
-            kept = raw.query(expr, engine="python")
-        except Exception as exc:    # pandas raises many types for a bad expression; all are user input
-            raise UserError(f"{source}: cannot apply the row filter {expr!r}: "
-                            f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
-        if not isinstance(kept, pd.DataFrame):
-            raise UserError(f"{source}: the row filter {expr!r} is not a condition on rows")
-        raw = kept
+            rule = parse_filter(expr)
+            data = {c: raw[c].to_numpy() for c in raw.columns}
+            mask = rule.evaluate(data, len(raw))
+        except UserError as exc:
+            msg = str(exc) if str(exc).startswith("the row filter") else f"the row filter {expr!r}: {exc}"
+            raise UserError(f"{source}: {msg}") from None
+        raw = raw[mask]
     return raw
 
 
