@@ -223,6 +223,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON object to this file "
                                                                "(read by `smelt-scale savings --fits`)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out or --holdout-figure "
+                                                          "file (never the input table)."),
         # -- tables and holdout options --
         run_col: Optional[str] = typer.Option(None, help="Column of run ids: the bootstrap resamples runs, "
                                                          "so rows of one run stay together. Without it (and "
@@ -289,11 +291,13 @@ def register(app: typer.Typer) -> None:
                 raise UserError("--holdout-figure needs --holdout")
             if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
                 raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
-            check_output_file(holdout_figure, "holdout figure")
+            check_output_file(holdout_figure, "holdout figure", force=force, inputs=[path])
         if out is not None:
             from scaling.cli._util import check_output_file
 
-            check_output_file(out, "fits file (--out)")
+            if holdout_figure is not None and out.resolve() == holdout_figure.resolve():
+                raise UserError("--out and --holdout-figure name the same file")
+            check_output_file(out, "fits file (--out)", force=force, inputs=[path])
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))

@@ -298,7 +298,10 @@ def register(app: typer.Typer) -> None:
             "--runs-dir",
             help="Where the sweep writes the runs (default: the --runs folder, else runs-<plan name>).",
         ),
-        out: Path = typer.Option(Path("plans/next.toml"), "--out", help="Plan file to write."),
+        out: Path = typer.Option(Path("plans/next.toml"), "--out", help="Plan file to write (an existing "
+                                 "file only with --force)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out plan (never an input: "
+                                   "--template, --fits, --runs)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Propose and check the plan; write nothing."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the expected-loss intervals."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
@@ -314,7 +317,7 @@ def register(app: typer.Typer) -> None:
         """
         C = parse_budgets(budget, budgets)
         if not dry_run:
-            check_output_file(out, "plan file (--out)")
+            check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
         S = src.sparsities(parse_sparsities(sparsity))
         proposal = propose(

@@ -37,7 +37,6 @@ optimises all resamples together from the distinct optima of the full fit (warm 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 from scaling.fitting.laws import Law, frontier, get_law
 from scaling.fitting.tables import flops_per_param_k, law_inputs, total_flops
 
@@ -613,13 +613,13 @@ class FitSet:
     @classmethod
     def load(cls, path: str | Path) -> "FitSet":
         path = Path(path)
+        if not path.exists():
+            raise UserError(f"no such fits file: {path}")
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"no such fits file: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UserError(f"{path}: not JSON ({exc})") from None
-        return cls.from_dict(data)
+            return cls.from_dict(read_json(path, "fits file"))
+        except UserError as exc:
+            msg = str(exc)
+            raise UserError(msg if str(path) in msg else f"{path}: {msg}") from None
 
     def summary(self) -> str:
         return "\n\n".join(f.summary() for f in self.fits.values())

@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
-from scaling.common.files import read_jsonl
+from scaling.common.files import check_regular_file, read_json, read_jsonl
 from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, find_run_folders
 
@@ -176,6 +176,7 @@ def load_points(path: str | Path, columns: Columns = Columns(), *,
 def read_table(path: Path) -> pd.DataFrame:
     """A table file as it is (no renaming); the format follows the suffix."""
     suffix = path.suffix.lower()
+    check_regular_file(path, "table")
     try:
         if suffix in (".csv", ".tsv"):
             # only empty cells are missing: "n/a", "NA", "-" stay text and are reported as not numeric
@@ -184,7 +185,7 @@ def read_table(path: Path) -> pd.DataFrame:
         if suffix in (".jsonl", ".ndjson"):
             return pd.DataFrame(read_jsonl(path, strict=True).rows)
         if suffix == ".json":
-            return pd.DataFrame(_points_of(json.loads(path.read_text()), str(path)))
+            return pd.DataFrame(_points_of(read_json(path, "table"), str(path)))
         if suffix in (".parquet", ".pq"):
             try:
                 import pyarrow  # noqa: F401

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import pickle
 import random
@@ -51,6 +50,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 from scaling.common.serialize import to_json
 from scaling.training import runlog
 from scaling.training.state import TrainState
@@ -271,7 +271,7 @@ class Checkpointer:
     def read_meta(self, path: Path) -> dict:
         """meta.json of a checkpoint, checked against this run; UserError if it is not this run's."""
         try:
-            meta = json.loads((path / META).read_text())
+            meta = read_json(path / META, "checkpoint meta.json")
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else None}")
         except (OSError, ValueError) as exc:
@@ -341,7 +341,7 @@ def _iter_of(path: Path) -> int:
 
 def _meta_iter(path: Path) -> int:
     try:
-        return int(json.loads((path / META).read_text())["iter"])
+        return int(read_json(path / META, "checkpoint meta.json")["iter"])
     except (OSError, ValueError, KeyError, TypeError):
         return 1 << 62  # unreadable: treat as stale
 

@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.common.files import check_nesting, read_config, read_json
 from scaling.training.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
 from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
 from scaling.training.shards import (
@@ -163,6 +164,8 @@ def find_inputs(specs: list[str]) -> list[InputFile]:
                 raise UserError(f"folder {pattern} holds no input files ({', '.join(SUFFIXES)})")
         elif Path(pattern).is_file():
             paths = [Path(pattern)]
+        elif Path(pattern).exists():
+            raise UserError(f"input source {pattern} is not a regular file (a device, FIFO or socket)")
         else:
             raise UserError(f"input source {pattern} does not exist")
         for p in paths:
@@ -229,11 +232,13 @@ def _jsonl_units(f: InputFile, offset: int, opts: PrepareOptions):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = check_nesting(json.loads(line), where)
             except UnicodeDecodeError:
                 raise UserError(f"{where} is not UTF-8 text") from None
             except json.JSONDecodeError as exc:
                 raise UserError(f"{where}: not a JSON line ({exc.msg})") from None
+            except RecursionError:
+                raise UserError(f"{where}: a JSON line nested too deeply to read") from None
             doc = _record_doc(rec, opts, where, f.source)
             if doc is not None:
                 docs.append(doc)
@@ -389,7 +394,8 @@ def _hash_inputs(files: list[InputFile], work: Path, progress) -> dict[str, str]
     """SHA-256 of each input, remembered under (size, mtime) so a resumed run does not re-read."""
     cache_path = work / "input_hashes.json"
     try:
-        cache = json.loads(cache_path.read_text())
+        cache = read_json(cache_path)
+        cache = cache if isinstance(cache, dict) else {}
     except (OSError, ValueError):
         cache = {}
     out = {}
@@ -470,7 +476,7 @@ def prepare(
     fp = _fingerprint(files, opts, sha)
 
     if (out / MANIFEST).exists():
-        manifest = json.loads((out / MANIFEST).read_text())
+        manifest = read_config(out / MANIFEST, "manifest")
         if manifest.get("fingerprint") != fp:
             what = _differs(manifest.get("fingerprint"), fp)
             raise UserError(f"{out} already holds shards made with {what}; "
@@ -481,7 +487,11 @@ def prepare(
     state_path = work / "state.json"
     state: _State | None = None
     if state_path.exists():
-        state = _State(**json.loads(state_path.read_text()))
+        try:
+            state = _State(**read_config(state_path, "preparation state"))
+        except TypeError:
+            raise UserError(f"{state_path} is not a preparation state; delete {work} to start "
+                            "again") from None
         if state.fingerprint != fp:
             what = _differs(state.fingerprint, fp)
             raise UserError(f"{out} holds an unfinished preparation made with {what}; "

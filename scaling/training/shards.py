@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.common.files import parse_json, read_json, read_text
 
 MANIFEST = "manifest.json"
 FORMAT = "smelt-scale token shards"
@@ -144,7 +145,8 @@ class _Stamp:
 
     def load(self) -> dict:
         try:
-            return json.loads(self.path.read_text())
+            stamp = read_json(self.path, "verification stamp")
+            return stamp if isinstance(stamp, dict) else {}
         except (OSError, ValueError):
             return {}
 
@@ -324,17 +326,14 @@ def read_manifest(folder: Path | str) -> tuple[dict, str]:
     path = folder / MANIFEST
     if not folder.is_dir():
         raise UserError(f"data folder {folder} does not exist or is not a folder")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         raise UserError(
             f"no {MANIFEST} in {folder}: make one with `smelt-scale prepare-data` (which also indexes "
             "existing nanoGPT/OLMo-style shards when told their dtype and vocabulary)"
-        ) from None
-    try:
-        m = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path} is not valid JSON ({exc})") from None
+        )
+    text = read_text(path, "manifest")
+    raw = text.encode("utf-8")
+    m = parse_json(text, str(path))
     _require(isinstance(m, dict) and m.get("format") == FORMAT, path, f"format is not {FORMAT!r}")
     _require(m.get("format_version") == FORMAT_VERSION, path, f"format_version is not {FORMAT_VERSION}")
     _require(m.get("dtype") in DTYPES, path, f"dtype must be one of {', '.join(DTYPES)}")
