@@ -23,7 +23,8 @@ def _one_line(res, pattern):
 def _table(path):
     n = np.geomspace(2e7, 2e9, 12)
     d = n * np.linspace(5, 80, 12)
-    pd.DataFrame({"N": n, "D": d, "loss": 1.8 + 480 * n ** -0.35 + 2100 * d ** -0.37}).to_csv(path, index=False)
+    loss = 1.8 + 480 * n ** -0.35 + 2100 * d ** -0.37
+    pd.DataFrame({"N": n, "D": d, "loss": loss}).to_csv(path, index=False)
     return path
 
 

@@ -337,16 +337,25 @@ def register(app: typer.Typer) -> None:
         # fitcore: constraints and objective; cross-checks are computed once, below (cross_check_groups)
         kwargs.update(fitcore_kwargs, share=list(cons.shared), cross_checks=False)
         if show_progress(json_out) and n_bootstrap > 0:
-            with Progress(TextColumn("bootstrap {task.description}"), BarColumn(), MofNCompleteColumn(),
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
+                # the multi-start fit of a group has no count to show: an open-ended bar until its
+                # bootstrap (a counted bar) starts
+                fitting = bar.add_task(f"fit of {len(points):,} points (multi-start)", total=None)
                 tasks: dict[str, int] = {}
 
                 def progress(group: str, done: int, total: int) -> None:
                     if group not in tasks:
-                        tasks[group] = bar.add_task(group, total=total)
+                        bar.update(fitting, visible=False)
+                        tasks[group] = bar.add_task(f"bootstrap {group}", total=total)
                     bar.update(tasks[group], completed=done)
+                    if done >= total:
+                        bar.update(fitting, visible=True)
 
                 fits = fit_groups(points, the_law, progress=progress, **kwargs)
+        elif show_progress(json_out):
+            with stderr.status(f"fitting {len(points):,} points (multi-start)"):
+                fits = fit_groups(points, the_law, **kwargs)
         else:
             fits = fit_groups(points, the_law, **kwargs)
         # -- tables and holdout: the chosen IsoFLOP estimator, and how the table was read --
