@@ -34,7 +34,6 @@ same inputs and options the output is byte-identical however often the run was i
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import gzip
 import hashlib
@@ -447,7 +446,9 @@ def prepare(
     """Prepare ``specs`` (see :func:`find_inputs`) into shards under ``out``; returns the manifest.
 
     Resumes an interrupted run with the same inputs and options; a finished folder with the same
-    inputs and options is returned as is; anything else in ``out`` needs ``overwrite``.
+    inputs and options is returned as is; anything else in ``out`` needs ``overwrite``, which
+    replaces only an earlier preparation's files, and only once the new ones are complete
+    (:func:`_prepare_over`).
     """
     out = Path(out)
     files = find_inputs(specs)
@@ -463,10 +464,8 @@ def prepare(
 
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is not a folder")
-    if overwrite and out.exists():
-        for p in out.iterdir():
-            if p.name in (MANIFEST, TOKENIZER, WORK) or fnmatch.fnmatch(p.name, "*-[0-9]????.bin"):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if overwrite and out.exists() and any(out.iterdir()):
+        return _prepare_over(specs, files, out, opts, progress)
     work = out / WORK
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -674,6 +673,75 @@ def prepare(
     }
     write_json(out / MANIFEST, manifest)
     shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _owned(out: Path) -> set[str]:
+    """Names in ``out`` that an earlier preparation wrote: what its manifest lists (shards, tokenizer,
+    the manifest itself), or for an unfinished one its work folder, tokenizer and finished shards.
+    UserError when the manifest or state cannot be read: then nothing can be told apart."""
+    owned: set[str] = set()
+    if (out / MANIFEST).exists():
+        m = read_config(out / MANIFEST, "manifest")
+        shards, tok = m.get("shards"), m.get("tokenizer")
+        if not isinstance(shards, list) or not all(isinstance(x, dict) and isinstance(x.get("path"), str)
+                                                   for x in shards):
+            raise UserError(f"{out / MANIFEST} lists no shards; cannot tell the earlier preparation's files "
+                            "from others: clear the folder yourself or choose another")
+        owned |= {MANIFEST, *(x["path"] for x in shards)}
+        if isinstance(tok, dict) and isinstance(tok.get("path"), str):
+            owned.add(tok["path"])
+    state_path = out / WORK / "state.json"
+    if (out / WORK).exists():
+        owned.add(WORK)
+        if state_path.exists():
+            try:
+                st = _State(**read_config(state_path, "preparation state"))
+            except TypeError:
+                raise UserError(f"{state_path} is not a preparation state") from None
+            owned |= {TOKENIZER, *(x["path"] for x in st.train_shards if isinstance(x, dict)),
+                      _shard_name("train", len(st.train_shards))}
+    # names only, never a path outside ``out``
+    return {n for n in owned if n and Path(n).name == n and n not in (".", "..")}
+
+
+def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: PrepareOptions,
+                  progress: Callable[[str, int, int], None] | None) -> dict:
+    """``--overwrite`` of a folder that holds something: validate, prepare into a fresh folder beside
+    ``out``, then replace only the earlier preparation's files (:func:`_owned`) with the new ones,
+    manifest last. Nothing in ``out`` is touched before the new shards are complete; files the
+    earlier preparation did not write (the user's) are never deleted, and a new file whose name
+    one of them holds is refused."""
+    owned = _owned(out)
+    doomed = {(out / n).resolve() for n in owned}
+    for f in files:
+        p = Path(f.path).resolve()
+        if p in doomed or any(p.is_relative_to(d) for d in doomed if d.is_dir()):
+            raise UserError(f"input {f.path} is one of the files --overwrite would replace in {out}; "
+                            "move it out of the output folder first")
+    if opts.tokenizer is not None:
+        _load_tokenizer(opts.tokenizer)       # a bad tokenizer is refused before any work
+    tmp = out.parent / f".{out.name}.overwrite-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        manifest = prepare(specs, tmp, opts, overwrite=False, progress=progress)
+        new = sorted(p.name for p in tmp.iterdir())
+        clash = [n for n in new if (out / n).exists() and n not in owned]
+        if clash:
+            raise UserError(f"{out} holds {', '.join(clash[:3])}, which no earlier preparation wrote and "
+                            "the new one would replace; move it away or choose another folder")
+        for n in sorted(owned):
+            p = out / n
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+        for n in new:
+            if n != MANIFEST:
+                os.replace(tmp / n, out / n)
+        os.replace(tmp / MANIFEST, out / MANIFEST)    # last: the folder is valid again
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
