@@ -680,6 +680,9 @@ class Constraints:
         fixed: dict[str, float] = {}
         for item in fix:
             name, sep, value = str(item).partition("=")
+            if name.strip() in fixed:
+                raise UserError(f"{name.strip()} is fixed twice ({name.strip()}={fixed[name.strip()]:g} and "
+                                f"{item!r}); give one value")
             try:
                 fixed[name.strip()] = float(value)
             except ValueError:
@@ -773,6 +776,9 @@ class ParamMap:
                         M[gi, params.index(p), j] = 1.0
             for p, v in cons.fixed.items():
                 c[gi, params.index(p)] = math.log(v) if is_log[p] else v
+        if U == 0:
+            raise UserError(f"every parameter of the {law.name} law is fixed ({known}): nothing is left to "
+                            "fit; leave at least one free")
         bounds = np.array([[max(lo_all[params.index(p)] for p in m), min(hi_all[params.index(p)] for p in m)]
                            for m in slots]).reshape(U, 2)
         return cls(law=law, groups=groups, M=M, c=c, bounds=bounds, slots=tuple(slots),

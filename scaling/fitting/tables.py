@@ -177,6 +177,8 @@ def read_table(path: Path) -> pd.DataFrame:
     """A table file as it is (no renaming); the format follows the suffix."""
     suffix = path.suffix.lower()
     check_regular_file(path, "table")
+    if suffix in (".csv", ".tsv"):
+        _check_header(path, "\t" if suffix == ".tsv" else ",")
     try:
         if suffix in (".csv", ".tsv"):
             # only empty cells are missing: "n/a", "NA", "-" stay text and are reported as not numeric
@@ -200,6 +202,23 @@ def read_table(path: Path) -> pd.DataFrame:
         raise UserError(f"cannot read {path}: {' '.join(str(exc).split())}") from None
     raise UserError(f"unknown table format {suffix!r} for {path}; use one of {', '.join(TABLE_SUFFIXES)} "
                     "or a runs directory")
+
+
+def _check_header(path: Path, sep: str) -> None:
+    """A CSV header naming one column twice is refused (pandas would rename the second ``loss.1``
+    and the first would be fitted silently)."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh, delimiter=sep), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return          # read_table reports it
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise UserError(f"{path}: the header names column {name!r} twice; rename one")
+        seen.add(name)
 
 
 def _points_of(obj: object, where: str) -> list[dict]:
@@ -265,6 +284,11 @@ ROLES = {"N": "parameter", "D": "token", "loss": "loss", "C": "compute", "group"
 
 def _numeric(df: pd.DataFrame, col: str, source: str, rows: np.ndarray | None = None) -> np.ndarray:
     s = df[col]
+    # booleans and dates convert to numbers silently (True -> 1, a date -> nanoseconds): refused
+    kind = s.dtype.kind
+    if kind in "bMm" or (kind == "O" and s.map(lambda v: isinstance(v, (bool, np.bool_))).any()):
+        what = "booleans (True/False)" if kind in "bO" else "dates or durations"
+        raise UserError(f"{source}: column {col!r} holds {what}, not numbers")
     num = pd.to_numeric(s, errors="coerce")
     bad = (num.isna() & s.notna()) | ~np.isfinite(num.fillna(0).to_numpy(dtype=float))
     if bad.any():
@@ -313,6 +337,9 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
     c = columns
     raw = raw.reset_index(drop=True)
     raw.columns = [str(x) for x in raw.columns]
+    dup = raw.columns[raw.columns.duplicated()]
+    if len(dup):
+        raise UserError(f"{source}: column {dup[0]!r} appears twice; rename one")
     rows_read = len(raw)
     raw = _apply_where(raw, c.where, source)
     if raw.empty:
@@ -419,7 +446,19 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
 
     for name in ("N", "D", "loss"):
         check_positive_finite(out[name].to_numpy(), name, source, rows=rownum)
+    with np.errstate(over="ignore"):
+        nd = k * out["N"].to_numpy() * out["D"].to_numpy()
+    if not np.isfinite(nd).all():
+        i = int(np.flatnonzero(~np.isfinite(nd))[0])
+        raise UserError(f"{source}: {k:g} N D overflows (row {int(rownum[i])}: N = {out['N'].iloc[i]:.3g}, "
+                        f"D = {out['D'].iloc[i]:.3g}); are N and D in the right units?")
     notes += plausibility(out["N"].to_numpy(), out["D"].to_numpy())
+    dups = int(out.duplicated(subset=["group", "N", "D", "loss"]).sum())
+    if dups:
+        every = " (every row appears twice or more: was the table concatenated with itself?)" \
+            if dups * 2 >= len(out) else ""
+        notes.append(f"{dups} of {len(out)} rows repeat another row exactly (same group, N, D and "
+                     f"loss){every}; they count as separate points in the fit and the bootstrap")
     order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
     mapping = {key: mapping[key] for key in order if key in mapping}
     # k matters where it derived a column, or stands in for an unrecorded compute
