@@ -571,22 +571,73 @@ class FitResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], group: str | None = None) -> "FitResult":
+        """A fit entry as written by :meth:`to_dict`, every field checked (a fits file is user input: a
+        tampered ``E = NaN`` or ``alpha < 0`` is refused here, not printed as a -99999900% saving).
+        Derived quantities are recomputed from the parameters, never taken from the file."""
+        where = f"fit entry{f' for group {group!r}' if group else ''}"
         try:
+            if not isinstance(d, Mapping):
+                raise TypeError("not an object")
             law = get_law(str(d["law"]))
-            params = {p: float(d[p]) for p in law.params}
-            boot = np.asarray(d.get("bootstrap") or [], dtype=float).reshape(-1, law.n_params)
+            params = {p: _checked_param(law, p, d[p]) for p in law.params}
+            raw_boot = d.get("bootstrap") or []
+            if not isinstance(raw_boot, list):
+                raise TypeError("bootstrap is not a list")
+            boot = np.asarray([[_num(v) for v in row] for row in raw_boot], dtype=float)
+            boot = boot.reshape(-1, law.n_params)
             order = d.get("bootstrap_params")
             if order is not None and list(order) != list(law.params):
+                if sorted(map(str, order)) != sorted(law.params):
+                    raise ValueError(f"bootstrap_params {list(order)} are not the law's {list(law.params)}")
                 boot = boot[:, [list(order).index(p) for p in law.params]]
-            ci = {k: (_num(v[0]), _num(v[1])) for k, v in (d.get("ci") or {}).items()}
-            return cls(law=law.name, group=str(d.get("group", group or "default")), params=params, ci=ci,
-                       bootstrap=boot, diagnostics=dict(d.get("diagnostics") or {}),
-                       n_points=int(d["n_points"]),
-                       data_summary=dict(d.get("data_summary") or {}),
-                       derived=dict(d.get("derived") or law.derive(params)),
-                       settings=dict(d.get("settings") or {}), cross_checks=dict(d.get("cross_checks") or {}))
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise UserError(f"not a fit entry{f' for group {group!r}' if group else ''}: {exc}") from None
+            lo_b, hi_b = np.array([law.bounds[p] for p in law.params], dtype=float).T
+            finite = np.isfinite(boot)
+            slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
+            if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
+                raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
+            ci_raw = d.get("ci") or {}
+            if not isinstance(ci_raw, Mapping):
+                raise TypeError("ci is not an object")
+            ci = {}
+            for k, v in ci_raw.items():
+                if not isinstance(v, (list, tuple)) or len(v) != 2:
+                    raise ValueError(f"ci of {k} is not [low, high]")
+                lo, hi = _num(v[0]), _num(v[1])
+                if math.isfinite(lo) and math.isfinite(hi) and lo > hi:
+                    raise ValueError(f"ci of {k} has low {lo} > high {hi}")
+                ci[str(k)] = (lo, hi)
+            n_points = d["n_points"]
+            if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 1:
+                raise ValueError(f"n_points must be a positive integer, got {n_points!r}")
+            sections = {}
+            for key in ("diagnostics", "data_summary", "settings", "cross_checks", "derived"):
+                v = d.get(key) or {}
+                if not isinstance(v, Mapping):
+                    raise TypeError(f"{key} is not an object")
+                sections[key] = dict(v)
+            summary = sections["data_summary"]
+            for key in ("compute_min", "compute_max", "flops_per_param_k", "N_min", "N_max", "D_min", "D_max",
+                        "F_min", "F_max", "loss_min", "loss_max"):
+                if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
+                    raise ValueError(f"data_summary.{key} must be a positive finite number, got "
+                                     f"{summary[key]!r}")
+            theta = law.theta_array(params)
+            derived = law.derive(theta)
+            if "G" in sections["derived"]:           # the allocation: recomputed at the recorded k and S
+                k = float(summary.get("flops_per_param_k", 6.0))
+                sp = summary.get("sparsities") or []
+                S = float(sp[0]) if "S" in law.fixed_inputs and len(sp) == 1 and _is_number(sp[0]) else None
+                if not law.fixed_inputs or S is not None:
+                    derived.update({k_: float(v) for k_, v in allocation(law, theta, k, S).items()})
+            g = d.get("group", group or "default")
+            return cls(law=law.name, group=str(g), params=params, ci=ci, bootstrap=boot,
+                       diagnostics=sections["diagnostics"], n_points=int(n_points), data_summary=summary,
+                       derived=derived, settings=sections["settings"], cross_checks=sections["cross_checks"])
+        except UserError as exc:
+            raise UserError(f"not a valid {where}: {exc}") from None
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            raise UserError(f"not a valid {where}: {type(exc).__name__ if isinstance(exc, KeyError) else ''}"
+                            f"{' missing ' if isinstance(exc, KeyError) else ''}{exc}") from None
 
     def save(self, path: str | Path) -> None:
         """Write as a one-group FitSet file (readable by ``FitSet.load`` and ``savings --fits``)."""
@@ -597,8 +648,30 @@ class FitResult:
         return FitSet.load(path).get(group)
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _num(v: Any) -> float:
-    return math.nan if v is None else float(v)
+    """A number of a fits file: null is NaN (an interval that could not be formed); anything but a
+    number (a string, a boolean, a list) is a TypeError."""
+    if v is None:
+        return math.nan
+    if not _is_number(v):
+        raise TypeError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _checked_param(law: Law, name: str, v: Any) -> float:
+    """A fitted parameter from a file: a finite number within the law's bounds (those every fit obeys)."""
+    if not _is_number(v) or not math.isfinite(float(v)):
+        raise ValueError(f"parameter {name} must be a finite number, got {v!r}")
+    lo, hi = law.bounds[name]
+    slack = 1e-9 * max(abs(lo), abs(hi))
+    if not (lo - slack <= float(v) <= hi + slack):
+        raise ValueError(f"parameter {name} = {v!r} lies outside the {law.name} law's bounds "
+                         f"[{lo:g}, {hi:g}]")
+    return float(v)
 
 
 @dataclass(frozen=True)
