@@ -267,7 +267,7 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         runs_per_budget: int = typer.Option(
-            DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (at least 5)."
+            DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (5 to 50)."
         ),
         spread: float = typer.Option(
             SPREAD_DECADES, "--spread", help="Decades beyond each optimum the sizes reach on either side."

@@ -633,11 +633,10 @@ class FitResult:
             return cls(law=law.name, group=str(g), params=params, ci=ci, bootstrap=boot,
                        diagnostics=sections["diagnostics"], n_points=int(n_points), data_summary=summary,
                        derived=derived, settings=sections["settings"], cross_checks=sections["cross_checks"])
-        except UserError as exc:
-            raise UserError(f"not a valid {where}: {exc}") from None
-        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
-            raise UserError(f"not a valid {where}: {type(exc).__name__ if isinstance(exc, KeyError) else ''}"
-                            f"{' missing ' if isinstance(exc, KeyError) else ''}{exc}") from None
+        except KeyError as exc:
+            raise UserError(f"not a {where}: missing field {exc}") from None
+        except (UserError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            raise UserError(f"not a {where}: {exc}") from None
 
     def save(self, path: str | Path) -> None:
         """Write as a one-group FitSet file (readable by ``FitSet.load`` and ``savings --fits``)."""

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from scaling.common.errors import UserError
-from scaling.common.files import check_nesting, read_config, read_json
+from scaling.common.files import check_nesting, check_regular_file, read_config, read_json
 from scaling.training.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
 from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
 from scaling.training.shards import (
@@ -325,6 +325,7 @@ def _separators(tok, opts: PrepareOptions) -> tuple[int | None, int | None]:
 def _load_tokenizer(path: str):
     from tokenizers import Tokenizer
 
+    check_regular_file(path, "tokenizer file")      # a FIFO or /dev/zero would never finish
     try:
         return Tokenizer.from_file(path)
     except Exception as exc:  # tokenizers raises a bare Exception for a bad file
@@ -748,6 +749,16 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
 # ----- existing shards ----------------------------------------------------------------------
 
 
+def _looks_like_uint32(arr: np.ndarray, sample: int = 1 << 20) -> bool:
+    """Whether 16-bit values are the halves of little-endian 32-bit ids below 65536: every odd position
+    0 and the even ones not (checked on the first ``sample`` values; at least 64 needed)."""
+    head = np.asarray(arr[: sample - sample % 2])
+    if head.size < 64:
+        return False
+    odd, even = head[1::2], head[0::2]
+    return not odd.any() and np.count_nonzero(even) > even.size // 2
+
+
 def index_existing(
     folder: Path | str,
     dtype: str,
@@ -796,6 +807,9 @@ def index_existing(
         top = int(arr.max()) if tokens else 0
         if top >= vocab_size:
             raise UserError(f"{p} holds token id {top}, outside the stated vocabulary of {vocab_size}")
+        if dtype == "uint16" and _looks_like_uint32(arr):
+            raise UserError(f"{p} looks like uint32 tokens read as uint16 (every second 16-bit value is 0, "
+                            "the high halves of 32-bit ids); pass --dtype uint32")
         split = "val" if p.name.lower().startswith("val") else "train"
         shards.append({"path": p.name, "split": split, "tokens": tokens, "sha256": sha256_file(p, offset),
                        "offset": offset})
