@@ -580,7 +580,7 @@ class FitResult:
                 raise TypeError("not an object")
             law = get_law(str(d["law"]))
             params = {p: _checked_param(law, p, d[p]) for p in law.params}
-            raw_boot = d.get("bootstrap") or []
+            raw_boot = [] if d.get("bootstrap") is None else d["bootstrap"]
             if not isinstance(raw_boot, list):
                 raise TypeError("bootstrap is not a list")
             boot = np.asarray([[_num(v) for v in row] for row in raw_boot], dtype=float)
@@ -595,7 +595,7 @@ class FitResult:
             slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
             if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
                 raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
-            ci_raw = d.get("ci") or {}
+            ci_raw = {} if d.get("ci") is None else d["ci"]
             if not isinstance(ci_raw, Mapping):
                 raise TypeError("ci is not an object")
             ci = {}
@@ -611,7 +611,8 @@ class FitResult:
                 raise ValueError(f"n_points must be a positive integer, got {n_points!r}")
             sections = {}
             for key in ("diagnostics", "data_summary", "settings", "cross_checks", "derived"):
-                v = d.get(key) or {}
+                v = d.get(key)
+                v = {} if v is None else v
                 if not isinstance(v, Mapping):
                     raise TypeError(f"{key} is not an object")
                 sections[key] = dict(v)
