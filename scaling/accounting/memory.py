@@ -43,9 +43,11 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                         + 2*4*E            router logits and softmax (fp32)
                         + 2*4              logsumexp (z-loss) and the top-k sum
                         + k*(3*8 + 4)      top-k ids, sort order, token ids (int64), top-k probs
-                        + k*c*(2*d' + d + 4*f' + 1)   dispatched tokens, expert output, gated
-                                           output (kept by index_add_), expert hidden (gate|up),
-                                           silu(gate), silu*up, gate weight
+                        + k*c*(d' + d + 4*f' + 1)   dispatched tokens, expert output
+                                           gathered back to token order (the gate-weighted sum
+                                           keeps it for the gates' gradient), expert hidden
+                                           (gate|up), silu(gate), silu*up, gates
+                        + 4*d              the router's fp32 copy of its input (if c != 4)
                         + c*(2*d + 4*f_s)  shared expert, when there is one )
                     + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
                     + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
@@ -65,7 +67,9 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 norm; the estimate keeps the larger CPU count.
                 With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
                 every layer call) a layer pass stores only its input, N*r*d, and recomputes
-                the rest during its own backward.
+                the rest during its own backward; the recompute stops after the layer's last
+                saved tensor (the combine's gate product), whose N*k*c*d output is then alive
+                beside the recomputed activations.
 ``working``     transients at the peak: the head's backward (fp32 gradients of the log-probs
                 and of the logits, N*8*V) or one layer's backward, whose first steps (in
                 reverse: index_add_, gating, the second grouped_mm) hold the gradients of the
@@ -367,8 +371,10 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
         + 2 * 4 * E                            # router logits and probs
         + 2 * 4                                # logsumexp and top-k sum
         + k * (3 * 8 + 4)                      # top-k ids, order, token ids; top-k probs
-        + k * c * (2 * dp + d + 4 * fp + 1)    # dispatched tokens, expert output, gated output,
-                                               # hidden (gate|up), silu, product, gate weight
+        + k * c * (dp + d + 4 * fp + 1)        # dispatched tokens, expert output in token
+                                               # order (the combine's gate product), hidden
+                                               # (gate|up), silu, product, gates
+        + (4 * d if c != 4 else 0)             # the router's fp32 copy of its input
         + (c * (2 * d + 4 * fs) if fs else 0)  # shared expert
     )
     rope = 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim  # cos, sin cast per pass
@@ -436,7 +442,9 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     best = (remaining + head_work, remaining, head_work, "head")
     remaining -= head_stored - 8 * N  # the head's tensors are freed; the embedding ids stay
     held = 0
-    recompute = A if layout.activation_checkpointing else 0
+    # the recompute stops at the layer's last saved tensor, the combine's gate product, whose
+    # [N, k, d] output is alive at that moment beside the recomputed activations
+    recompute = A + N * cfg.top_k * c * d if layout.activation_checkpointing else 0
     for layer, pass_ in reversed(schedule):
         live = remaining + recompute + layer_work + held
         if live > best[0]:
