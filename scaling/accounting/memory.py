@@ -129,8 +129,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_SYNCS = ("every", "last")
 
 
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _dtype_bytes(name: str, what: str) -> int:
@@ -347,10 +347,11 @@ class MemoryEstimate:
         )
 
 
-def _expert_dims(cfg: ModelConfig) -> tuple[int, int]:
-    """d', f': the widths grouped_mm runs at (both rounded up to multiples of 4 if either is not)."""
+def _expert_dims(cfg: ModelConfig, c: int = 4) -> tuple[int, int]:
+    """d', f': the widths grouped_mm runs at: rounded up to 16 bytes (multiples of 4 in fp32, 8
+    in bf16), the kernel's stride alignment."""
     d, f = cfg.d_model, cfg.expert_hidden
-    return (_round4(d), _round4(f)) if (_round4(d), _round4(f)) != (d, f) else (d, f)
+    return _round_up(d, 16 // c), _round_up(f, 16 // c)
 
 
 def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
@@ -360,7 +361,7 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     """
     d, H, Hkv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
-    dp, fp = _expert_dims(cfg)
+    dp, fp = _expert_dims(cfg, c)
     per_token = (
         2 * (8 * d + 4)                        # norms: fp32 input, x * rstd, rstd
         + 2 * c * d                            # norm outputs = inputs of wqkv and of the router
@@ -414,7 +415,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     stored_pass = resid * N * d if layout.activation_checkpointing else A
     head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c)
     head_work = 8 * N * V
-    dp, fp = _expert_dims(cfg)
+    dp, fp = _expert_dims(cfg, c)
     Lp = _layer_params(cfg)
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
     # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
