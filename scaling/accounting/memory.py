@@ -17,7 +17,15 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ``reduce_dtype``), sharded like the parameters. DDP also keeps its reducer
                 buckets, a second full copy, unless ``gradient_as_bucket_view=True``
                 (``torch.nn.parallel.DistributedDataParallel`` docs), which this project's
-                trainer does not set, so DDP counts 2 x.
+                trainer does not set, so DDP counts 2 x. Counted as present *at the peak*:
+                the trainer frees gradients after every step (``zero_grad(set_to_none=True)``),
+                so with one micro-batch per step they appear layer by layer during the
+                backward (the root's from its start, each layer's after its first pass's
+                backward; DDP's buckets always); with accumulation the later micro-batches find
+                them all. (Calibration, docs/gpu-memory.md: counting every gradient at the
+                head's backward over-planned the H200 Baseline runs without accumulation by
+                the whole 15-16 GB of fp32 gradients.) The optimizer step, every gradient and
+                no activation, is the peak only for tiny models.
 ``optimizer``   AdamW's two moments in ``optim_bytes`` each, shaped like the (sharded)
                 parameters, plus the 4-byte ``step`` scalar per parameter tensor that the fused
                 CUDA AdamW keeps on the device: ZeRO's 4 + 4 + 8 = 16 bytes per parameter for
@@ -436,27 +444,40 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     else:
         buffers = 0
 
+    # gradients during the backward: the trainer frees them after each step (zero_grad with
+    # set_to_none), so with one micro-batch per step they appear layer by layer as the backward
+    # reaches each layer's first pass (the root's, embedding and head, counted from the start);
+    # with accumulation every later micro-batch finds them all. DDP's reducer buckets persist.
+    layer_local = sum(sharded_numel(s, S) for n, s in shapes if n.startswith("layers.0."))
+    bucket = gb * local if layout.mode == "ddp" else 0
+    progressive = layout.grad_accum_steps == 1
+    g_now = bucket + gb * (local - cfg.n_layers * layer_local) if progressive else grads
+
     # walk the backward: the head first, then the layer passes in reverse execution order
     schedule = cfg.schedule()
     remaining = len(schedule) * stored_pass + head_stored
     activations_stored = remaining
-    best = (remaining + head_work, remaining, head_work, "head")
+    best = (remaining + head_work + g_now, remaining, head_work, g_now, "head")
     remaining -= head_stored - 8 * N  # the head's tensors are freed; the embedding ids stay
     held = 0
     # the recompute stops at the layer's last saved tensor, the combine's gate product, whose
     # [N, k, d] output is alive at that moment beside the recomputed activations
     recompute = A + N * cfg.top_k * c * d if layout.activation_checkpointing else 0
     for layer, pass_ in reversed(schedule):
-        live = remaining + recompute + layer_work + held
+        live = remaining + recompute + layer_work + held + g_now
         if live > best[0]:
-            best = (live, remaining + recompute, layer_work + held, f"layer {layer} pass {pass_}")
+            best = (live, remaining + recompute, layer_work + held, g_now, f"layer {layer} pass {pass_}")
         remaining -= stored_pass
         if cfg.is_looped and cfg.loop_start <= layer < cfg.loop_end:
             if pass_ == cfg.n_loops:
                 held += held_bytes  # its weight gradient waits, summed, for the first pass
             elif pass_ == 1:
                 held -= held_bytes
-    _, acts, work, peak_at = best
+        if progressive and pass_ == 1:
+            g_now += gb * layer_local
+    if grads > best[0]:  # the optimizer step: every gradient, no activations (tiny models)
+        best = (grads, 0, 0, grads, "optimizer step")
+    _, acts, work, grads, peak_at = best
 
     # communication per optimizer step
     m = layout.grad_accum_steps
