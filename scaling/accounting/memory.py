@@ -40,8 +40,10 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 (c under FSDP2 mixed precision, which casts every block's input; the weights'
                 dtype otherwise, as autocast keeps the residual stream in fp32)::
 
-                    N * ( 2*(8*d + 4)      the two RMSNorms (fp32, decomposed on CPU): input
-                                           x.float(), x * rstd, rstd
+                    N * ( 2*(8*d + 4)      the two RMSNorms in fp32 (decomposed on CPU): input,
+                                           x * rstd, rstd; 2*(c*d + 4) when c != 4 (bf16
+                                           compute means CUDA, whose fused rms_norm kernel
+                                           saves its input and rstd)
                         + 2*c*d            normalised inputs of wqkv and of the router
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
@@ -71,8 +73,8 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
-                to <0.01% in fp32 on CPU). A fused CUDA RMSNorm kernel would save 4*d less per
-                norm; the estimate keeps the larger CPU count.
+                to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are read off the kernels' saved
+                tensors, not measured here: docs/gpu-memory.md has the GPU comparison.
                 With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
                 every layer call) a layer pass stores only its input, N*r*d, and recomputes
                 the rest during its own backward; the recompute stops after the layer's last
@@ -371,7 +373,8 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
     dp, fp = _expert_dims(cfg, c)
     per_token = (
-        2 * (8 * d + 4)                        # norms: fp32 input, x * rstd, rstd
+        (2 * (8 * d + 4) if c == 4             # norms, CPU (decomposed): fp32 input, x * rstd,
+         else 2 * (c * d + 4))                 # rstd; CUDA (fused kernel): input, rstd
         + 2 * c * d                            # norm outputs = inputs of wqkv and of the router
         + c * (H + 2 * Hkv) * h                # qkv (v is a view)
         + c * (H + Hkv) * h                    # RoPE output (q, k)
