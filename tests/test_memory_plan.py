@@ -46,7 +46,7 @@ def test_dry_run_refuses_a_plan_that_does_not_fit(tmp_path):
     res = runner.invoke(app, ["sweep", str(plan), "--dry-run"])
     assert res.exit_code == 2
     errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]  # [data] path
-    assert len(errors) == 1 and errors[0].startswith("error: tier 600M (600M-baseline-s0) needs ")
+    assert len(errors) == 1 and errors[0].startswith("error: tier 600M (600M-smelt-s0) needs ")
     assert "GB more than gpu_memory_gb = 80" in res.stderr and "1.6B-smelt-s0 (+" in res.stderr
     assert "NO" in res.stdout and "mem/GPU GB" in res.stdout  # the table is printed first
     res = runner.invoke(app, ["sweep", str(plan), "--dry-run", "--json"])
@@ -56,7 +56,7 @@ def test_dry_run_refuses_a_plan_that_does_not_fit(tmp_path):
 
 
 def test_real_run_is_refused_before_anything_starts(tmp_path):
-    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141", "gpu_memory_gb = 40"))
+    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141", "gpu_memory_gb = 15"))
     res = runner.invoke(app, ["sweep", str(plan), "--executor", "debug", "--no-wait"])
     assert res.exit_code == 2 and res.stderr.startswith("error: tier 100M") and "needs" in res.stderr
     assert not (tmp_path / "runs").exists()

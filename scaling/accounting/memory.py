@@ -59,6 +59,9 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 [B, T, V] (c, held by the caller's output until backward ends), the fp32
                 log-probabilities cross-entropy saves (4*V), the int64 targets and embedding
                 ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
+                With the chunked cross-entropy (the default, ``Layout.chunked_ce``) the head
+                keeps N*(8*d + 4 + c*d + 16) + 4*V*d instead (``head_activation_bytes``) and
+                its transients are one chunk's logits (``head_working_bytes``).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
                 to <0.01% in fp32 on CPU). A fused CUDA RMSNorm kernel would save 4*d less per
@@ -201,6 +204,8 @@ class Layout:
                       the whole model), "last" for DDP (free there)
     seq_len           tokens per sequence (None: the config's)
     param_dtype, grad_dtype, optim_dtype, compute_dtype, reduce_dtype   "fp32" | "bf16" | "fp16"
+    chunked_ce        the loss is computed in token chunks (the trainer's default; see
+                      ``head_activation_bytes``); False: plain cross-entropy over [N, V] logits
     """
 
     mode: str = "none"
@@ -217,6 +222,7 @@ class Layout:
     optim_dtype: str = "fp32"
     compute_dtype: str = "bf16"
     reduce_dtype: str = "fp32"
+    chunked_ce: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -376,11 +382,36 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     return micro_batch * seq_len * per_token + rope + padded
 
 
-def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
+def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                          chunked_ce: bool = False) -> int:
     """Final norm (fp32 input, x * rstd, rstd), LM-head input, logits (c, held by the caller),
-    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids."""
+    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids.
+
+    With the chunked cross-entropy (scaling/training/chunked_ce.py) no logits are kept: its
+    forward saves the input gradient [N, d] (c) and the fp32 weight gradient [V, d] instead of
+    the head input, the logits and the log-probs: N*(8*d + 4 + c*d + 16) + 4*V*d."""
     d, V = cfg.d_model, cfg.vocab_size
+    if chunked_ce:
+        return micro_batch * seq_len * (8 * d + 4 + c * d + 2 * 8) + 4 * V * d
     return micro_batch * seq_len * (8 * d + 4 + c * d + (c + 4) * V + 2 * 8)
+
+
+def ce_chunk_tokens(vocab_size: int) -> int:
+    """Tokens per cross-entropy chunk: scaling.training.chunked_ce.default_chunk (2**24 // V)."""
+    return max(1, (1 << 24) // max(1, vocab_size))
+
+
+def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                       chunked_ce: bool = False) -> int:
+    """Transients of the loss. Plain: the backward's fp32 gradients of the log-probs and of the
+    logits, N*8*V. Chunked: the larger of one chunk's fp32 logits plus its compute-dtype copy
+    (C*V*(4 + c), c only when narrower than fp32) and the backward's scaled gradients plus the
+    weight gradient's cast to c (N*c*d + (4 + c)*V*d)."""
+    N, d, V = micro_batch * seq_len, cfg.d_model, cfg.vocab_size
+    if not chunked_ce:
+        return 8 * N * V
+    C = min(N, ce_chunk_tokens(V))
+    return max(C * V * (4 + (c if c < 4 else 0)), N * c * d + (4 + c) * V * d)
 
 
 def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
@@ -393,7 +424,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     S = layout.shards
     T = layout.seq_len or cfg.seq_len
     N = layout.micro_batch_size * T
-    d, V = cfg.d_model, cfg.vocab_size
+    d = cfg.d_model
 
     shapes = param_shapes(cfg)
     local = sum(sharded_numel(s, S) for _, s in shapes)
@@ -406,8 +437,8 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c)
     resid = c if layout.sharded else pb  # FSDP2 mixed precision casts the residual stream too
     stored_pass = resid * N * d if layout.activation_checkpointing else A
-    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c)
-    head_work = 8 * N * V
+    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
+    head_work = head_working_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
     dp, fp = _expert_dims(cfg)
     Lp = _layer_params(cfg)
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,

@@ -22,6 +22,10 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.conf
   sizes zero-padded to multiples of 4; else a loop over ``split``), the outputs are scaled by
   their gates and summed back with ``index_add_``. (``x[idx]`` advanced indexing is avoided:
   its backward was ~50x slower than ``index_select``'s on CPU.)
+* Loss: with targets, cross-entropy is computed ``model.ce_chunk`` tokens at a time by
+  ``scaling.training.chunked_ce`` (the [N, V] fp32 logits never exist whole; same loss and
+  gradients as ``F.cross_entropy`` up to summation order); ``model.ce_chunk = 0`` switches to
+  the plain ``F.cross_entropy`` over the whole logits.
 * Auxiliary losses, returned separately and averaged over layer passes (the caller weights
   them): load balance ``E * sum_e f_e * P_e`` (Switch Transformer, Fedus et al. 2021, eq. 4-6,
   with top-k counting as in Hugging Face's Mixtral ``load_balancing_loss_func``: ``f_e`` =
@@ -40,13 +44,14 @@ is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scaling.accounting.config import ModelConfig
+from scaling.training.chunked_ce import chunked_cross_entropy, default_chunk
 
 IGNORE_INDEX = -100
 
@@ -55,7 +60,8 @@ IGNORE_INDEX = -100
 class ModelOutput:
     """What ``MoETransformer.forward`` returns.
 
-    logits          [B, T, V] float
+    logits          [B, T, V] float (a property: with targets and the chunked loss it is formed
+                    from the final hidden states only when read, so training never holds it)
     loss            mean cross-entropy (nats/token) over targets != -100; None without targets
     aux_loss        load-balancing loss, mean over layer passes (scalar; k for a uniform router)
     z_loss          router z-loss, mean over layer passes (scalar)
@@ -66,13 +72,22 @@ class ModelOutput:
                     in execution order (detached statistics; sums to B*T*k per row)
     """
 
-    logits: Tensor
+    _logits: Tensor | None = None
     loss: Tensor | None = None
     aux_loss: Tensor | None = None
     z_loss: Tensor | None = None
     per_token_loss: Tensor | None = None
     attn: list[dict] | None = None
     expert_counts: Tensor | None = None
+    # (final hidden [B, T, d], head weight [V, d]) when the loss was chunked: logits on demand
+    _head: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def logits(self) -> Tensor:
+        """[B, T, V]; under the chunked loss formed only when asked for (then cached)."""
+        if self._logits is None and self._head is not None:
+            object.__setattr__(self, "_logits", F.linear(*self._head))
+        return self._logits
 
 
 # ----- building blocks -------------------------------------------------------------------
@@ -329,6 +344,9 @@ class MoETransformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.schedule = cfg.schedule()
+        # tokens per chunk of the cross-entropy (scaling.training.chunked_ce); 0 = one plain
+        # F.cross_entropy over the whole [N, V] logits
+        self.ce_chunk = default_chunk(cfg.vocab_size)
         cos, sin = rope_tables(cfg.rotary_dim, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -406,21 +424,31 @@ class MoETransformer(nn.Module):
                 attn.append({"layer": layer, "pass": pass_, "probs": probs})
         n = len(self.schedule)
         x = self.norm(x)
-        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+        head_w = self.lm_head.weight if self.lm_head is not None else self.embed.weight
 
-        loss = per_token = None
-        if targets is not None:
-            flat = F.cross_entropy(
-                logits.view(B * T, -1).float(),
-                targets.reshape(B * T),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            )
-            loss = flat.sum() / (targets != IGNORE_INDEX).sum()
-            if return_per_token_loss:
-                per_token = flat.view(B, T)
+        logits = per_token = loss = None
+        # chunked unless switched off, or asked for per-token losses with a graph (they carry none)
+        chunked = targets is not None and self.ce_chunk and not (
+            return_per_token_loss and torch.is_grad_enabled())
+        if chunked:
+            total, flat = chunked_cross_entropy(x.reshape(B * T, -1), head_w, targets.reshape(B * T),
+                                                self.ce_chunk, IGNORE_INDEX)
+            loss = total / (targets != IGNORE_INDEX).sum()
+        else:
+            logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+            if targets is not None:
+                flat = F.cross_entropy(
+                    logits.view(B * T, -1).float(),
+                    targets.reshape(B * T),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="none",
+                )
+                loss = flat.sum() / (targets != IGNORE_INDEX).sum()
+        if targets is not None and return_per_token_loss:
+            per_token = flat.view(B, T)
         return ModelOutput(
-            logits=logits,
+            _logits=logits,
+            _head=(x, head_w) if chunked else None,
             loss=loss,
             aux_loss=aux_total / n,
             z_loss=z_total / n,
