@@ -227,6 +227,8 @@ class MoE(nn.Module):
         # faster on CPU fp32 (benchmarks/train_throughput.py --dispatch); the loop is the
         # fallback where grouped_mm cannot run (old torch; CUDA without bf16).
         self.dispatch = "grouped_mm" if hasattr(F, "grouped_mm") else "loop"
+        # expert parallelism (scaling.training.expert_parallel.EPGroup): None = all E experts here
+        self.ep = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x [N, d] -> router logits, probs [N, E] (fp32), top-k expert ids [N, k], gates [N, k]."""
@@ -297,7 +299,12 @@ class MoE(nn.Module):
         token = torch.div(order, k, rounding_mode="floor")
         counts = torch.bincount(flat_e, minlength=E)
         xs = x.index_select(0, token)  # gather once: [N*k, d]
-        ys = self.experts(xs, counts)
+        if self.ep is None:
+            ys = self.experts(xs, counts)
+        else:  # this rank holds some experts: rows to their ranks and back (all-to-all)
+            from scaling.training.expert_parallel import dispatch
+
+            ys = dispatch(self.ep, xs, counts, self.experts)
         ys = ys * gates.reshape(-1).index_select(0, order).unsqueeze(1).to(ys.dtype)
         y = torch.zeros_like(x).index_add_(0, token, ys)
 
@@ -344,6 +351,9 @@ class MoETransformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.schedule = cfg.schedule()
+        # expert parallelism: parameter name -> (full shape, first row, end row) of the expert
+        # stacks this rank holds (scaling.training.expert_parallel.localize_experts)
+        self.ep_slices: dict[str, tuple[tuple[int, ...], int, int]] = {}
         # tokens per chunk of the cross-entropy (scaling.training.chunked_ce); 0 = one plain
         # F.cross_entropy over the whole [N, V] logits
         self.ce_chunk = default_chunk(cfg.vocab_size)
@@ -388,7 +398,10 @@ class MoETransformer(nn.Module):
                 write(p, torch.ones(p.shape))
                 continue
             s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
-            write(p, torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(s))
+            full_shape, lo, hi = self.ep_slices.get(name.replace("_checkpoint_wrapped_module.", ""),
+                                                    (p.shape, None, None))
+            value = torch.randn(full_shape, generator=gen, dtype=torch.float32).mul_(s)
+            write(p, value if lo is None else value[lo:hi])
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables where the model lives (after ``to_empty`` from the meta device:
