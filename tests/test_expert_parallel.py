@@ -169,3 +169,90 @@ def test_ep_on_four_ranks_trains_like_one_process(tmp_path):
         shards = 4 // ep if FOUR[name][1] == "fsdp" else 1
         assert got["local_experts"] == -(-n_local // shards), name  # FSDP rows of the share
         _check(got, reference(model_name, 4))
+
+
+# ----- DCP checkpoints across EP degrees ---------------------------------------------------------
+
+CKPT_MODEL, CKPT_ROWS, CKPT_STEPS = "smelt-e5", 8, 3  # 8 rows per step = 4 micro-batches of 2
+
+
+def _phase(rank, world, ep, load_from, save_to, out):
+    """Build at (world, ep), optionally resume from ``load_from``, train CKPT_STEPS steps, save to
+    ``save_to`` (after them), train CKPT_STEPS more; write the losses of both halves."""
+    from scaling.training.checkpoint import Checkpointer
+    from scaling.training.distributed import setup_distributed
+    from scaling.training.parallel import build_model
+    from scaling.training.state import TrainState
+
+    torch.set_num_threads(1)
+    cfg = _cfg(CKPT_MODEL)
+    dist = setup_distributed("cpu", "fsdp" if world > 1 else "none", ep=ep)
+    model = build_model(cfg, SEED, dist, "fsdp" if world > 1 else "none")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
+    params = list(model.parameters())
+    start = 0
+    if load_from is not None:
+        ck = Checkpointer(load_from, {}, "ep-test", rank=rank, world=world)
+        start = ck.load(ck.latest(), model, opt).iter
+    gen = torch.Generator().manual_seed(7)
+    # the same rows every step, so that the loss falls visibly over the chain
+    ids = torch.randint(0, cfg.vocab_size, (1, CKPT_ROWS, cfg.seq_len + 1), generator=gen).expand(
+        start + 2 * CKPT_STEPS, -1, -1)
+    per = CKPT_ROWS // world
+    losses = []
+    for s in range(start, start + 2 * CKPT_STEPS):
+        if s == start + CKPT_STEPS and save_to is not None:
+            ck = Checkpointer(save_to, {}, "ep-test", rank=rank, world=world)
+            ck.prepare()
+            ck.save_latest(model, opt, TrainState(iter=s))
+        rows = ids[s, rank * per:(rank + 1) * per]
+        stats, gnorm = train_step(model, opt, params, rows[:, :-1], rows[:, 1:], n_micro=per // 2,
+                                  grad_clip=CLIP, aux_coef=0.01, z_coef=1e-3, grad_sync="every")
+        if world > 1:
+            torch.distributed.all_reduce(stats)
+        losses.append((stats / world).tolist() + [gnorm])
+    if rank == 0:
+        torch.save(losses, out)
+    dist.barrier()
+    dist.close()
+
+
+def _phase_worker(rank, world, port, *args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    _phase(rank, world, *args)
+
+
+def _run_phase(world, ep, load_from, save_to, out):
+    if world == 1:
+        threads = torch.get_num_threads()
+        try:
+            _phase(0, 1, ep, load_from, save_to, out)
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        mp.spawn(_phase_worker, args=(world, _free_port(), ep, load_from, save_to, out), nprocs=world,
+                 join=True)
+    return torch.load(out, weights_only=False)
+
+
+def _chain(tmp_path, worlds):
+    """Three phases at EP degrees ``worlds`` (EP = world; 1 = one process), each resuming the
+    previous one's checkpoint: each resumed half equals what the writer trained after its save
+    (the writer's second half is the reader's first)."""
+    a = _run_phase(worlds[0], worlds[0], None, tmp_path / "a", tmp_path / "p1.pt")
+    b = _run_phase(worlds[1], worlds[1], tmp_path / "a", tmp_path / "b", tmp_path / "p2.pt")
+    c = _run_phase(worlds[2], worlds[2], tmp_path / "b", None, tmp_path / "p3.pt")
+    for writer, reader in ((a, b), (b, c)):
+        for w, r in zip(writer[CKPT_STEPS:], reader[:CKPT_STEPS]):
+            assert r == pytest.approx(w, rel=1e-4)  # CE, aux, z, gradient norm
+    assert c[-1][0] < a[0][0]
+
+
+def test_dcp_checkpoint_moves_between_ep_degrees(tmp_path):
+    _chain(tmp_path, (1, 2, 1))  # one spawn: one process -> EP 2 (5 experts: 3 + 2) -> one process
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_ep2_to_1_to_ep4(tmp_path):
+    _chain(tmp_path, (2, 1, 4))  # 5 experts over 4 ranks: 2 + 1 + 1 + 1

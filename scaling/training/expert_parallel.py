@@ -231,3 +231,63 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
         if torch.distributed.get_rank() == 0:
             out[name] = value.cpu().clone()
     return out
+
+
+# ----- checkpoints: one entry per expert ------------------------------------------------------
+
+EXPERT_STACKS = ("moe.w_gate_up", "moe.w_down")
+
+
+def _local_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's rows of a (possibly FSDP-sharded) stack and the index of its first row within
+    the stack this rank's EP share holds (``Shard(0)`` keeps ``torch.chunk`` rows)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t, 0
+    offset, n = 0, t.shape[0]
+    coord = t.device_mesh.get_coordinate()
+    for i, placement in enumerate(t.placements):
+        if placement.is_shard() and placement.dim == 0:
+            offset = min(n, coord[i] * -(-n // t.device_mesh.size(i)))
+    return t.to_local(), offset
+
+
+def split_expert_stacks(sd: dict, model) -> dict:
+    """The checkpoint payload with every expert stack (weights and AdamW moments) stored as one
+    entry per *global* expert, ``<name>.expert<e>``: the same keys whatever the EP degree and
+    the FSDP sharding (each FSDP shard of a stack holds whole experts), so a checkpoint written
+    at one EP degree loads at another (DCP matches entries by key). The entries are views of
+    the live tensors, so ``dcp.load`` fills the model and optimizer in place.
+
+    ``sd`` is ``{"model": model state dict, "optim": optimizer state dict}`` as
+    ``torch.distributed.checkpoint.state_dict.get_state_dict`` gives them.
+    """
+    starts = {name: lo for name, (_shape, lo, _hi) in getattr(model, "ep_slices", {}).items()}
+
+    def rows(t: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+        local, offset = _local_rows(t)
+        base = starts.get(name, 0) + offset
+        return {f"{name}.expert{base + r}": local[r] for r in range(local.shape[0])}
+
+    model_sd = {}
+    for k, v in sd["model"].items():
+        model_sd.update(rows(v, k) if k.endswith(EXPERT_STACKS) else {k: v})
+    state = {}
+    for k, st in sd["optim"].get("state", {}).items():
+        if not k.endswith(EXPERT_STACKS):
+            state[k] = st
+            continue
+        stacks = {key: v for key, v in st.items() if torch.is_tensor(v) and v.ndim == 3}
+        per = {key: rows(v, k) for key, v in stacks.items()}
+        for ek in next(iter(per.values()), {}):
+            state[ek] = {key: (per[key][ek] if key in per else v) for key, v in st.items()}
+    return {"model": model_sd, "optim": {**sd["optim"], "state": state}}
+
+
+def stacked_checkpoint(path) -> bool:
+    """Whether a DCP checkpoint stores expert stacks whole (written before per-expert entries)."""
+    import torch.distributed.checkpoint as dcp
+
+    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return any(k.startswith("model.") and k.endswith(EXPERT_STACKS) for k in keys)
