@@ -77,8 +77,9 @@ def _worker(rank, world, port, out, scenarios):
             losses.append((stats / world).tolist())
             norms.append(gnorm)
         local_experts = model.layers[0].moe.w_gate_up.to_local().shape[0]
-        results[name] = {"init": init, "final": full_state_dict(model), "losses": losses, "norms": norms,
-                         "local_experts": local_experts}
+        local_numel = sum(p.to_local().numel() for p in model.parameters())
+        results[name] = {"local_numel": local_numel, "init": init, "final": full_state_dict(model),
+                         "losses": losses, "norms": norms, "local_experts": local_experts}
     if rank == 0:
         torch.save(results, out)
     envs[0].barrier()
@@ -157,6 +158,11 @@ def test_ep_on_two_ranks_trains_like_one_process(two_ranks, name):
     got = two_ranks[name]
     cfg = _cfg(TWO[name][0])
     assert got["local_experts"] == expert_split(cfg.n_experts, 2)[0]  # rank 0 holds only its share
+    # the planner's parameter bytes on rank 0 (the largest) are what the sharded model holds
+    from scaling.accounting.memory import Layout, estimate_memory
+
+    planned = estimate_memory(cfg, Layout(mode="fsdp", gpus_per_node=2, ep=2, compute_dtype="fp32"))
+    assert planned.params == 4 * got["local_numel"]
     _check(got, reference(TWO[name][0], 2))
 
 

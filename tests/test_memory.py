@@ -140,8 +140,33 @@ def test_result_to_dict_and_summary():
     parts = ("params", "grads", "optimizer", "activations", "working", "buffers")
     assert d["total"] == pytest.approx(sum(d[p] for p in parts))
     assert d["total"] == m.total / GB
-    assert set(d["communication_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce", "total"}
+    assert set(d["communication_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+                                                "total"}
     assert "GB per GPU" in m.summary() and "fsdp" in m.summary()
+
+
+def test_expert_parallel_layout_by_hand():
+    """TINY (E = 4 experts of 3*d*f = 192 params: 768 per layer, 240 non-expert, root 264) on 4
+    GPUs, FSDP with EP 2: each rank holds 2 experts per layer, FSDP-sharded over the other 2."""
+    fsdp = estimate_memory(TINY, Layout(mode="fsdp", gpus_per_node=4, micro_batch_size=1))
+    ep = estimate_memory(TINY, Layout(mode="fsdp", gpus_per_node=4, micro_batch_size=1, ep=2))
+    # persistent state: 1 expert row per stack either way (4 over 4, or 2 over 2)
+    assert ep.params == fsdp.params and ep.optimizer == fsdp.optimizer
+    # a layer as gathered: 240 + 2 * 192 = 624 instead of 1008; bf16 x 2 layers + bf16 + fp32 grads
+    assert fsdp.buffers - ep.buffers == (2 * 2 + 2 + 4) * (1008 - 624)
+    # all-gather, bf16, 2 layer passes, forward + backward: non-expert 3/4 of 2*2*240 + root 264,
+    # expert shares 1/2 of 2*2*384
+    assert ep.all_gather == 2 * (3 / 4 * (2 * 2 * 240 + 264) + 1 / 2 * 2 * 2 * 384)
+    # all-to-all: 2 passes x 4 transfers x 1/2 leaving x N*k*d*c = 4*2*8*2
+    assert ep.all_to_all == 2 * 4 * 0.5 * 4 * 2 * 8 * 2 and fsdp.all_to_all == 0
+    assert ep.communication == ep.all_gather + ep.reduce_scatter + ep.all_reduce + ep.all_to_all
+    assert "expert-parallel 2" in ep.summary()
+    with pytest.raises(UserError, match="must divide the shard degree"):
+        Layout(mode="fsdp", gpus_per_node=4, ep=3)
+    with pytest.raises(UserError, match="needs parallel mode fsdp or hsdp"):
+        Layout(mode="ddp", gpus_per_node=4, ep=2)
+    with pytest.raises(UserError, match="exceeds the 4 experts"):
+        estimate_memory(TINY, Layout(mode="fsdp", gpus_per_node=8, ep=8))
 
 
 # ----- exactness against a meta-device build ---------------------------------------------------

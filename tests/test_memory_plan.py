@@ -64,7 +64,7 @@ def test_real_run_is_refused_before_anything_starts(tmp_path):
 
 @pytest.mark.parametrize("edit, msg", [
     (lambda s: s.replace('mode = "fsdp"', 'mode = "fsdp"\nshards = 8'),
-     "unknown keys shards; valid keys: gpu_memory_gb, gpus_per_node, grad_sync, mode, nodes, replicate"),
+     "unknown keys shards; valid keys: ep, gpu_memory_gb, gpus_per_node, grad_sync, mode, nodes, replicate"),
     (lambda s: s.replace("nodes = 4  ", "node = 4  "), 'tier."1.6B".parallel]: unknown keys node'),
     (lambda s: s.replace("nodes = 4  ", "nodes = 0  "), "[1.6B]: nodes must be a positive integer"),
     (lambda s: s.replace('mode = "fsdp"', 'mode = "zero"'), "parallel mode must be one of"),

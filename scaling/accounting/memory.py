@@ -112,6 +112,13 @@ tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi
   synced micro-batch: the weight gradient of both passes arrives summed (see ``working``).
   HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
 * DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
+* Expert parallelism of degree P (scaling/training/expert_parallel.py): a rank holds the
+  largest array_split share ceil(E/P) of each layer's experts, FSDP-sharded over the S / P
+  ranks of its shard group, so the experts' all-gather and reduce-scatter run over S / P ranks
+  on 1/P of the expert bytes (the rest of the layer as above). Per layer pass and micro-batch
+  each rank sends (P-1)/P of its N*k dispatched rows (c*d bytes each) four times: dispatch and
+  combine, in forward and again in backward (``all_to_all``; uniform routing assumed, the
+  imbalance of a real router is not modelled, nor the all-to-all's receive buffers).
 """
 
 from __future__ import annotations
@@ -204,6 +211,9 @@ class Layout:
                       the whole model), "last" for DDP (free there)
     seq_len           tokens per sequence (None: the config's)
     param_dtype, grad_dtype, optim_dtype, compute_dtype, reduce_dtype   "fp32" | "bf16" | "fp16"
+    ep                expert-parallel degree P (fsdp/hsdp): each layer's experts are split over P
+                      ranks (array_split), each share FSDP-sharded over the other S / P ranks of
+                      its shard group; must divide the shard degree S
     chunked_ce        the loss is computed in token chunks (the trainer's default; see
                       ``head_activation_bytes``); False: plain cross-entropy over [N, V] logits
     """
@@ -223,6 +233,7 @@ class Layout:
     compute_dtype: str = "bf16"
     reduce_dtype: str = "fp32"
     chunked_ce: bool = True
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -241,15 +252,26 @@ class Layout:
             _dtype_bytes(getattr(self, name), name)
         if self.mode == "none" and self.world != 1:
             raise UserError(f"parallel mode 'none' runs on one GPU, but the layout has {self.world}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer, got {self.ep!r}")
+        if self.ep > 1 and self.mode not in ("fsdp", "hsdp"):
+            raise UserError(f"expert parallelism (ep = {self.ep}) needs parallel mode fsdp or hsdp")
         if self.replicate is not None:
             if self.mode != "hsdp":
                 raise UserError("a replicate degree is only meaningful for parallel mode 'hsdp'")
             if not isinstance(self.replicate, int) or self.replicate < 1 or self.world % self.replicate:
                 raise UserError(f"replicate degree {self.replicate!r} must divide the {self.world} GPUs")
+        if self.ep > 1 and self.shards % self.ep:
+            raise UserError(f"expert-parallel degree {self.ep} must divide the shard degree {self.shards}")
 
     @property
     def world(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def ep_intra_node(self) -> bool:
+        """Whether an EP group (P consecutive ranks) stays inside one node."""
+        return self.ep <= self.gpus_per_node and self.gpus_per_node % self.ep == 0
 
     @property
     def replicas(self) -> int:
@@ -286,6 +308,8 @@ class MemoryEstimate:
                    activation footprint, reported beside the peak's split)
     peak_at        where in the backward the peak falls ("head", "layer <i> pass <p>")
     all_gather, reduce_scatter, all_reduce   bytes each GPU sends per optimizer step
+    all_to_all     expert parallelism: token rows each GPU sends per optimizer step (dispatch
+                   and combine, forward and backward), under uniform routing
     """
 
     config_name: str
@@ -301,6 +325,7 @@ class MemoryEstimate:
     all_gather: int
     reduce_scatter: int
     all_reduce: int
+    all_to_all: int = 0
 
     @property
     def total(self) -> int:
@@ -308,7 +333,7 @@ class MemoryEstimate:
 
     @property
     def communication(self) -> int:
-        return self.all_gather + self.reduce_scatter + self.all_reduce
+        return self.all_gather + self.reduce_scatter + self.all_reduce + self.all_to_all
 
     def parts_gb(self) -> dict[str, float]:
         return {p: getattr(self, p) / GB for p in PARTS}
@@ -328,6 +353,7 @@ class MemoryEstimate:
                 "all_gather": self.all_gather / GB,
                 "reduce_scatter": self.reduce_scatter / GB,
                 "all_reduce": self.all_reduce / GB,
+                "all_to_all": self.all_to_all / GB,
                 "total": self.communication / GB,
             },
             "layout": asdict(self.layout),
@@ -338,6 +364,8 @@ class MemoryEstimate:
         where = f"{lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs"
         if lay.sharded:
             where += f" (shard {lay.shards} x replicate {lay.replicas})"
+        if lay.ep > 1:
+            where += f", expert-parallel {lay.ep}"
         parts = ", ".join(f"{p} {v:.2f}" for p, v in self.parts_gb().items())
         return (
             f"{self.config_name or 'model'}: {self.total / GB:.2f} GB per GPU, {where}, micro-batch "
@@ -345,7 +373,8 @@ class MemoryEstimate:
             f"{'on' if lay.activation_checkpointing else 'off'}\n"
             f"  parts (GB): {parts}; peak at {self.peak_at}\n"
             f"  communication per step and GPU (GB): all-gather {self.all_gather / GB:.2f}, "
-            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}"
+            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}, "
+            f"all-to-all {self.all_to_all / GB:.2f}"
         )
 
 
@@ -427,7 +456,17 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     d = cfg.d_model
 
     shapes = param_shapes(cfg)
-    local = sum(sharded_numel(s, S) for _, s in shapes)
+    P = layout.ep
+    if P > cfg.n_experts:
+        raise UserError(f"expert-parallel degree {P} exceeds the {cfg.n_experts} experts of {cfg.name}")
+    share = -(-cfg.n_experts // P)  # the largest EP share of a layer's experts (array_split)
+
+    def local_numel(name: str, shape: tuple[int, ...]) -> int:
+        if P > 1 and name.endswith(("moe.w_gate_up", "moe.w_down")):  # this rank's experts, FSDP
+            return sharded_numel((share, *shape[1:]), S // P)       # over the other S / P ranks
+        return sharded_numel(shape, S)
+
+    local = sum(local_numel(n, s) for n, s in shapes)
     n_total = total_params(cfg)
     params = pb * local
     grads = gb * local * (2 if layout.mode == "ddp" else 1)
@@ -440,7 +479,10 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
     head_work = head_working_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
     dp, fp = _expert_dims(cfg)
-    Lp = _layer_params(cfg)
+    expert_layer = cfg.n_experts * 3 * d * cfg.expert_hidden  # one layer's expert stacks
+    Lp_ne = _layer_params(cfg) - expert_layer                 # its non-expert parameters
+    share_layer = share * 3 * d * cfg.expert_hidden           # the experts one rank gathers
+    Lp = Lp_ne + share_layer  # one layer's parameters as FSDP all-gathers them on one rank
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
     # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
     layer_work = N * (2 * cfg.top_k * c * dp + resid * d) + (
@@ -448,7 +490,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     held_bytes = Lp * (c if layout.sharded else gb)
 
     # FSDP buffers / autocast copies (constant over the backward)
-    root = n_total - cfg.n_layers * Lp
+    root = n_total - cfg.n_layers * (Lp_ne + expert_layer)
     if layout.sharded:
         buffers = c * root + 2 * c * Lp + (c + rb) * Lp
         if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
@@ -485,9 +527,13 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     m_sync = m if layout.grad_sync == "every" else 1
     ag = rs = ar = 0
     if layout.sharded and S > 1:
-        frac = (S - 1) / S
-        ag = round(m * frac * c * (2 * cfg.n_layer_passes * Lp + root))
-        rs = round(m_sync * frac * rb * (cfg.n_layers * Lp + root))
+        frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
+        ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
+                            + frac_e * 2 * cfg.n_layer_passes * share_layer))
+        rs = round(m_sync * rb * (frac * (cfg.n_layers * Lp_ne + root) + frac_e * cfg.n_layers * share_layer))
+    # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
+    # (P-1)/P of them leave the rank under uniform routing
+    a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
     R = layout.replicas
     if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
         ar = round(2 * (R - 1) / R * gb * n_total)
@@ -497,5 +543,5 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
         activations=acts, working=work, buffers=buffers, activations_stored=activations_stored,
-        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar,
+        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar, all_to_all=a2a,
     )
