@@ -19,7 +19,8 @@ is P consecutive ranks (inside a node when P <= GPUs per node: the all-to-all ri
 * Router statistics (load-balance f_e, P_e, z-loss) are computed before dispatch on the rank's
   own tokens over all E experts, exactly as without EP.
 
-Dispatch, per MoE call (``dispatch``), between the layer's sort-by-expert and its combine:
+Dispatch, per MoE call (``dispatch``), between the layer's sort-by-expert and its combine (the
+layer's ``MoE.expert_fn`` hook):
 
 1. counts [E] (this rank's assignments per global expert) -> tokens per destination rank;
 2. ``all_to_all_single`` of the counts (no gradient): recv [P, E_local], tokens from source
@@ -29,7 +30,7 @@ Dispatch, per MoE call (``dispatch``), between the layer's sort-by-expert and it
 4. permute them expert-major with one ``index_select`` and run the layer's own grouped expert
    matmul on the local experts (counts = recv.sum(0));
 5. invert the permutation and send the rows back (splits swapped); they arrive in the order the
-   layer sent them, so the layer's gate-scaling and ``index_add_`` combine are unchanged.
+   layer sent them, so the layer's gated combine is unchanged.
 
 Communication per MoE call and rank: the N*k*d dispatched rows in the compute dtype go out and
 come back, forward and again in backward (the all-to-all's backward is an all-to-all): 4 x the
@@ -38,6 +39,7 @@ share (P-1)/P that leaves the rank under uniform routing -- ``scaling.accounting
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +83,10 @@ class EPGroup:
 def dispatch(ep: EPGroup, xs: Tensor, counts: Tensor, run_local) -> Tensor:
     """Expert outputs for rows ``xs`` [S, d] sorted by global expert with ``counts`` [E].
 
-    ``run_local(rows, local_counts)`` runs this rank's experts on expert-sorted rows. Returns
-    [S, d] in the order of ``xs`` (see the module docstring for the steps).
+    ``run_local(rows, local_offsets, local_counts)`` runs this rank's experts on expert-sorted
+    rows (``MoE.experts``). Returns [S, d] in the order of ``xs`` (see the module docstring).
+    The split sizes of ``all_to_all_single`` are host integers: the counts come to the host
+    once per call, the one host sync of EP (the layer itself is sync-free).
     """
     from torch.distributed._functional_collectives import all_to_all_single_autograd
 
@@ -104,12 +108,18 @@ def dispatch(ep: EPGroup, xs: Tensor, counts: Tensor, run_local) -> Tensor:
     order = [torch.arange(int(block_start[s, e]), int(block_start[s, e] + r_cpu[s, e]))
              for e in range(n_local) for s in range(P)]
     perm = (torch.cat(order) if order else torch.zeros(0, dtype=torch.int64)).to(xs.device)
-    local_out = run_local(got.index_select(0, perm), recv.sum(0))
+    local_counts = recv.sum(0)
+    local_out = run_local(got.index_select(0, perm), local_counts.cumsum(0).to(torch.int32), local_counts)
     # 5. back to source-major, then home
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel(), device=perm.device)
     back = local_out.index_select(0, inv)
     return all_to_all_single_autograd(back, send_split, recv_split, ep.group)
+
+
+def _ep_experts(moe, xs: Tensor, offsets: Tensor, counts: Tensor) -> Tensor:
+    """``MoE.expert_fn`` under EP (the layer's hook between its dispatch and its combine)."""
+    return dispatch(moe.ep, xs, counts, moe.experts)
 
 
 # ----- meshes and sharding ------------------------------------------------------------------
@@ -164,6 +174,7 @@ def localize_experts(model, meshes: EPMeshes) -> None:
         moe = block.moe
         sizes = expert_split(moe.n_experts, P)
         moe.ep = EPGroup(group, P, rank, sizes)
+        moe.expert_fn = functools.partial(_ep_experts, moe)
         lo, hi = moe.ep.local
         for name in ("w_gate_up", "w_down"):
             full = getattr(moe, name)
