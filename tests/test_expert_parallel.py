@@ -75,7 +75,7 @@ def _worker(rank, world, port, out, scenarios):
                                       grad_clip=CLIP, aux_coef=0.01, z_coef=1e-3, grad_sync="every")
             torch.distributed.all_reduce(stats)
             losses.append((stats / world).tolist())
-            norms.append(gnorm)
+            norms.append(float(gnorm))
         local_experts = model.layers[0].moe.w_gate_up.to_local().shape[0]
         local_numel = sum(p.to_local().numel() for p in model.parameters())
         results[name] = {"local_numel": local_numel, "init": init, "final": full_state_dict(model),
@@ -118,7 +118,7 @@ def reference(model_name, world):
                 stats, gnorm = train_step(model, opt, params, x[s], y[s], n_micro=N_MICRO * world,
                                           grad_clip=CLIP, aux_coef=0.01, z_coef=1e-3)
                 losses.append(stats.tolist())
-                norms.append(gnorm)
+                norms.append(float(gnorm))
             _REF[key] = {"init": init, "final": model.state_dict(), "losses": losses, "norms": norms}
         finally:
             torch.set_num_threads(threads)
@@ -216,7 +216,7 @@ def _phase(rank, world, ep, load_from, save_to, out):
                                   grad_clip=CLIP, aux_coef=0.01, z_coef=1e-3, grad_sync="every")
         if world > 1:
             torch.distributed.all_reduce(stats)
-        losses.append((stats / world).tolist() + [gnorm])
+        losses.append((stats / world).tolist() + [float(gnorm)])
     if rank == 0:
         torch.save(losses, out)
     dist.barrier()

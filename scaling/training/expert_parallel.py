@@ -117,6 +117,12 @@ def dispatch(ep: EPGroup, xs: Tensor, counts: Tensor, run_local) -> Tensor:
     return all_to_all_single_autograd(back, send_split, recv_split, ep.group)
 
 
+def _route_forward(router, top_k: int, x: Tensor):
+    from scaling.training.model import route
+
+    return route(x, router.weight, top_k)
+
+
 def _ep_experts(moe, xs: Tensor, offsets: Tensor, counts: Tensor) -> Tensor:
     """``MoE.expert_fn`` under EP (the layer's hook between its dispatch and its combine)."""
     return dispatch(moe.ep, xs, counts, moe.experts)
@@ -175,6 +181,11 @@ def localize_experts(model, meshes: EPMeshes) -> None:
         sizes = expert_split(moe.n_experts, P)
         moe.ep = EPGroup(group, P, rank, sizes)
         moe.expert_fn = functools.partial(_ep_experts, moe)
+        # the layer reads router.weight directly; under EP the router is its own FSDP group, whose
+        # hooks (all-gather, gradient reduce-scatter) run only when the module is called: route
+        # through a call of the router module, computing the layer's own route()
+        moe.router.forward = functools.partial(_route_forward, moe.router, moe.top_k)
+        moe.route = moe.router.__call__  # a bound method, not a submodule
         lo, hi = moe.ep.local
         for name in ("w_gate_up", "w_down"):
             full = getattr(moe, name)

@@ -295,11 +295,11 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return norm
 
 
-def _clip_grad_norm_ep(params: list[torch.Tensor], max_norm: float) -> float:
+def _clip_grad_norm_ep(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """The global norm with expert parallelism: DTensor gradients live on two meshes (``dp`` and
     the experts' ``expert_dp``), so the squared norm is summed per mesh; an expert share's norm
     covers only this EP rank's experts and is summed over the EP group (``p.ep_group``, set by
-    ``expert_parallel.shard_with_ep``)."""
+    ``expert_parallel.tag_expert_params``). A 0-d device tensor, as ``clip_grad_norm``."""
     from torch.distributed.tensor import DTensor
 
     groups: dict[tuple, list[torch.Tensor]] = {}
@@ -320,7 +320,7 @@ def _clip_grad_norm_ep(params: list[torch.Tensor], max_norm: float) -> float:
     if max_norm > 0:
         for members in groups.values():
             torch.nn.utils.clip_grads_with_norm_(members, max_norm, norm)
-    return float(norm)
+    return norm
 
 
 def train_step(
