@@ -84,3 +84,19 @@ def test_plan_without_parallel_table_has_no_verdict():
     plan = load_plan(ROOT / "plans" / "cpu-proxy.toml")
     lay = plan.runs[0].layout()
     assert lay.mode == "none" and lay.compute_dtype == "fp32" and plan.runs[0].gpu_memory_gb is None
+
+
+
+def test_h100_plan_fits_every_run_with_expert_parallelism(tmp_path):
+    """plans/paper-tiers-h100.toml: the eight runs on 80 GB GPUs with EP 8 inside a node (planner);
+    the same plan without EP does not fit SMELT at 600M."""
+    h100 = ROOT / "plans" / "paper-tiers-h100.toml"
+    res = runner.invoke(app, ["sweep", str(h100), "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["runs"]
+    assert len(rows) == 8 and all(r["fits"] and r["gpu_memory_gb"] == 80 for r in rows)
+    assert all(r["layout"]["ep"] == 8 and r["communication_gb_per_step"]["all_to_all"] > 0 for r in rows)
+    no_ep = tmp_path / "no-ep.toml"
+    no_ep.write_text(h100.read_text().replace("\nep = 8 ", "\n# ep = 8 "))
+    res = runner.invoke(app, ["sweep", str(no_ep), "--dry-run"])
+    assert res.exit_code == 2 and "error: tier 600M (600M-smelt-s0) needs" in res.stderr
