@@ -307,9 +307,8 @@ def split_expert_stacks(sd: dict, model) -> dict:
     return {"model": model_sd, "optim": {**sd["optim"], "state": state}}
 
 
-def stacked_checkpoint(path) -> bool:
-    """Whether a DCP checkpoint stores expert stacks whole (written before per-expert entries)."""
-    import torch.distributed.checkpoint as dcp
-
-    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+def stacked_checkpoint(metadata) -> bool:
+    """Whether a DCP checkpoint's metadata (``checkpoint.check_dcp_metadata``, read through the
+    restricted unpickler) stores expert stacks whole (written before per-expert entries)."""
+    keys = metadata.state_dict_metadata
     return any(k.startswith("model.") and k.endswith(EXPERT_STACKS) for k in keys)
