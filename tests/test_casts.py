@@ -123,6 +123,7 @@ def test_one_cast_per_all_gather_and_few_explicit_casts(arch, tmp_path):
         ((E,), "torch.int64", "torch.int32"): passes,              # expert offsets
         ((2, E), "torch.int64", "torch.float32"): passes,          # per-sequence counts
         ((cfg.seq_len, cfg.rotary_dim), "torch.float32", "torch.bfloat16"): 2,  # RoPE cos, sin
-        ((N, cfg.vocab_size), "torch.bfloat16", "torch.float32"): 1,  # logits for the fp32 loss
+        # the logits' fp32 cast happens chunk by chunk in scaling/training/chunked_ce.py, which
+        # this counter (casts called from model.py) does not see
     })
     assert high.calls == want

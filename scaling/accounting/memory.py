@@ -71,6 +71,9 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 [B, T, V] (c, held by the caller's output until backward ends), the fp32
                 log-probabilities cross-entropy saves (4*V), the int64 targets and embedding
                 ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
+                With the chunked cross-entropy (the default, ``Layout.chunked_ce``) the head
+                keeps N*(8*d + 4 + c*d + 16) + 4*V*d instead (``head_activation_bytes``) and
+                its transients are one chunk's logits (``head_working_bytes``).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
                 to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are read off the kernels' saved
@@ -123,6 +126,13 @@ tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi
   synced micro-batch: the weight gradient of both passes arrives summed (see ``working``).
   HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
 * DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
+* Expert parallelism of degree P (scaling/training/expert_parallel.py): a rank holds the
+  largest array_split share ceil(E/P) of each layer's experts, FSDP-sharded over the S / P
+  ranks of its shard group, so the experts' all-gather and reduce-scatter run over S / P ranks
+  on 1/P of the expert bytes (the rest of the layer as above). Per layer pass and micro-batch
+  each rank sends (P-1)/P of its N*k dispatched rows (c*d bytes each) four times: dispatch and
+  combine, in forward and again in backward (``all_to_all``; uniform routing assumed, the
+  imbalance of a real router is not modelled, nor the all-to-all's receive buffers).
 """
 
 from __future__ import annotations
@@ -215,6 +225,11 @@ class Layout:
                       the whole model), "last" for DDP (free there)
     seq_len           tokens per sequence (None: the config's)
     param_dtype, grad_dtype, optim_dtype, compute_dtype, reduce_dtype   "fp32" | "bf16" | "fp16"
+    ep                expert-parallel degree P (fsdp/hsdp): each layer's experts are split over P
+                      ranks (array_split), each share FSDP-sharded over the other S / P ranks of
+                      its shard group; must divide the shard degree S
+    chunked_ce        the loss is computed in token chunks (the trainer's default; see
+                      ``head_activation_bytes``); False: plain cross-entropy over [N, V] logits
     """
 
     mode: str = "none"
@@ -231,6 +246,8 @@ class Layout:
     optim_dtype: str = "fp32"
     compute_dtype: str = "bf16"
     reduce_dtype: str = "fp32"
+    chunked_ce: bool = True
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -249,15 +266,26 @@ class Layout:
             _dtype_bytes(getattr(self, name), name)
         if self.mode == "none" and self.world != 1:
             raise UserError(f"parallel mode 'none' runs on one GPU, but the layout has {self.world}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer, got {self.ep!r}")
+        if self.ep > 1 and self.mode not in ("fsdp", "hsdp"):
+            raise UserError(f"expert parallelism (ep = {self.ep}) needs parallel mode fsdp or hsdp")
         if self.replicate is not None:
             if self.mode != "hsdp":
                 raise UserError("a replicate degree is only meaningful for parallel mode 'hsdp'")
             if not isinstance(self.replicate, int) or self.replicate < 1 or self.world % self.replicate:
                 raise UserError(f"replicate degree {self.replicate!r} must divide the {self.world} GPUs")
+        if self.ep > 1 and self.shards % self.ep:
+            raise UserError(f"expert-parallel degree {self.ep} must divide the shard degree {self.shards}")
 
     @property
     def world(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def ep_intra_node(self) -> bool:
+        """Whether an EP group (P consecutive ranks) stays inside one node."""
+        return self.ep <= self.gpus_per_node and self.gpus_per_node % self.ep == 0
 
     @property
     def replicas(self) -> int:
@@ -294,6 +322,8 @@ class MemoryEstimate:
                    activation footprint, reported beside the peak's split)
     peak_at        where in the backward the peak falls ("head", "layer <i> pass <p>")
     all_gather, reduce_scatter, all_reduce   bytes each GPU sends per optimizer step
+    all_to_all     expert parallelism: token rows each GPU sends per optimizer step (dispatch
+                   and combine, forward and backward), under uniform routing
     """
 
     config_name: str
@@ -309,6 +339,7 @@ class MemoryEstimate:
     all_gather: int
     reduce_scatter: int
     all_reduce: int
+    all_to_all: int = 0
 
     @property
     def total(self) -> int:
@@ -316,7 +347,7 @@ class MemoryEstimate:
 
     @property
     def communication(self) -> int:
-        return self.all_gather + self.reduce_scatter + self.all_reduce
+        return self.all_gather + self.reduce_scatter + self.all_reduce + self.all_to_all
 
     def parts_gb(self) -> dict[str, float]:
         return {p: getattr(self, p) / GB for p in PARTS}
@@ -336,6 +367,7 @@ class MemoryEstimate:
                 "all_gather": self.all_gather / GB,
                 "reduce_scatter": self.reduce_scatter / GB,
                 "all_reduce": self.all_reduce / GB,
+                "all_to_all": self.all_to_all / GB,
                 "total": self.communication / GB,
             },
             "layout": asdict(self.layout),
@@ -346,6 +378,8 @@ class MemoryEstimate:
         where = f"{lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs"
         if lay.sharded:
             where += f" (shard {lay.shards} x replicate {lay.replicas})"
+        if lay.ep > 1:
+            where += f", expert-parallel {lay.ep}"
         parts = ", ".join(f"{p} {v:.2f}" for p, v in self.parts_gb().items())
         return (
             f"{self.config_name or 'model'}: {self.total / GB:.2f} GB per GPU, {where}, micro-batch "
@@ -353,7 +387,8 @@ class MemoryEstimate:
             f"{'on' if lay.activation_checkpointing else 'off'}\n"
             f"  parts (GB): {parts}; peak at {self.peak_at}\n"
             f"  communication per step and GPU (GB): all-gather {self.all_gather / GB:.2f}, "
-            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}"
+            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}, "
+            f"all-to-all {self.all_to_all / GB:.2f}"
         )
 
 
@@ -394,11 +429,36 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     return micro_batch * seq_len * per_token + rope + padded
 
 
-def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
+def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                          chunked_ce: bool = False) -> int:
     """Final norm (fp32 input, x * rstd, rstd), LM-head input, logits (c, held by the caller),
-    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids."""
+    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids.
+
+    With the chunked cross-entropy (scaling/training/chunked_ce.py) no logits are kept: its
+    forward saves the input gradient [N, d] (c) and the fp32 weight gradient [V, d] instead of
+    the head input, the logits and the log-probs: N*(8*d + 4 + c*d + 16) + 4*V*d."""
     d, V = cfg.d_model, cfg.vocab_size
+    if chunked_ce:
+        return micro_batch * seq_len * (8 * d + 4 + c * d + 2 * 8) + 4 * V * d
     return micro_batch * seq_len * (8 * d + 4 + c * d + (c + 4) * V + 2 * 8)
+
+
+def ce_chunk_tokens(vocab_size: int) -> int:
+    """Tokens per cross-entropy chunk: scaling.training.chunked_ce.default_chunk (2**24 // V)."""
+    return max(1, (1 << 24) // max(1, vocab_size))
+
+
+def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                       chunked_ce: bool = False) -> int:
+    """Transients of the loss. Plain: the backward's fp32 gradients of the log-probs and of the
+    logits, N*8*V. Chunked: the larger of one chunk's fp32 logits plus its compute-dtype copy
+    (C*V*(4 + c), c only when narrower than fp32) and the backward's scaled gradients plus the
+    weight gradient's cast to c (N*c*d + (4 + c)*V*d)."""
+    N, d, V = micro_batch * seq_len, cfg.d_model, cfg.vocab_size
+    if not chunked_ce:
+        return 8 * N * V
+    C = min(N, ce_chunk_tokens(V))
+    return max(C * V * (4 + (c if c < 4 else 0)), N * c * d + (4 + c) * V * d)
 
 
 def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
@@ -411,10 +471,20 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     S = layout.shards
     T = layout.seq_len or cfg.seq_len
     N = layout.micro_batch_size * T
-    d, V = cfg.d_model, cfg.vocab_size
+    d = cfg.d_model
 
     shapes = param_shapes(cfg)
-    local = sum(sharded_numel(s, S) for _, s in shapes)
+    P = layout.ep
+    if P > cfg.n_experts:
+        raise UserError(f"expert-parallel degree {P} exceeds the {cfg.n_experts} experts of {cfg.name}")
+    share = -(-cfg.n_experts // P)  # the largest EP share of a layer's experts (array_split)
+
+    def local_numel(name: str, shape: tuple[int, ...]) -> int:
+        if P > 1 and name.endswith(("moe.w_gate_up", "moe.w_down")):  # this rank's experts, FSDP
+            return sharded_numel((share, *shape[1:]), S // P)       # over the other S / P ranks
+        return sharded_numel(shape, S)
+
+    local = sum(local_numel(n, s) for n, s in shapes)
     n_total = total_params(cfg)
     params = pb * local
     grads = gb * local * (2 if layout.mode == "ddp" else 1)
@@ -424,10 +494,13 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c)
     resid = c if layout.sharded else pb  # FSDP2 mixed precision casts the residual stream too
     stored_pass = resid * N * d if layout.activation_checkpointing else A
-    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c)
-    head_work = 8 * N * V
+    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
+    head_work = head_working_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
     dp, fp = _expert_dims(cfg, c)
-    Lp = _layer_params(cfg)
+    expert_layer = cfg.n_experts * 3 * d * cfg.expert_hidden  # one layer's expert stacks
+    Lp_ne = _layer_params(cfg) - expert_layer                 # its non-expert parameters
+    share_layer = share * 3 * d * cfg.expert_hidden           # the experts one rank gathers
+    Lp = Lp_ne + share_layer  # one layer's parameters as FSDP all-gathers them on one rank
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
     # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
     layer_work = N * (2 * cfg.top_k * c * dp + resid * d) + (
@@ -435,7 +508,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     held_bytes = Lp * (c if layout.sharded else gb)
 
     # FSDP buffers / autocast copies (constant over the backward)
-    root = n_total - cfg.n_layers * Lp
+    root = n_total - cfg.n_layers * (Lp_ne + expert_layer)
     if layout.sharded:
         buffers = c * root + 2 * c * Lp + (c + rb) * Lp
         if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
@@ -487,9 +560,13 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     m_sync = m if layout.grad_sync == "every" else 1
     ag = rs = ar = 0
     if layout.sharded and S > 1:
-        frac = (S - 1) / S
-        ag = round(m * frac * c * (2 * cfg.n_layer_passes * Lp + root))
-        rs = round(m_sync * frac * rb * (cfg.n_layers * Lp + root))
+        frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
+        ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
+                            + frac_e * 2 * cfg.n_layer_passes * share_layer))
+        rs = round(m_sync * rb * (frac * (cfg.n_layers * Lp_ne + root) + frac_e * cfg.n_layers * share_layer))
+    # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
+    # (P-1)/P of them leave the rank under uniform routing
+    a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
     R = layout.replicas
     if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
         ar = round(2 * (R - 1) / R * gb * n_total)
@@ -499,5 +576,5 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
         activations=acts, working=work, buffers=buffers, activations_stored=activations_stored,
-        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar,
+        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar, all_to_all=a2a,
     )

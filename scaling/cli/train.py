@@ -157,6 +157,10 @@ def register(app: typer.Typer) -> None:
         replicate: Optional[int] = typer.Option(
             None, help="HSDP replicate degree [default: the number of nodes]."
         ),
+        ep: int = typer.Option(
+            1, help="Expert-parallel degree (fsdp/hsdp): each rank holds 1/ep of the experts, tokens "
+            "reach them by all-to-all; must divide the ranks [default: 1, no expert parallelism]."
+        ),
         resume: bool = typer.Option(
             False, "--resume",
             help="Continue an existing run from its last checkpoint (an error if the run does not exist).",
@@ -231,6 +235,7 @@ def register(app: typer.Typer) -> None:
             compile=compile_model,
             grad_sync=grad_sync,
             replicate=replicate,
+            ep=ep,
         )
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
         bar = _Bar() if show_progress(json_out, quiet) else None

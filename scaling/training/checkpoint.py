@@ -53,6 +53,7 @@ from scaling.common.errors import UserError
 from scaling.common.files import read_json
 from scaling.common.serialize import to_json
 from scaling.training import runlog
+from scaling.training.expert_parallel import split_expert_stacks, stacked_checkpoint
 from scaling.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,10 @@ class _MetadataUnpickler(pickle.Unpickler):
                                      "holds")
 
 
-def check_dcp_metadata(path: Path) -> None:
-    """Refuse (pickle.UnpicklingError) a DCP folder whose ``.metadata`` names anything but metadata."""
-    _MetadataUnpickler(io.BytesIO((Path(path) / ".metadata").read_bytes())).load()
+def check_dcp_metadata(path: Path):
+    """Refuse (pickle.UnpicklingError) a DCP folder whose ``.metadata`` names anything but metadata;
+    return the metadata (read through the restricted unpickler)."""
+    return _MetadataUnpickler(io.BytesIO((Path(path) / ".metadata").read_bytes())).load()
 
 
 def load_rng(path: Path) -> dict:
@@ -207,6 +209,8 @@ class Checkpointer:
             tmp.mkdir()
         self._barrier()
         msd, osd = get_state_dict(model, optimizer)
+        # one entry per expert, so that another expert-parallel degree can load it
+        payload = split_expert_stacks({"model": msd, "optim": osd}, model)
         meta = {"format": FORMAT, "name": name, "iter": state.iter, "run_id": self.run_id,
                 "identity_hash": self.hash, "identity": self.identity, "world_size": self.world,
                 "state": state.to_dict()}
@@ -215,12 +219,12 @@ class Checkpointer:
             if self.world > 1 and self._async_group is None:
                 self._async_group = torch.distributed.new_group(backend="gloo")
             with _quiet():
-                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp),
+                future = dcp.async_save(payload, checkpoint_id=str(tmp),
                                         process_group=self._async_group, no_dist=self.world == 1)
             self._pending = (future, tmp, name, meta, rng)
         else:
             with _quiet():
-                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp), no_dist=self.world == 1)
+                dcp.save(payload, checkpoint_id=str(tmp), no_dist=self.world == 1)
             self._finish(tmp, name, meta, rng)
 
     def wait(self) -> None:
@@ -296,9 +300,14 @@ class Checkpointer:
         msd, osd = get_state_dict(model, optimizer)
         sd = {"model": msd, "optim": osd}
         try:
-            check_dcp_metadata(path)
+            metadata = check_dcp_metadata(path)
+            # per-expert entries are views of the live stacks: loading them fills sd in place
+            # (a checkpoint from before per-expert entries holds whole stacks: loaded as they are)
+            payload = sd if stacked_checkpoint(metadata) else split_expert_stacks(sd, model)
             with _quiet():
-                dcp.load(sd, checkpoint_id=str(path), no_dist=self.world == 1)
+                dcp.load(payload, checkpoint_id=str(path), no_dist=self.world == 1)
+            if payload is not sd:  # non-tensor values (param_groups) are replaced, not filled
+                sd["optim"]["param_groups"] = payload["optim"]["param_groups"]
             rng = load_rng(path / RNG) if with_state else None
         except (Exception, CheckpointException) as exc:  # DCP's own type is a BaseException
             failures = getattr(exc, "failures", None)  # {rank: exception} of a CheckpointException

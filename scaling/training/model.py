@@ -26,6 +26,10 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.conf
   are deterministic). Shapes depend only on N, k, E and d, so ``torch.compile(fullgraph=True)``
   captures a whole block. (``x[idx]`` advanced indexing is avoided: its backward was ~50x
   slower than ``index_select``'s on CPU.)
+* Loss: with targets, cross-entropy is computed ``model.ce_chunk`` tokens at a time by
+  ``scaling.training.chunked_ce`` (the [N, V] fp32 logits never exist whole; same loss and
+  gradients as ``F.cross_entropy`` up to summation order); ``model.ce_chunk = 0`` switches to
+  the plain ``F.cross_entropy`` over the whole logits.
 * Auxiliary losses, returned separately and averaged over layer passes (the caller weights
   them): load balance ``E * sum_e f_e * P_e`` (Switch Transformer, Fedus et al. 2021, eq. 4-6,
   with top-k counting as in Hugging Face's Mixtral ``load_balancing_loss_func``: ``f_e`` =
@@ -46,13 +50,14 @@ is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scaling.accounting.config import ModelConfig
+from scaling.training.chunked_ce import chunked_cross_entropy, default_chunk
 
 IGNORE_INDEX = -100
 
@@ -61,7 +66,8 @@ IGNORE_INDEX = -100
 class ModelOutput:
     """What ``MoETransformer.forward`` returns.
 
-    logits          [B, T, V] float
+    logits          [B, T, V] float (a property: with targets and the chunked loss it is formed
+                    from the final hidden states only when read, so training never holds it)
     loss            mean cross-entropy (nats/token) over targets != -100; None without targets
     aux_loss        load-balancing loss, mean over layer passes (scalar; k for a uniform router)
     z_loss          router z-loss, mean over layer passes (scalar)
@@ -72,13 +78,22 @@ class ModelOutput:
                     in execution order (detached statistics; sums to B*T*k per row)
     """
 
-    logits: Tensor
+    _logits: Tensor | None = None
     loss: Tensor | None = None
     aux_loss: Tensor | None = None
     z_loss: Tensor | None = None
     per_token_loss: Tensor | None = None
     attn: list[dict] | None = None
     expert_counts: Tensor | None = None
+    # (final hidden [B, T, d], head weight [V, d]) when the loss was chunked: logits on demand
+    _head: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def logits(self) -> Tensor:
+        """[B, T, V]; under the chunked loss formed only when asked for (then cached)."""
+        if self._logits is None and self._head is not None:
+            object.__setattr__(self, "_logits", F.linear(*self._head))
+        return self._logits
 
 
 # ----- building blocks -------------------------------------------------------------------
@@ -347,6 +362,9 @@ class MoE(nn.Module):
         # loop is the fallback where grouped_mm cannot run (old torch; CUDA without bf16) and
         # the one place that syncs (its slice sizes come to the host).
         self.dispatch = "grouped_mm" if hasattr(F, "grouped_mm") else "loop"
+        # expert parallelism: the EPGroup (scaling.training.expert_parallel) and the hook that
+        # sends the rows to their experts' ranks; None = all E experts here
+        self.ep = None
         self.expert_fn = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -461,6 +479,12 @@ class MoETransformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.schedule = cfg.schedule()
+        # expert parallelism: parameter name -> (full shape, first row, end row) of the expert
+        # stacks this rank holds (scaling.training.expert_parallel.localize_experts)
+        self.ep_slices: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        # tokens per chunk of the cross-entropy (scaling.training.chunked_ce); 0 = one plain
+        # F.cross_entropy over the whole [N, V] logits
+        self.ce_chunk = default_chunk(cfg.vocab_size)
         cos, sin = rope_tables(cfg.rotary_dim, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -502,7 +526,10 @@ class MoETransformer(nn.Module):
                 write(p, torch.ones(p.shape))
                 continue
             s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
-            write(p, torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(s))
+            full_shape, lo, hi = self.ep_slices.get(name.replace("_checkpoint_wrapped_module.", ""),
+                                                    (p.shape, None, None))
+            value = torch.randn(full_shape, generator=gen, dtype=torch.float32).mul_(s)
+            write(p, value if lo is None else value[lo:hi])
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables where the model lives (after ``to_empty`` from the meta device:
@@ -543,21 +570,31 @@ class MoETransformer(nn.Module):
                 attn.append({"layer": layer, "pass": pass_, "probs": probs})
         n = len(self.schedule)
         x = self.norm(x)
-        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+        head_w = self.lm_head.weight if self.lm_head is not None else self.embed.weight
 
-        loss = per_token = None
-        if targets is not None:
-            flat = F.cross_entropy(
-                logits.view(B * T, -1).float(),
-                targets.reshape(B * T),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            )
-            loss = flat.sum() / (targets != IGNORE_INDEX).sum()
-            if return_per_token_loss:
-                per_token = flat.view(B, T)
+        logits = per_token = loss = None
+        # chunked unless switched off, or asked for per-token losses with a graph (they carry none)
+        chunked = targets is not None and self.ce_chunk and not (
+            return_per_token_loss and torch.is_grad_enabled())
+        if chunked:
+            total, flat = chunked_cross_entropy(x.reshape(B * T, -1), head_w, targets.reshape(B * T),
+                                                self.ce_chunk, IGNORE_INDEX)
+            loss = total / (targets != IGNORE_INDEX).sum()
+        else:
+            logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+            if targets is not None:
+                flat = F.cross_entropy(
+                    logits.view(B * T, -1).float(),
+                    targets.reshape(B * T),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="none",
+                )
+                loss = flat.sum() / (targets != IGNORE_INDEX).sum()
+        if targets is not None and return_per_token_loss:
+            per_token = flat.view(B, T)
         return ModelOutput(
-            logits=logits,
+            _logits=logits,
+            _head=(x, head_w) if chunked else None,
             loss=loss,
             aux_loss=aux_total / n,
             z_loss=z_total / n,

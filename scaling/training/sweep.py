@@ -63,7 +63,8 @@ def train_config(run: PlannedRun, threads: int | None = None):
             fields[name] = str(expand_path(run.data[key])) if key in ("path", "tokenizer") else run.data[key]
     fields.update(tokens=run.budgets, seed=run.seed)
     # the [parallel] layout that the memory planner checked is the one trained
-    for key, field in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):
+    for key, field in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate"),
+                       ("ep", "ep")):
         if key in run.parallel:
             if field in fields and fields[field] != run.parallel[key]:
                 raise UserError(f"run {run.name}: [train] {field} = {fields[field]!r} contradicts "

@@ -52,6 +52,7 @@ Format (see ``plans/cpu-proxy.toml``)::
     gpu_memory_gb = 141                    # per GPU, GB = 1e9 bytes; runs must fit under it
     grad_sync = "every"                    # "every" micro-batch or only the "last" (default:
                                            # "every" when sharded, "last" otherwise)
+    ep = 8                                 # expert-parallel degree (fsdp/hsdp; default 1)
 
     [tier."1.6B".parallel]                 # per-tier layout overrides
     nodes = 4
@@ -84,7 +85,7 @@ _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "descri
 EXECUTORS = ("local", "slurm", "debug")
 _EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition",
                   "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
-_PARALLEL_KEYS = {"mode", "gpus_per_node", "nodes", "replicate", "gpu_memory_gb", "grad_sync"}
+_PARALLEL_KEYS = {"mode", "gpus_per_node", "nodes", "replicate", "gpu_memory_gb", "grad_sync", "ep"}
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ class TrainConfig:
                       (FSDP: keeps gradients sharded between micro-batches); None: "every" under
                       fsdp/hsdp, "last" otherwise (the memory planner's rule)
     replicate         HSDP replicate degree (None: the number of nodes)
+    ep                expert-parallel degree (fsdp/hsdp only; 1: every rank holds every expert's
+                      shard): scaling.training.expert_parallel
     """
 
     tokens: tuple[float, ...]
@@ -164,6 +166,7 @@ class TrainConfig:
     compile: bool | None = None
     grad_sync: str | None = None
     replicate: int | None = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
         try:
@@ -194,6 +197,11 @@ class TrainConfig:
         if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):
             raise UserError(f"replicate must be a positive HSDP replicate degree, got {self.replicate!r} "
                             f"with parallel {self.parallel!r}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer, got {self.ep!r}")
+        if self.ep > 1 and self.parallel not in ("fsdp", "hsdp"):
+            raise UserError(f"expert parallelism (ep = {self.ep}) needs parallel fsdp or hsdp, "
+                            f"got {self.parallel!r}")
         check_log_to(self.log_to)
         resolve_peak_flops(self.peak_flops)
         if self.mfu and self.peak_flops is None:
@@ -219,7 +227,7 @@ class TrainConfig:
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate"}
+               "grad_sync", "replicate", "ep"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
@@ -624,7 +632,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
     resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
     ...), before creating any folder where it can.
     """
-    dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate)
+    dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate,
+                             ep=train_cfg.ep)
     try:
         trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
                           runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
