@@ -94,19 +94,9 @@ def open_data(
 
 def check_data_table(table: Any, where: str) -> dict[str, Any]:
     """A plan's [data] table, validated (unknown keys and wrong types are errors)."""
-    if not isinstance(table, dict):
-        raise UserError(f"{where}: [data] must be a table")
-    unknown = sorted(set(table) - set(DATA_KEYS))
-    if unknown:
-        raise UserError(f"{where}: unknown [data] keys: {', '.join(unknown)}; valid keys: "
-                        f"{', '.join(DATA_KEYS)}")
-    types = {"path": str, "tokenizer": str, "allow_repeat": bool, "max_bytes": int, "val_fraction": float}
-    for key, value in table.items():
-        ok = isinstance(value, types[key]) and not (types[key] is int and isinstance(value, bool))
-        if types[key] is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok:
-            raise UserError(f"{where}: [data] {key} must be a {types[key].__name__}, got {value!r}")
+    from scaling.training.schema import DATA, check_table
+
+    table = check_table(table, DATA, where, "[data]")
     if "path" in table and ("max_bytes" in table or "val_fraction" in table):
         raise UserError(f"{where}: [data] max_bytes and val_fraction apply to the built-in corpus, "
                         "not to a path")

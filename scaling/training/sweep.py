@@ -18,7 +18,6 @@ the tasks form one process group and only rank 0 writes the run folder. Runs of 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -28,12 +27,9 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
-from scaling.training.data import DATA_TO_TRAIN, expand_path
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
-# [train] keys that are options of train() rather than TrainConfig fields
-RUN_OPTIONS = {"save_final_weights"}
 
 
 def run_status(runs_dir: Path, name: str) -> str:
@@ -50,28 +46,8 @@ def run_status(runs_dir: Path, name: str) -> str:
 
 
 def train_config(run: PlannedRun, threads: int | None = None):
-    from scaling.training.trainer import TrainConfig
-
-    fields = {k: v for k, v in run.train.items() if k not in RUN_OPTIONS}
-    unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown:
-        raise UserError(f"run {run.name}: unknown [train] keys: {', '.join(sorted(unknown))}")
-    for key, name in DATA_TO_TRAIN.items():
-        if key in run.data:
-            if name in fields:
-                raise UserError(f"run {run.name}: {name} is set in [train] and as {key} in [data]; keep one")
-            fields[name] = str(expand_path(run.data[key])) if key in ("path", "tokenizer") else run.data[key]
-    fields.update(tokens=run.budgets, seed=run.seed)
-    # the [parallel] layout that the memory planner checked is the one trained
-    for key, field in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):
-        if key in run.parallel:
-            if field in fields and fields[field] != run.parallel[key]:
-                raise UserError(f"run {run.name}: [train] {field} = {fields[field]!r} contradicts "
-                                f"[parallel] {key} = {run.parallel[key]!r}; set it in [parallel] only")
-            fields[field] = run.parallel[key]
-    if threads is not None:
-        fields["threads"] = threads
-    return TrainConfig.from_dict(fields)
+    """The run's TrainConfig (see :meth:`PlannedRun.train_config`)."""
+    return run.train_config(threads)
 
 
 def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,

@@ -76,6 +76,7 @@ from scaling.training.parallel import (
     train_step,
 )
 from scaling.training.schedule import lr_at
+from scaling.training.schema import check_fields, check_value
 from scaling.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -163,14 +164,19 @@ class TrainConfig:
     replicate: int | None = None
 
     def __post_init__(self) -> None:
-        try:
-            tokens = tuple(float(t) for t in self.tokens)
-        except (TypeError, ValueError):
-            raise UserError(f"tokens must be numbers, got {self.tokens!r}") from None
+        # types first (the schema shared with plans and `train --config`), then ranges
+        check_value("tokens", self.tokens, tuple[float, ...])
+        check_value("log_to", self.log_to, tuple[str, ...])
+        tokens = tuple(float(t) for t in self.tokens)
         if not tokens or not all(0 < t < float("inf") for t in tokens):
             raise UserError(f"token budgets must be positive finite numbers, got {list(self.tokens)}")
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "log_to", tuple(self.log_to))
+        check_fields(self)
+        for name, ok, text in _RANGES:
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise UserError(f"{name} must be {text}, got {value!r}")
         for name in ("batch_size", "eval_batch_size", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -211,6 +217,24 @@ class TrainConfig:
         return DataSpec(vocab_size=vocab_size, max_bytes=self.data_max_bytes,
                         val_fraction=self.data_val_fraction)
 
+
+# Range rules of TrainConfig fields (types come from the annotations: scaling.training.schema).
+_RANGES = (
+    ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
+    ("decay_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("eps", lambda v: v > 0, "> 0"),
+    ("grad_clip", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("aux_coef", lambda v: v >= 0, ">= 0"),
+    ("z_coef", lambda v: v >= 0, ">= 0"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("val_windows", lambda v: v >= 1, ">= 1 (or absent: the whole split)"),
+    ("data_max_bytes", lambda v: v >= 1, ">= 1"),
+    ("data_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+)
 
 # Fields that may differ between a run and its resumption: they do not change the maths, except
 # device/threads/parallel, which change float rounding (a warning is logged for those).
