@@ -87,7 +87,8 @@ def test_custom_tiers_get_matched_twins(tmp_path):
 
 @pytest.mark.parametrize("edit,msg", [
     (lambda s: s.replace('"tiny-a", "tiny-b"', '"tiny-a", "nope"'), "unknown tier 'nope'"),
-    (lambda s: s.replace("budgets = [1024, 2048, 4096]", "budgets = [1024, -5]"), "not a positive finite number"),
+    (lambda s: s.replace("budgets = [1024, 2048, 4096]", "budgets = [1024, -5]"),
+     "not a positive finite number"),
     (lambda s: s.replace('archs = ["baseline", "smelt"]', 'archs = ["dense"]'), "unknown arch"),
     (lambda s: s.replace("[sweep]", "[sweeep]"), "missing [sweep]"),
 ])

@@ -138,7 +138,8 @@ PARALLEL = {
     "gpus_per_node": _pos_int("GPUs (ranks) per node"),
     "nodes": _pos_int("nodes"),
     "replicate": _pos_int("hsdp: replicate degree"),
-    "gpu_memory_gb": Key(float, "per-GPU memory in GB (1e9 bytes) the run must fit in", positive, "> 0"),
+    "gpu_memory_gb": Key(float, "per-GPU memory in GB (1e9 bytes) the run must fit in", positive,
+                         "a positive number of GB"),
     "grad_sync": Key(str, "every or last"),
 }
 DATA = {
