@@ -58,6 +58,7 @@ from scaling.training.corpus import DataSpec
 from scaling.training.data import open_data
 from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
 from scaling.training.evaluate import Evaluator, autocast
+from scaling.training.lock import RunLock, check_free
 from scaling.training.metrics import (
     MetricsSink,
     check_log_to,
@@ -327,12 +328,14 @@ def _config_diff(old: dict, new: dict) -> list[str]:
     return identity_diff(sections["a"], sections["b"])
 
 
-def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
+def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool, locked: bool = False) -> bool:
     """Whether the run folder holds a run to resume; UserError for what cannot go on. No side effects."""
     if resume and overwrite:
         raise UserError("resume and overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run folder {run_dir} is a file")
+    if run_dir.is_dir() and not locked:
+        check_free(run_dir)  # another training writes it: refuse now, before reading anything
     exists = (run_dir / runlog.CONFIG).exists() or (run_dir / runlog.METRICS).exists()
     if exists and not (resume or overwrite):
         raise UserError(f"run folder {run_dir} already holds a run; resume it or overwrite it")
@@ -345,7 +348,11 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     return exists and resume
 
 
-def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> None:
+def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None, lock: RunLock,
+                    unchanged: Callable[[], bool]) -> None:
+    """Create the folder and take its lock before any write; then delete what --overwrite replaces.
+    ``unchanged()`` re-checks, under the lock, that no other training made or finished a run there
+    since this one looked."""
     created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -356,6 +363,10 @@ def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> No
         if created and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise UserError(f"run folder {run_dir} is not writable: {exc.strerror or exc}") from None
+    lock.acquire(run_dir)
+    if not unchanged():
+        raise UserError(f"run folder {run_dir} changed while this training started (another training "
+                        "wrote it); start again")
     if overwrite:
         for name in (runlog.CONFIG, runlog.METRICS, runlog.FINAL, runlog.WEIGHTS):
             (run_dir / name).unlink(missing_ok=True)
@@ -373,9 +384,10 @@ class Trainer:
     def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, dist: DistEnv, *, tier: str,
                  proxy: bool | None,
                  run_name: str | None, runs_dir: Path, ckpt_dir: Path | None, resume: bool, overwrite: bool,
-                 progress: Callable[[Progress], None] | None, data_cache):
+                 progress: Callable[[Progress], None] | None, data_cache, lock: RunLock | None = None):
 
         self.model_cfg, self.cfg, self.dist = model_cfg, cfg, dist
+        self.lock = lock if lock is not None else RunLock()  # rank 0 takes it when it creates the folder
         self.tier = tier
         self.proxy = tier.startswith("proxy") if proxy is None else proxy
         self.progress = progress if dist.is_main else None
@@ -434,7 +446,8 @@ class Trainer:
                                          every=cfg.ckpt_every, async_save=cfg.async_ckpt)
 
         def create():
-            _create_run_dir(run_dir, overwrite, old_ckpt)
+            _create_run_dir(run_dir, overwrite, old_ckpt, self.lock,
+                            lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
             if not existed:
                 self.checkpointer.check_empty()
                 runlog.write_json(run_dir / runlog.CONFIG, meta)
@@ -636,13 +649,15 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
     ...), before creating any folder where it can.
     """
     dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate)
+    lock = RunLock()
     try:
         trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
                           runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
-                          progress=progress, data_cache=data_cache)
+                          progress=progress, data_cache=data_cache, lock=lock)
         doc = trainer.train()
         if save_final_weights:
             trainer.save_weights()
         return {**doc, "run_dir": str(trainer.run_dir), "ckpt_dir": str(trainer.ckpt_dir)}
     finally:
+        lock.release()
         dist.close()
