@@ -175,6 +175,10 @@ def register(app: typer.Typer) -> None:
         data_max_bytes: Optional[int] = typer.Option(
             None, help="Use a small deterministic subset of the built-in corpus (tests)."
         ),
+        verify_data: str = typer.Option(
+            "cheap", help="Shard check at start: cheap (hash only shards whose size or mtime changed since "
+            "their last check) or full (hash every shard: catches bit rot that keeps the mtime)."
+        ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar or messages."),
         json_out: bool = typer.Option(
             False, "--json", help="Print final.json (one JSON document) on stdout."
@@ -212,6 +216,7 @@ def register(app: typer.Typer) -> None:
             data=str(data) if data is not None else None,
             data_tokenizer=str(data_tokenizer) if data_tokenizer is not None else None,
             data_max_bytes=data_max_bytes,
+            data_verify=verify_data,
             device=device,
             threads=threads,
             async_ckpt=async_ckpt,

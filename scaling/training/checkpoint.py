@@ -311,7 +311,11 @@ def latest_iter(folder: Path) -> int | None:
 def run_identity(model: dict, train: dict, budgets: list[dict], provenance: dict, code: dict) -> dict:
     """The sections a checkpoint must match to be resumed by a run (see the module docstring)."""
     data: dict[str, Any] = {"key": provenance.get("key"), "spec": provenance.get("spec")}
-    data["sources"] = {s.get("name"): s.get("sha256") for s in provenance.get("sources", [])}
+    # built-in corpus sources carry a name, shard-manifest sources a path (keyed by name alone,
+    # every manifest source collapsed into one key: issue 25)
+    data["sources"] = {s.get("name") or s.get("path"): s.get("sha256") for s in provenance.get("sources", [])}
     data["tokenizer"] = (provenance.get("tokenizer") or {}).get("sha256")
+    if provenance.get("manifest_sha256"):  # shards: the manifest fixes every shard's hash and the split
+        data["manifest_sha256"] = provenance["manifest_sha256"]
     return {"model": model, "train": train, "budgets": {"budgets": budgets}, "data": data,
             "code": {"version": code.get("version"), "git_commit": code.get("git_commit")}}

@@ -151,6 +151,8 @@ DATA = {
     "max_bytes": Key(int, "built-in corpus only: a small deterministic subset", positive, ">= 1"),
     "val_fraction": Key(float, "built-in corpus only: fraction of documents held out",
                         lambda v: 0 < v < 1, "in (0, 1)"),
+    "verify": Key(str, "shard check at start: cheap (size, mtime) or full (SHA-256 of every shard)",
+                  lambda v: v in ("cheap", "full"), "cheap or full"),
 }
 
 

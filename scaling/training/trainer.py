@@ -114,6 +114,8 @@ class TrainConfig:
     data              folder of token shards (``smelt-scale prepare-data``); None: built-in corpus
     data_tokenizer    tokenizer.json the shards must have been made with (None: not checked)
     data_max_bytes    None: full corpus; else the DataSpec test subset (built-in corpus only)
+    data_verify       shard check at start: "cheap" (hash only the shards whose size or mtime
+                      changed since their last full check) or "full" (hash every shard)
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
     parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
@@ -156,6 +158,7 @@ class TrainConfig:
     data_tokenizer: str | None = None
     data_max_bytes: int | None = None
     data_val_fraction: float = 0.025
+    data_verify: str = "cheap"
     device: str = "auto"
     threads: int | None = None
     parallel: str = "none"
@@ -235,13 +238,14 @@ _RANGES = (
     ("val_windows", lambda v: v >= 1, ">= 1 (or absent: the whole split)"),
     ("data_max_bytes", lambda v: v >= 1, ">= 1"),
     ("data_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("data_verify", lambda v: v in ("cheap", "full"), "cheap or full"),
 )
 
 # Fields that may differ between a run and its resumption: they do not change the maths, except
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate"}
+               "grad_sync", "replicate", "data_verify"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
@@ -326,6 +330,24 @@ def _config_diff(old: dict, new: dict) -> list[str]:
                 value = {"budgets": value}
             sections.setdefault(key, {})[section] = value
     return identity_diff(sections["a"], sections["b"])
+
+
+def _check_same_data(run: str, old: dict | None, new: dict) -> None:
+    """UserError naming what changed when a resumed run would read other data than it started on
+    (the manifest's hash, token counts, tokenizer, ...): a resume must never mix two data sets."""
+    if not isinstance(old, dict):
+        return  # a run folder older than the data identity: the checkpoint identity still checks
+    # keys both record (a key added by a later version is not a change of the data)
+    changed = [k for k in sorted(old) if k in new and old[k] != new[k]]
+    if not changed:
+        return
+
+    def show(v):
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)[:16]
+
+    what = ", ".join(f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in changed[:4])
+    raise UserError(f"run {run} was started on other data ({what}); resuming would mix two data sets: "
+                    "point it at the data it started on, or overwrite it")
 
 
 def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool, locked: bool = False) -> bool:
@@ -414,7 +436,8 @@ class Trainer:
         def open_():
             return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
                              val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
-                             tokenizer=cfg.data_tokenizer)
+                             tokenizer=cfg.data_tokenizer,
+                             verify=cfg.data_verify if dist.is_main else "cheap")  # rank 0 checked it
 
         if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
             self.corpus = open_()
@@ -512,6 +535,7 @@ class Trainer:
                 return {}
             raise UserError(f"{path} is unreadable; cannot resume this run") from None
         if existed:
+            _check_same_data(self.run_name, old.get("data_identity"), meta["data_identity"])
             diff = _config_diff(old, meta)
             if diff:
                 raise UserError(f"run {self.run_name} exists with a different configuration "
