@@ -13,7 +13,7 @@ from scaling.cli._util import check_output_dir, emit_json, run_cli, show_progres
 from scaling.common.errors import UserError
 from scaling.common.format import duration
 from scaling.training.data import check_data_use, plan_data_use
-from scaling.training.sweep import check_memory, estimate, run_status, submit, train_config
+from scaling.training.sweep import check_memory, check_recorded, estimate, run_status, submit, train_config
 from scaling.training.sweep_plan import EXECUTORS, load_plan
 
 
@@ -80,6 +80,7 @@ def register(app: typer.Typer) -> None:
         def refuse() -> None:
             """The refusals of a real sweep; a dry run raises them too, after its table."""
             check_memory(estimate(plan, probe=False))
+            check_recorded(plan)
             if data_errors:
                 more = f" (and {len(data_errors) - 1} more)" if len(data_errors) > 1 else ""
                 raise UserError(data_errors[0] + more)
