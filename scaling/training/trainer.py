@@ -332,6 +332,20 @@ def _config_diff(old: dict, new: dict) -> list[str]:
     return identity_diff(sections["a"], sections["b"])
 
 
+def _check_ids(batch, vocab_size: int, what: str) -> None:
+    """UserError when a batch ``(inputs, targets)`` (windows shifted by one) holds an id
+    the model has no embedding for: a manifest whose vocab_size or dtype is wrong would otherwise
+    fail inside the embedding (CPU) or as a device-side assert (CUDA)."""
+    x, y = batch
+    if not y.size:
+        return
+    top, low = max(int(y.max()), int(x[:, 0].max())), min(int(y.min()), int(x[:, 0].min()))
+    if top >= vocab_size or low < 0:
+        raise UserError(f"{what} holds token id {top:,}, outside the model's vocabulary of {vocab_size:,} "
+                        "ids (data made with another tokenizer, or indexed with the wrong vocab size or "
+                        "dtype?)")
+
+
 def _check_same_data(run: str, old: dict | None, new: dict) -> None:
     """UserError naming what changed when a resumed run would read other data than it started on
     (the manifest's hash, token counts, tokenizer, ...): a resume must never mix two data sets."""
@@ -447,6 +461,11 @@ class Trainer:
         windows = {"": self.corpus.val_windows(T, cfg.val_windows)}
         if cfg.val_by_source:
             windows.update(self.corpus.val_windows_by_source(T, cfg.val_windows))
+        # ids the model has no embedding for: refused here, before the run folder exists (and
+        # every batch is checked again in train_step)
+        _check_ids(windows[""], model_cfg.vocab_size, "the validation split")
+        _check_ids(self.corpus.train_batch(cfg.seed, 0, cfg.batch_size, T), model_cfg.vocab_size,
+                   "the first training batch")
         self.evaluator = Evaluator(windows, cfg.eval_batch_size, device, dist.rank, dist.world)
 
         code = runlog.code_version()
@@ -565,6 +584,7 @@ class Trainer:
         t0 = time.perf_counter()
         x_np, y_np = self.corpus.train_batch(cfg.seed, step, cfg.batch_size, self.model_cfg.seq_len,
                                              self.dist.rank, self.dist.world)
+        _check_ids((x_np, y_np), self.model_cfg.vocab_size, f"the training batch of step {step + 1}")
         x_all = torch.from_numpy(x_np).to(device, non_blocking=True)
         y_all = torch.from_numpy(y_np).to(device, non_blocking=True)
         data_wait = time.perf_counter() - t0
