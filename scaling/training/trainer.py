@@ -58,6 +58,7 @@ from scaling.training.corpus import DataSpec
 from scaling.training.data import open_data
 from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
 from scaling.training.evaluate import Evaluator, autocast
+from scaling.training.launcher import stop_requested
 from scaling.training.lock import RunLock, check_free
 from scaling.training.metrics import (
     MetricsSink,
@@ -625,6 +626,10 @@ class Trainer:
                 self.save()
         try:
             while not s.done:
+                reason = stop_requested()  # a safe point: nothing of update s.iter + 1 is written yet
+                if reason is not None:
+                    raise UserError(f"{reason}: stopped before update {s.iter + 1} without writing more; "
+                                    "resume the run with --resume")
                 t0 = time.perf_counter()
                 record, data_wait = self.train_step(s.position)
                 timer["train"] += time.perf_counter() - t0
