@@ -143,25 +143,8 @@ class PlannedRun:
         and the [parallel] mode (UserError for contradictions and for what TrainConfig refuses)."""
         from scaling.training.trainer import TrainConfig
 
-        fields = {k: v for k, v in self.train.items() if k not in RUN_OPTIONS}
-        unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
-        if unknown:
-            raise UserError(f"run {self.name}: unknown [train] keys: {', '.join(sorted(unknown))}")
-        for key, name in DATA_TO_TRAIN.items():
-            if key in self.data:
-                if name in fields:
-                    raise UserError(f"run {self.name}: {name} is set in [train] and as {key} in [data]; "
-                                    "keep one")
-                value = self.data[key]
-                fields[name] = str(expand_path(value)) if key in ("path", "tokenizer") else value
+        fields = train_fields(self.train, self.data, self.parallel, f"run {self.name}")
         fields.update(tokens=self.budgets, seed=self.seed)
-        # the [parallel] layout that the memory planner checked is the one trained
-        for key, name in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):
-            if key in self.parallel:
-                if name in fields and fields[name] != self.parallel[key]:
-                    raise UserError(f"run {self.name}: [train] {name} = {fields[name]!r} contradicts "
-                                    f"[parallel] {key} = {self.parallel[key]!r}; set it in [parallel] only")
-                fields[name] = self.parallel[key]
         if threads is not None:
             fields["threads"] = threads
         return TrainConfig(**fields)
@@ -173,6 +156,53 @@ class PlannedRun:
     def flops(self, decay_fraction: float) -> float:
         """Total training FLOPs of the run (branches included)."""
         return costs(self.model).flops_per_token * self.tokens_trained(decay_fraction)
+
+
+def train_fields(train: dict[str, Any], data: dict[str, Any], parallel: dict[str, Any],
+                 what: str) -> dict[str, Any]:
+    """TrainConfig fields from checked [train], [data] and [parallel] tables, the one rule shared by
+    plans and ``train --config``: [data] keys map to their ``data_*`` fields, [parallel] mode /
+    grad_sync / replicate to ``parallel`` / ``grad_sync`` / ``replicate``; a key set in two tables
+    is an error (UserError naming ``what``)."""
+    from scaling.training.trainer import TrainConfig
+
+    fields = {k: v for k, v in train.items() if k not in RUN_OPTIONS}
+    unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise UserError(f"{what}: unknown [train] keys: {', '.join(sorted(unknown))}")
+    for key, name in DATA_TO_TRAIN.items():
+        if key in data:
+            if name in fields:
+                raise UserError(f"{what}: {name} is set in [train] and as {key} in [data]; keep one")
+            value = data[key]
+            fields[name] = str(expand_path(value)) if key in ("path", "tokenizer") else value
+    # the [parallel] layout that the memory planner checked is the one trained
+    for key, name in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):
+        if key in parallel:
+            if name in fields and fields[name] != parallel[key]:
+                raise UserError(f"{what}: [train] {name} = {fields[name]!r} contradicts "
+                                f"[parallel] {key} = {parallel[key]!r}; set it in [parallel] only")
+            fields[name] = parallel[key]
+    return fields
+
+
+def read_train_file(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``train --config FILE``: (TrainConfig fields, train() options) from its [train], [data] and
+    [parallel] tables, checked by the plan's schema. A plan file may be given: its sweep-only
+    tables ([sweep], [executor], [tier], [model]) are not read by ``train`` and [train] may also
+    hold ``tokens`` and ``seed`` (a plan takes them from [sweep])."""
+    path = Path(path)
+    where = str(path)
+    doc = read_toml(path, "config")
+    unknown = sorted(set(doc) - set(TABLES))
+    if unknown:
+        raise UserError(f"{where}: unknown tables: {', '.join(unknown)}; `train --config` reads [train], "
+                        "[data] and [parallel]")
+    train = check_table(doc.get("train", {}), _train_schema(), where, "[train]")
+    data = check_data_table(doc.get("data", {}), where)
+    parallel = check_table(doc.get("parallel", {}), schema.PARALLEL, where, "[parallel]")
+    options = {k: train[k] for k in RUN_OPTIONS if k in train}
+    return train_fields(train, data, parallel, where), options
 
 
 @dataclass(frozen=True)
