@@ -327,8 +327,8 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
                 )
     for run in runs:  # what a run refuses when it starts is an error of the plan, found before any work
         try:
+            cfg = run.train_config()  # types and ranges first: layout() divides by batch sizes
             run.layout()
-            cfg = run.train_config()
             BranchPlan.build(cfg.tokens, cfg.batch_size * run.model.seq_len, cfg.schedule, cfg.decay_fraction)
         except UserError as exc:
             raise UserError(f"{where} [{run.tier}] run {run.name}: {exc}") from None
@@ -378,15 +378,37 @@ def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
     return {"baseline": match.baseline, "smelt": match.smelt, "proxy": proxy}
 
 
+MAX_DEPTH = 32  # nesting of tables and arrays a plan may have (its schema needs 4)
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of dicts/lists, computed without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
 def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
-    """A TOML file as a dict; UserError (one line) when missing or malformed."""
+    """A TOML file as a dict; UserError (one line) when missing, malformed or nested deeper than
+    ``MAX_DEPTH`` (Python's recursive TOML parser, and every reader after it, would overflow
+    the stack on a few thousand nested arrays)."""
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{what} file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{path} is nested too deeply to read (at most {MAX_DEPTH} levels)") from None
+    if _depth(doc) > MAX_DEPTH:
+        raise UserError(f"{path} is nested too deeply (at most {MAX_DEPTH} levels of tables and arrays)")
+    return doc
 
 
 def load_plan(path: Path | str) -> SweepPlan:
