@@ -101,3 +101,14 @@ def test_old_config_json_still_loads():
            "log_to": ["jsonl"], "peak_flops": None, "removed_key": 1}
     cfg = TrainConfig.from_dict(doc)
     assert cfg.tokens == (250000.0, 500000.0) and cfg.weight_decay == 0
+
+
+def test_every_shipped_run_config_loads():
+    import json
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "runs").rglob("config.json"))
+    if not configs:
+        pytest.skip("no shipped runs/ in this checkout")
+    for path in configs:
+        TrainConfig.from_dict(json.loads(path.read_text())["train"])
