@@ -134,13 +134,14 @@ EXECUTOR = {
     "gpu_peak_flops": Key(float, "dense peak FLOP/s of one GPU", positive, "> 0"),
 }
 PARALLEL = {
-    "mode": Key(str, "none, ddp, fsdp or hsdp"),
+    "mode": Key(str, "none, ddp, fsdp or hsdp", lambda v: v in ("none", "ddp", "fsdp", "hsdp"),
+                "one of none, ddp, fsdp, hsdp"),
     "gpus_per_node": _pos_int("GPUs (ranks) per node"),
     "nodes": _pos_int("nodes"),
     "replicate": _pos_int("hsdp: replicate degree"),
     "gpu_memory_gb": Key(float, "per-GPU memory in GB (1e9 bytes) the run must fit in", positive,
                          "a positive number of GB"),
-    "grad_sync": Key(str, "every or last"),
+    "grad_sync": Key(str, "every or last", lambda v: v in ("every", "last"), "every or last"),
 }
 DATA = {
     "path": Key(str, "folder made by `smelt-scale prepare-data` (absent: the built-in corpus)", bool,
