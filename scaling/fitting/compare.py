@@ -34,7 +34,6 @@ evaluation sequences, at that run's final weights.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 
 CLUSTERS = ("run", "seed", "none")
 SOURCE_PREFIX = "val_loss/"
@@ -287,7 +287,7 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
         if reference not in files or candidate not in files:
             continue
         try:
-            ref, cand = (json.loads(files[g].read_text())["result"]["buckets"]
+            ref, cand = (read_json(files[g])["result"]["buckets"]
                          for g in (reference, candidate))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if warn is not None:

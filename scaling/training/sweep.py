@@ -27,6 +27,7 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
+from scaling.common.files import read_config
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
@@ -38,9 +39,9 @@ def run_status(runs_dir: Path, name: str) -> str:
     final = folder / "final.json"
     if final.exists():
         try:
-            if json.loads(final.read_text()).get("complete"):
+            if read_config(final, "final").get("complete"):
                 return "done"
-        except (OSError, json.JSONDecodeError, AttributeError):
+        except (OSError, ValueError, AttributeError):
             return "partial"
     return "partial" if (folder / "config.json").exists() else "new"
 

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +79,7 @@ from scaling.accounting.matching import smelt_twin
 from scaling.accounting.memory import Layout
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
+from scaling.common.files import read_config
 from scaling.training import schema
 from scaling.training.branches import BranchPlan
 from scaling.training.data import DATA_TO_TRAIN, check_data_table, expand_path
@@ -378,37 +378,9 @@ def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
     return {"baseline": match.baseline, "smelt": match.smelt, "proxy": proxy}
 
 
-MAX_DEPTH = 32  # nesting of tables and arrays a plan may have (its schema needs 4)
-
-
-def _depth(obj: Any) -> int:
-    """Nesting depth of dicts/lists, computed without recursion."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, d)
-            if d <= MAX_DEPTH:
-                stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
 def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
-    """A TOML file as a dict; UserError (one line) when missing, malformed or nested deeper than
-    ``MAX_DEPTH`` (Python's recursive TOML parser, and every reader after it, would overflow
-    the stack on a few thousand nested arrays)."""
-    path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{what} file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise UserError(f"{path} is nested too deeply to read (at most {MAX_DEPTH} levels)") from None
-    if _depth(doc) > MAX_DEPTH:
-        raise UserError(f"{path} is nested too deeply (at most {MAX_DEPTH} levels of tables and arrays)")
-    return doc
+    """A TOML file as a dict; UserError (one line) when missing or malformed."""
+    return read_config(path, what, fmt="toml")
 
 
 def load_plan(path: Path | str) -> SweepPlan:
