@@ -74,7 +74,8 @@ def test_two_concurrent_trainers(tmp_path, env):
     metrics = tmp_path / "runs" / "busy" / "metrics.jsonl"
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and first.poll() is None and not metrics.exists():
+        while time.time() < deadline and first.poll() is None and not read_jsonl(metrics,
+                                                                                 missing_ok=True).rows:
             time.sleep(0.05)
         assert first.poll() is None, first.stderr.read().decode()[-800:]
         run_id = json.loads((tmp_path / "runs" / "busy" / "config.json").read_text())["run_id"]
