@@ -130,7 +130,8 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
                  run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
                  resume=planned_status(run, Path(runs_dir)) != "new",
-                 save_final_weights=bool(run.train.get("save_final_weights", False)))
+                 save_final_weights=bool(run.train.get("save_final_weights", False)),
+                 save_budget_weights=bool(run.train.get("save_budget_weights", False)))
 
 
 def execute_lane(runs: list[PlannedRun], runs_dir: str, threads: int | None = None,

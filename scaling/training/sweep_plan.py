@@ -88,7 +88,7 @@ from scaling.training.schema import check_name, check_table
 EXECUTORS = ("local", "slurm", "debug")
 TABLES = ("sweep", "train", "data", "parallel", "executor", "tier", "model")
 # [train] keys that are options of train() rather than TrainConfig fields, and their types
-RUN_OPTIONS = {"save_final_weights": bool}
+RUN_OPTIONS = {"save_final_weights": bool, "save_budget_weights": bool}
 
 
 @dataclass(frozen=True)
