@@ -13,7 +13,7 @@ from scaling.cli._util import check_output_dir, emit_json, run_cli, show_progres
 from scaling.common.errors import UserError
 from scaling.common.format import duration
 from scaling.training.data import check_data_use, plan_data_use
-from scaling.training.sweep import check_memory, estimate, run_status, submit, train_config
+from scaling.training.sweep import check_memory, check_recorded, estimate, run_status, submit, train_config
 from scaling.training.sweep_plan import EXECUTORS, load_plan
 
 
@@ -77,13 +77,18 @@ def register(app: typer.Typer) -> None:
         uses = plan_data_use(plan.runs)
         allow_repeat = any(bool(r.data.get("allow_repeat")) for r in plan.runs)
         data_errors, data_warnings = check_data_use(uses, allow_repeat, max_epochs)
-        if not dry_run:
-            check_memory(estimate(plan, probe=False))  # both refusals come before anything starts
+        def refuse() -> None:
+            """The refusals of a real sweep; a dry run raises them too, after its table."""
+            check_memory(estimate(plan, probe=False))
+            check_recorded(plan)
             if data_errors:
                 more = f" (and {len(data_errors) - 1} more)" if len(data_errors) > 1 else ""
                 raise UserError(data_errors[0] + more)
+
+        if not dry_run:
+            refuse()  # both refusals come before anything starts
         if not json_out:
-            for msg in (data_errors if dry_run else []) + data_warnings:
+            for msg in data_warnings:
                 warn(msg)
         if dry_run:
             est = estimate(plan, probe=probe)
@@ -99,7 +104,7 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
                            "data_errors": data_errors, "data_warnings": data_warnings})
-                check_memory(est)
+                refuse()
                 return
             table = Table(
                 title=f"plan {plan.name}: {len(rows)} runs -> {plan.runs_dir}", title_justify="left"
@@ -158,7 +163,7 @@ def register(app: typer.Typer) -> None:
                 "`--json` has every part and the communication per step.",
                 highlight=False,
             )
-            check_memory(est)
+            refuse()
             return
         est = None
         if (executor or plan.executor.get("kind", "local")) == "local" and probe:

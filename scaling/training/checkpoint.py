@@ -33,6 +33,7 @@ cannot be read (truncated or corrupt files).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import logging
@@ -223,18 +224,20 @@ class Checkpointer:
                                         process_group=self._async_group, no_dist=self.world == 1)
             self._pending = (future, tmp, name, meta, rng)
         else:
-            with _quiet():
-                dcp.save(payload, checkpoint_id=str(tmp), no_dist=self.world == 1)
-            self._finish(tmp, name, meta, rng)
+            with self._failing_save(tmp, name):
+                with _quiet():
+                    dcp.save(payload, checkpoint_id=str(tmp), no_dist=self.world == 1)
+                self._finish(tmp, name, meta, rng)
 
     def wait(self) -> None:
         """Complete an async save in flight (every rank)."""
         if self._pending is not None:
             future, tmp, name, meta, rng = self._pending
             self._pending = None
-            future.result()
-            self._barrier()
-            self._finish(tmp, name, meta, rng)
+            with self._failing_save(tmp, name):
+                future.result()
+                self._barrier()
+                self._finish(tmp, name, meta, rng)
 
     def _finish(self, tmp: Path, name: str, meta: dict, rng: dict) -> None:
         if self.rank == 0:
@@ -251,6 +254,34 @@ class Checkpointer:
                         shutil.rmtree(old, ignore_errors=True)
                 self._prune(TrainState.from_dict(meta["state"]))
         self._barrier()
+
+    @contextlib.contextmanager
+    def _failing_save(self, tmp: Path, name: str):
+        """A save that fails (disk full, file too large, Ctrl-C, any write error) removes its
+        temporary folder and says so in one line; the previous checkpoint was never touched
+        (it is deleted only after the new one is renamed into place)."""
+        try:
+            yield
+        except (Exception, CheckpointException, KeyboardInterrupt) as exc:  # DCP's type is a BaseException
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            inner = _inner_error(exc)
+            if isinstance(inner, KeyboardInterrupt):
+                raise KeyboardInterrupt(f"interrupted while writing checkpoint {name}") from None
+            code = getattr(inner, "errno", None)
+            if code in (errno.ENOSPC, errno.EDQUOT):
+                what, fix = "no space left on device", "free space"
+            elif code == errno.EFBIG:
+                what, fix = "file too large for the file system", "use another folder"
+            elif isinstance(inner, OSError) or isinstance(exc, CheckpointException):
+                first = (str(getattr(inner, "strerror", None) or inner).splitlines() or [""])[0][:200]
+                what, fix = f"cannot write ({first or type(inner).__name__})", "fix it"
+            else:
+                raise
+            previous = self.latest()
+            kept = (f"the previous checkpoint {previous.name} is intact; {fix}, then resume the run"
+                    if previous is not None else f"no earlier checkpoint exists; {fix}, then start again")
+            raise UserError(f"{what} while writing checkpoint {name} in {self.folder}; {kept}") from None
 
     def restore_branch_point(self, i: int, model, optimizer) -> None:
         """Model and optimizer back to the trunk state saved where branch ``i`` started."""
@@ -341,6 +372,15 @@ def _quiet():
         yield
 
 
+def _inner_error(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException ({rank: (exc, frames)})."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(exc, CheckpointException) and failures:
+        inner = next(iter(failures.values()))
+        return inner[0] if isinstance(inner, tuple) else inner
+    return exc
+
+
 def _iter_of(path: Path) -> int:
     try:
         return int(path.name.split("-")[1])
@@ -364,7 +404,11 @@ def latest_iter(folder: Path) -> int | None:
 def run_identity(model: dict, train: dict, budgets: list[dict], provenance: dict, code: dict) -> dict:
     """The sections a checkpoint must match to be resumed by a run (see the module docstring)."""
     data: dict[str, Any] = {"key": provenance.get("key"), "spec": provenance.get("spec")}
-    data["sources"] = {s.get("name"): s.get("sha256") for s in provenance.get("sources", [])}
+    # built-in corpus sources carry a name, shard-manifest sources a path (keyed by name alone,
+    # every manifest source collapsed into one key: issue 25)
+    data["sources"] = {s.get("name") or s.get("path"): s.get("sha256") for s in provenance.get("sources", [])}
     data["tokenizer"] = (provenance.get("tokenizer") or {}).get("sha256")
+    if provenance.get("manifest_sha256"):  # shards: the manifest fixes every shard's hash and the split
+        data["manifest_sha256"] = provenance["manifest_sha256"]
     return {"model": model, "train": train, "budgets": {"budgets": budgets}, "data": data,
             "code": {"version": code.get("version"), "git_commit": code.get("git_commit")}}

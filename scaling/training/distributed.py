@@ -135,6 +135,10 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
     if device.type == "cuda":
         torch.cuda.set_device(device)
     here = False
+    if world > 1:
+        from scaling.training.launcher import watch_launcher
+
+        watch_launcher()  # stop when torchrun dies (parent-death signal), not train on as an orphan
     if world > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}

@@ -27,7 +27,9 @@ validation stream (or one source's range of it) with stride ``seq_len + 1``, eve
 Integrity: every shard's size must equal ``offset + tokens * itemsize``; SHA-256 hashes are
 checked at open. A successful check is remembered in ``$SMELT_CACHE/verified/`` under the
 manifest hash with each file's (size, mtime), so a 100 GB set is hashed once per change, not
-once per run.
+once per run (the trainer's default, ``data_verify = "cheap"``); a change that keeps a file's
+size and mtime (bit rot, a tool that restores mtimes) is only caught by a full check
+(``data_verify = "full"``, ``train --verify-data full``), which hashes every file again.
 """
 
 from __future__ import annotations
@@ -285,12 +287,13 @@ class ShardSet:
             if got != want:
                 raise UserError(f"shard {p} is corrupt: {got} bytes, the manifest says {want}")
 
-    def verify(self, stamp_dir: Path | None = None) -> None:
+    def verify(self, stamp_dir: Path | None = None, trust_stamps: bool = True) -> None:
         """Check sizes and SHA-256 of every shard (and the tokenizer file); UserError on a mismatch.
-        Files whose (size, mtime) match the last successful check in ``stamp_dir`` are skipped."""
+        With ``trust_stamps``, files whose (size, mtime) match the last successful check recorded
+        in ``stamp_dir`` are skipped; without, every file is hashed (and the record renewed)."""
         self.check_sizes()
         stamp = _Stamp(stamp_dir / f"{self.manifest_sha256[:32]}.json") if stamp_dir else None
-        seen = stamp.load() if stamp else {}
+        seen = stamp.load() if stamp and trust_stamps else {}
         ok = {}
         files = [(s["path"], s["sha256"], int(s.get("offset", 0))) for s in self.manifest["shards"]]
         tok = self.manifest.get("tokenizer") or {}
@@ -368,12 +371,14 @@ def read_manifest(folder: Path | str) -> tuple[dict, str]:
     return m, hashlib.sha256(raw).hexdigest()
 
 
-def load_shards(folder: Path | str, verify: bool = True, stamp_dir: Path | None = None) -> ShardSet:
-    """Open a shard folder: manifest checks, file sizes, and (``verify``) SHA-256 of every shard."""
+def load_shards(folder: Path | str, verify: bool = True, stamp_dir: Path | None = None,
+                trust_stamps: bool = True) -> ShardSet:
+    """Open a shard folder: manifest checks, file sizes, and (``verify``) SHA-256 of every shard
+    (see :meth:`ShardSet.verify`)."""
     manifest, digest = read_manifest(folder)
     shards = ShardSet(Path(folder), manifest, digest)
     if verify:
-        shards.verify(stamp_dir)
+        shards.verify(stamp_dir, trust_stamps)
     else:
         shards.check_sizes()
     return shards
