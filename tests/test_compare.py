@@ -136,3 +136,67 @@ def test_bad_input_is_one_line_exit_2(args, fragment):
 def test_not_a_runs_folder(tmp_path):
     res = runner.invoke(app, ["compare", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "not a runs folder" in res.stderr
+
+
+# -- pairing on the actual budget and validation data (issue 26) -----------------------------------
+def _two_runs(tier: str, seed: int, d_ref: tuple[float, ...], d_cand: tuple[float, ...],
+              val: tuple[str, str] = ("v", "v")) -> pd.DataFrame:
+    rows = []
+    for arch, Ds, v in (("baseline", d_ref, val[0]), ("smelt", d_cand, val[1])):
+        for b, D in enumerate(Ds):
+            rows.append({"run": f"{tier}-{arch}-s{seed}", "arch": arch, "tier": tier, "seed": seed,
+                         "budget_index": b, "D": D, "flops": 3e6 * D, "N": 1e5, "val_set": v,
+                         "loss": 4.0 + (0.5 if arch == "smelt" else 0.0)})
+    return pd.DataFrame(rows)
+
+
+def test_pairs_need_the_same_tokens_not_the_same_budget_index():
+    # the issue's case: Baseline at 127k/250k tokens, SMELT at 20k/41k, same tier and seed
+    bad = _two_runs("t", 0, (126_976, 249_856), (20_480, 40_960))
+    with pytest.raises(UserError, match="no \\(tier, budget, seed\\) has both.*same tokens"):
+        compare(bad)
+    # beside a matched tier the mismatched one is dropped and named, not paired
+    good = _two_runs("u", 0, (126_976, 249_856), (126_976, 249_856))
+    res = compare(pd.concat([good, bad], ignore_index=True))
+    assert res.overall.n_pairs == 2 and set(res.pairs["tier"]) == {"u"}
+    assert len(res.dropped) == 4 and {d["tier"] for d in res.dropped} == {"t"}
+    assert any("4 unpaired" in n and "20,480 tokens" in n for n in res.notes)
+    # budgets listed in another order still pair by tokens, within whole-batch rounding (1%)
+    shifted = _two_runs("w", 0, (1e5, 2e5), (2e5 * 1.004, 5e4, 1e5 * 0.996))
+    res = compare(shifted)
+    assert res.overall.n_pairs == 2 and len(res.dropped) == 1 and res.dropped[0]["D"] == 5e4
+
+
+def test_pairs_need_the_same_validation_data_and_matched_flops():
+    pts = pd.concat([_two_runs("a", 0, (1e5, 2e5), (1e5, 2e5)),
+                     _two_runs("b", 0, (1e5, 2e5), (1e5, 2e5), val=("v", "other"))], ignore_index=True)
+    res = compare(pts)
+    assert set(res.pairs["tier"]) == {"a"}
+    assert {d["tier"] for d in res.dropped} == {"b"}
+    assert all("validation data" in d["reason"] for d in res.dropped)
+    off = _two_runs("c", 0, (1e5,), (1e5,))
+    off.loc[off["arch"] == "smelt", "flops"] *= 1.05
+    with pytest.raises(UserError, match="not compute-matched"):
+        compare(off)
+
+
+def test_cli_refuses_runs_at_other_budgets_and_names_them(tmp_path):
+    import shutil
+    for arch in ("baseline", "smelt"):
+        shutil.copytree(RUNS / f"proxy-xs-{arch}-s0", tmp_path / f"proxy-xs-{arch}-s0",
+                        ignore=shutil.ignore_patterns("*.safetensors", "eval_data", "analysis"))
+    final = tmp_path / "proxy-xs-smelt-s0" / "final.json"
+    doc = json.loads(final.read_text())
+    for p in doc["points"]:       # another run of the same tier, trained 6x shorter
+        p["D"] = p["D"] // 6
+        p["flops"] = p["flops"] // 6
+    final.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["compare", str(tmp_path)])
+    assert res.exit_code == 2 and "same tokens" in res.stderr and "Traceback" not in res.stderr
+    cfg = tmp_path / "proxy-xs-smelt-s0" / "config.json"
+    shutil.copy(RUNS / "proxy-xs-smelt-s0" / "final.json", final)
+    c = json.loads(cfg.read_text())
+    c["resolved"]["val_windows"] = 100   # evaluated on fewer held-out windows
+    cfg.write_text(json.dumps(c))
+    res = runner.invoke(app, ["compare", str(tmp_path)])
+    assert res.exit_code == 2 and "validation data" in res.stderr

@@ -16,7 +16,9 @@ from scaling.fitting.compare import (
     PairStats,
     at_least_tokens,
     compare,
+    describe_dropped,
     length_buckets,
+    with_validation_ids,
 )
 from scaling.fitting.tables import read_runs_dir
 
@@ -67,6 +69,8 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
                  "on average "                 f"({res.n_seeds} seeds).", highlight=False)
     for n in res.notes:
         stdout.print(f"note: {n}", highlight=False)
+    if res.dropped:
+        warn(describe_dropped(res.dropped))
 
 
 def register(app: typer.Typer) -> None:
@@ -87,6 +91,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Paired loss difference candidate − reference at matched (tier, budget, seed).
 
+        A pair needs the same tier and seed, the same actual tokens (within 1%) and FLOPs (within
+        2%), and the same validation data (corpus, tokenizer, held-out windows, from each run's
+        config.json); points without such a partner are left out and named on stderr.
+
         Per (tier, budget) cell, per tier, per budget and overall: mean, cluster-robust s.e. (CR1;
         default clusters: the run pair, because a run's budgets are cooldown branches of one trunk),
         the i.i.d. s.e. beside it, and an exact sign test over pairs. Per-source losses
@@ -98,7 +106,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"{runs} is not a runs folder")
         if plot is not None and plot.suffix.lower() not in (".png", ".pdf", ".svg"):
             raise UserError(f"--plot {plot}: use a .png, .pdf or .svg file name")
-        points = read_runs_dir(runs, warn=warn)
+        points = with_validation_ids(runs, read_runs_dir(runs, warn=warn))
         if min_tokens > 0:
             points = at_least_tokens(points, min_tokens)
             if points.empty:
