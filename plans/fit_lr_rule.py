@@ -55,7 +55,8 @@ def optimum(rows: list[tuple[float, float, float]]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="?", default="runs-lr", help="the lr sweep's runs folder")
-    ap.add_argument("--budget-index", type=int, default=1, help="which budget of the sweep (0: 0.1M, 1: 0.3M)")
+    ap.add_argument("--budget-index", type=int, default=1,
+                    help="which budget of the sweep (0: 0.1M, 1: 0.3M)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     b = a.budget_index

@@ -99,7 +99,8 @@ def main() -> None:
     seed_doc = {
         "sweep": {"name": "isoflop-study-seed1",
                   "description": "second seed at C = "
-                                 f"{', '.join(f'{BUDGETS[j]:.3g}' for j in SEED1_BUDGETS)}: the seed-to-seed noise",
+                                 f"{', '.join(f'{BUDGETS[j]:.3g}' for j in SEED1_BUDGETS)}: "
+                                 "the seed-to-seed noise",
                   "tiers": list(seed1), "archs": ["baseline", "smelt"], "seeds": [1], "runs_dir": "runs"},
         **common, "tier": seed1, "model": {k: models[k] for k in seed1}}
     here = Path(__file__).resolve().parent

@@ -244,7 +244,8 @@ def match_pairs(points: pd.DataFrame, reference: str, candidate: str
         vr, vc = j[f"{VAL_SET}_ref"], j[f"{VAL_SET}_cand"]
         bad = (vr.notna() & vc.notna() & (vr.astype(str) != vc.astype(str))).to_numpy()
         for k in np.flatnonzero(bad & keep):
-            why = "evaluated on other validation data than its partner (corpus, tokenizer or held-out windows)"
+            why = ("evaluated on other validation data than its partner "
+                   "(corpus, tokenizer or held-out windows)")
             reasons[(reference, int(j["_row_ref"].iloc[k]))] = why
             reasons[(candidate, int(j["_row_cand"].iloc[k]))] = why
         keep &= ~bad
@@ -318,7 +319,8 @@ def describe_dropped(dropped: Sequence[Mapping[str, Any]], limit: int = 3) -> st
         by_reason.setdefault(str(d["reason"]), []).append(d)
     parts = []
     for why, ds in by_reason.items():
-        ex = ", ".join(f"{d['arch']} {d['tier']} seed {d['seed']} at {d['D']:,.0f} tokens" for d in ds[:limit])
+        ex = ", ".join(f"{d['arch']} {d['tier']} seed {d['seed']} at {d['D']:,.0f} tokens"
+                       for d in ds[:limit])
         more = f" and {len(ds) - limit} more" if len(ds) > limit else ""
         parts.append(f"{len(ds)} point{'s' if len(ds) > 1 else ''} {why}: {ex}{more}")
     return f"left out of the comparison ({len(dropped)} unpaired): " + "; ".join(parts)
