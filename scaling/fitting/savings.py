@@ -42,7 +42,8 @@ intervals do not overlap). The envelope of a coarse grid of trained sizes is not
 compute-optimal frontier (it is the best of the sizes trained, an upper bound on the frontier's
 loss), so where the law holds it is the less accurate of the two: measured on a planted saving in
 ``benchmarks/savings_accuracy.py``. A law that is not identified or misfits answers only outside
-the data (and is withheld far out, below); inside, the envelope answers. ``withhold_unidentified`` removes the numbers of law rows that extrapolate
+the data (and is withheld far out, below); inside, the envelope answers.
+``withhold_unidentified`` removes the numbers of law rows that extrapolate
 more than a stated number of decades from a law that is not identified (a parameter of the best fit
 on its bound, or most bootstrap fits on one): such a row keeps only its budget and a ``reason``.
 """
