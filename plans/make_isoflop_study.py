@@ -14,8 +14,7 @@ scaled, width multiple 1); each SMELT run is the matcher's twin of its Baseline
 same tokens.
 
 Every size branches at each budget it passes (up to its LAST_BUDGET) where D = C / F is at least
-MIN_TOKENS; this gives 5-7 sizes per budget and architecture. The two smallest sizes stop at the
-second budget (the optimum moves up with C). A second seed of every size trains to the second
+MIN_TOKENS; this gives 5-7 sizes per budget and architecture. A second seed of every size trains to the second
 budget, branching at the first: the seed-to-seed noise at two budgets.
 
 Learning rate per size: lr(d) = LR_AT_6 * (d_model / 6) ** -LR_EXPONENT, fitted on the lr
@@ -38,7 +37,10 @@ from scaling.design.sizing import scaled_baseline
 BUDGETS = (3.56e11, 6.32e11, 1.12e12)  # FLOPs: quarter-decade steps over half a decade
 D_MODELS = (6, 10, 14, 20, 28, 40, 56)  # the size grid (Baseline d_model), ~1.7x in N per step
 # (d_model 9 has no SMELT twin within 1% at width multiple 1, so the grid takes 10)
-LAST_BUDGET = {6: 1, 10: 1}  # index of the largest budget a size trains to (default: the last)
+# index of the largest budget a size trains to (default: the last). Every size goes to the last:
+# a first version stopped d_model 6 and 10 at the second budget, and the first finished runs put
+# the third budget's lowest loss at d_model 14, the smallest size it then had (not bracketed)
+LAST_BUDGET: dict[int, int] = {}
 MIN_TOKENS = 150_000  # a point needs >= 73 updates: at 49 (0.1M tokens) every size of the lr
 # sweep was still on the early plateau (loss 6.5-7.2 nats, near the unigram level)
 LR_AT_6 = float(sys.argv[1]) if len(sys.argv) > 1 else 1.2e-2  # set from the lr sweep
