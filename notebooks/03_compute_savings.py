@@ -22,9 +22,9 @@
 # to reach the loss SMELT reaches with C: savings = 1 − C / C_Baseline. Intervals pair the two
 # architectures' bootstrap resamples.
 #
-# The runs are **CPU proxies** trained with at most about 10^13 FLOPs. Every number at a larger budget
-# is an **extrapolation** of a law fitted over about 1.5 decades of compute, and the figures shade it;
-# 10^21 FLOPs (the paper's headline budget) lies about 8 decades beyond the data. The paper's own laws
+# The runs are **CPU proxies** trained with at most about 1.1·10^12 FLOPs. Every number at a larger
+# budget is an **extrapolation** of a law fitted over half a decade of compute, and the figures shade
+# it; 10^21 FLOPs (the paper's headline budget) lies about 9 decades beyond the data. The paper's own laws
 # (`--law-set paper`, fitted on 1.3e19–2.2e21 FLOPs) are drawn beside ours for orientation, not as a
 # target.
 
