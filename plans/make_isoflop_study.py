@@ -14,7 +14,7 @@ scaled, width multiple 1); each SMELT run is the matcher's twin of its Baseline
 same tokens.
 
 Every size branches at each budget it passes (up to its LAST_BUDGET) where D = C / F is at least
-MIN_TOKENS; this gives 5-7 sizes per budget and architecture. A second seed of every size trains to the second
+MIN_TOKENS; this gives 6-8 sizes per budget and architecture. A second seed of every size trains to the second
 budget, branching at the first: the seed-to-seed noise at two budgets.
 
 Learning rate per size: lr(d) = LR_AT_6 * (d_model / 6) ** -LR_EXPONENT, fitted on the lr
@@ -35,8 +35,11 @@ from scaling.accounting.tiers import get_config
 from scaling.design.sizing import scaled_baseline
 
 BUDGETS = (3.56e11, 6.32e11, 1.12e12)  # FLOPs: quarter-decade steps over half a decade
-D_MODELS = (6, 10, 14, 20, 28, 40, 56)  # the size grid (Baseline d_model), ~1.7x in N per step
-# (d_model 9 has no SMELT twin within 1% at width multiple 1, so the grid takes 10)
+D_MODELS = (4, 6, 10, 14, 20, 28, 40, 56)  # the size grid (Baseline d_model), ~1.7x in N per step
+# (d_model 9 has no SMELT twin within 1% at width multiple 1, so the grid takes 10). d_model 4 was
+# added after the first runs: the Baseline's lowest loss at the two smaller budgets was at d_model 6,
+# the smallest size then (a minimum at the edge is not bracketed); it has seed 0 only
+SEED1_SIZES = (6, 10, 14, 20, 28, 40, 56)
 # index of the largest budget a size trains to (default: the last). Every size goes to the last:
 # a first version stopped d_model 6 and 10 at the second budget, and the first finished runs put
 # the third budget's lowest loss at d_model 14, the smallest size it then had (not bracketed)
@@ -80,7 +83,7 @@ def main() -> None:
         tokens = [int(math.floor(BUDGETS[j] / flops)) for j in uses]
         tiers[name] = {"budgets": tokens, "lr": lr_of(d)}
         seed1_tokens = [int(math.floor(BUDGETS[j] / flops)) for j in SEED1_BUDGETS if j in uses]
-        if seed1_tokens:
+        if seed1_tokens and d in SEED1_SIZES:
             seed1[name] = {"budgets": seed1_tokens, "lr": lr_of(d)}
         print(f"{name}: N={costs(cfg).active_params:,} F={flops:.4g} lr={lr_of(d):.3g} "
               f"budgets={[f'{BUDGETS[j]:.3g}' for j in uses]} tokens={tokens}")
@@ -89,13 +92,13 @@ def main() -> None:
     head = (
         "# Written by plans/make_isoflop_study.py (do not edit by hand; rerun the script).\n"
         f"# IsoFLOP proxy study: budgets {', '.join(f'{c:.3g}' for c in BUDGETS)} FLOPs, sizes d_model "
-        f"{', '.join(map(str, D_MODELS))}\n# (proxy-xxs shape scaled), 5-7 sizes per budget and "
+        f"{', '.join(map(str, D_MODELS))}\n# (proxy-xxs shape scaled), 6-8 sizes per budget and "
         f"architecture, one WSD trunk per size with a cooldown branch\n# at each budget it serves. "
         f"Per-size peak lr: {rule} (lr sweep, docs/proxy-study.md).\n")
     main_doc = {
         "sweep": {"name": "isoflop-study",
                   "description": f"IsoFLOP sets at C = {', '.join(f'{c:.3g}' for c in BUDGETS)} FLOPs; "
-                                 f"7 sizes, 5-7 per budget; seed 0; {rule}",
+                                 f"{len(D_MODELS)} sizes, 6-8 per budget; seed 0; {rule}",
                   "tiers": list(models), "archs": ["baseline", "smelt"], "seeds": [0], "runs_dir": "runs"},
         **common, "tier": tiers, "model": models}
     seed_doc = {
