@@ -19,6 +19,7 @@ from scaling.fitting.compare import at_least_tokens, cluster_se, compare, length
 from scaling.fitting.tables import read_runs_dir
 
 RUNS = Path(__file__).resolve().parents[1] / "runs"
+FIRST = Path(__file__).resolve().parents[1] / "runs-cpu-proxy-2026-12-02"   # the first sweep: the analysed pair
 runner = CliRunner()
 
 
@@ -97,10 +98,11 @@ def test_duplicate_and_missing_pairs_are_errors():
         compare(pts.drop(columns="budget_index"))
 
 
-def test_length_buckets_of_the_shipped_pair(shipped):
-    buckets = length_buckets(RUNS, shipped, "baseline", "smelt")
+def test_length_buckets_of_the_shipped_pair():
+    first = read_runs_dir(FIRST)
+    buckets = length_buckets(FIRST, first, "baseline", "smelt")
     assert {(b["tier"], b["seed"]) for b in buckets} == {("proxy-s", "0")}
-    gain = json.loads((RUNS / "proxy-s-smelt-s0" / "analysis" / "lengths_gain.json").read_text())["result"]
+    gain = json.loads((FIRST / "proxy-s-smelt-s0" / "analysis" / "lengths_gain.json").read_text())["result"]
     by = {(b["by"], b["lo"]): b for b in gain["buckets"] if b["gain"] is not None}
     for b in buckets:   # the analysis's gain is baseline - smelt
         assert b["diff"] == pytest.approx(-by[(b["by"], b["lo"])]["gain"], abs=1e-12)
@@ -183,7 +185,7 @@ def test_pairs_need_the_same_validation_data_and_matched_flops():
 def test_cli_refuses_runs_at_other_budgets_and_names_them(tmp_path):
     import shutil
     for arch in ("baseline", "smelt"):
-        shutil.copytree(RUNS / f"proxy-xs-{arch}-s0", tmp_path / f"proxy-xs-{arch}-s0",
+        shutil.copytree(FIRST / f"proxy-xs-{arch}-s0", tmp_path / f"proxy-xs-{arch}-s0",
                         ignore=shutil.ignore_patterns("*.safetensors", "eval_data", "analysis"))
     final = tmp_path / "proxy-xs-smelt-s0" / "final.json"
     doc = json.loads(final.read_text())
@@ -194,7 +196,7 @@ def test_cli_refuses_runs_at_other_budgets_and_names_them(tmp_path):
     res = runner.invoke(app, ["compare", str(tmp_path)])
     assert res.exit_code == 2 and "same tokens" in res.stderr and "Traceback" not in res.stderr
     cfg = tmp_path / "proxy-xs-smelt-s0" / "config.json"
-    shutil.copy(RUNS / "proxy-xs-smelt-s0" / "final.json", final)
+    shutil.copy(FIRST / "proxy-xs-smelt-s0" / "final.json", final)
     c = json.loads(cfg.read_text())
     c["resolved"]["val_windows"] = 100   # evaluated on fewer held-out windows
     cfg.write_text(json.dumps(c))
