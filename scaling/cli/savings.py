@@ -25,6 +25,7 @@ from scaling.fitting.savings import (
     savings,
     withhold_unidentified,
 )
+from scaling.fitting.savings_sweep import savings_over
 from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
 from scaling.fitting.tables import read_runs_dir
 
@@ -90,6 +91,29 @@ def _units(path: Path, points: pd.DataFrame) -> pd.Series | None:
         return None
     unit = dict(zip(raw["run"].astype(str), raw["tier"].astype(str) + "|s" + raw["seed"].astype(str)))
     return points["run"].astype(str).map(unit).fillna(points["run"].astype(str))
+
+
+def _law_savings(ref, cand, budgets: np.ndarray, **kwargs):
+    """``savings`` at every budget it can answer, and (budget, reason) for the others (the two
+    frontiers never reach each other's loss within the bisection bracket), instead of one error
+    for the whole command."""
+    try:
+        return savings(ref, cand, budgets, **kwargs), []
+    except UserError as exc:
+        if not _unmatched(exc):
+            raise
+    try:
+        return savings_over(ref, cand, budgets, **kwargs)
+    except UserError as exc:
+        empty = SavingsResult(reference=ref.name, candidate=cand.name,
+                              convention=kwargs.get("convention", "candidate-budget"), rows=())
+        return empty, [(float(c), str(exc)) for c in budgets]
+
+
+def _unmatched(exc: Exception) -> bool:
+    """Whether ``savings`` failed because a frontier never meets the other's loss in its bracket
+    (scaling.fitting.savings: "never reaches" / "already beats"), not because of bad input."""
+    return "never reaches the other's loss" in str(exc) or "already beats the other's loss" in str(exc)
 
 
 def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
@@ -209,9 +233,14 @@ def register(app: typer.Typer) -> None:
             distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
             answered = {r.budget for r in env if r.savings is not None}
             if method == "auto" and distrust and answered:
-                # the laws do not hold: inside the data the observed frontiers answer
+                # the laws do not hold: inside the data the observed frontiers answer, and where
+                # they cannot (a frontier never reaches the other's loss) nobody does
                 rows += [r for r in env if r.savings is not None]
-                law_budgets = np.array([c for c in C if float(c) not in answered])
+                inside = [r for r in env if r.savings is None and not r.reason.startswith("budget outside")]
+                rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
+                                            method="envelope") for r in inside]
+                done = answered | {r.budget for r in inside}
+                law_budgets = np.array([c for c in C if float(c) not in done])
                 sources.append(env_source)
                 warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
                           "(`smelt-scale fit` for the details)")
@@ -221,8 +250,13 @@ def register(app: typer.Typer) -> None:
                 if distrust:
                     warn_once(f"the laws answer although {distrust} (`smelt-scale fit` for the details)")
             if law_budgets.size:
-                law_res = savings(ref, cand, law_budgets, sparsities=src.sparsities(S), convention=_AT[at],
-                                  level=ci_level, source=src.source)
+                law_res, unanswered = _law_savings(ref, cand, law_budgets, sparsities=src.sparsities(S),
+                                                   convention=_AT[at], level=ci_level, source=src.source)
+                tops = [x for x in (ref.compute_max, cand.compute_max) if x]
+                rows += [SavingsRow.refused(
+                    c, why if not distrust else f"laws not identified ({distrust}); and {why}", method="law",
+                    extrapolation_decades=float(np.log10(c / min(tops))) if tops else None)
+                    for c, why in unanswered]
                 law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
                                                 extrapolate=extrapolate)
                 rows += law_res.rows

@@ -303,6 +303,8 @@ def paired_points(points: pd.DataFrame, reference: str, candidate: str,
     })
     out["diff"] = out["candidate"] - out["reference"]
     out["tokens"] = joined["D_ref"].to_numpy(dtype=float)
+    if "flops_ref" in joined:
+        out["flops"] = joined["flops_ref"].to_numpy(dtype=float)
     for s in sources:
         if f"{s}_ref" in joined and f"{s}_cand" in joined:
             out["diff/" + s[len(SOURCE_PREFIX):]] = (joined[f"{s}_cand"].to_numpy(dtype=float)
@@ -359,8 +361,7 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     notes = [describe_dropped(dropped)] if dropped else []
     by_tier = tuple(pair_stats(g, str(t), cluster) for t, g in pairs.groupby("tier", sort=False))
     by_tier = tuple(sorted(by_tier, key=lambda s: _tier_size(points, s.label)))
-    by_budget = tuple(pair_stats(g, f"budget {int(b)}", cluster)
-                      for b, g in pairs.groupby("budget_index"))
+    by_budget = tuple(pair_stats(g, label, cluster) for label, g in _budget_groups(pairs))
     cells = tuple(pair_stats(g, f"{t} budget {int(b)}", cluster)
                   for (t, b), g in pairs.groupby(["tier", "budget_index"], sort=False))
     overall = pair_stats(pairs, "overall", cluster)
@@ -377,6 +378,39 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
                          by_tier=by_tier, by_budget=by_budget, cells=cells, pairs=pairs,
                          seed_spread=spread, n_seeds=n_seeds, by_source=by_source,
                          by_length=tuple(lengths), notes=tuple(notes), dropped=tuple(dropped))
+
+
+def _clusters(values: np.ndarray, rtol: float = 0.05) -> np.ndarray:
+    """A cluster id per value: sorted values within ``rtol`` of their neighbour share one (whole
+    batches round the same budget to slightly different tokens and FLOPs per size)."""
+    order = np.argsort(values)
+    ids = np.empty(values.size, dtype=int)
+    k = 0
+    for j, i in enumerate(order):
+        if j and values[i] > values[order[j - 1]] * (1 + rtol):
+            k += 1
+        ids[i] = k
+    return ids
+
+
+def _budget_groups(pairs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The pairs grouped by budget: by training compute when the budgets are IsoFLOP sets (fewer
+    distinct computes than token counts, within 5%), by tokens when the budgets are token counts
+    shared across sizes, by budget index when neither is recorded. A budget index alone names
+    different budgets for runs whose budget lists differ."""
+    keys = {}
+    for col in ("flops", "tokens"):
+        if col in pairs and len(pairs) and np.isfinite(pairs[col].to_numpy(dtype=float)).all():
+            keys[col] = _clusters(pairs[col].to_numpy(dtype=float))
+    if not keys:
+        return [(f"budget {int(b)}", g) for b, g in pairs.groupby("budget_index")]
+    by = min(keys, key=lambda k: (len(set(keys[k])), k != "flops"))
+    out = []
+    for k in sorted(set(keys[by])):
+        g = pairs[keys[by] == k]
+        v = float(np.median(g[by].to_numpy(dtype=float)))
+        out.append((f"C {v:.3g} FLOPs" if by == "flops" else f"{v / 1e6:.3g}M tokens", g))
+    return out
 
 
 def _tier_size(points: pd.DataFrame, tier: str) -> float:
