@@ -44,10 +44,11 @@ def test_parameter_count_and_tensors_by_hand():
 
 
 def test_persistent_state_by_hand():
-    m = estimate_memory(TINY, Layout(mode="none", compute_dtype="fp32"))
+    # with accumulation every gradient exists from the second micro-batch on
+    m = estimate_memory(TINY, Layout(mode="none", compute_dtype="fp32", grad_accum_steps=2))
     assert m.params == 4 * 2280 and m.grads == 4 * 2280
     assert m.optimizer == 2 * 4 * 2280 + 4 * 17  # two fp32 moments + a 4-byte step per tensor
-    ddp = estimate_memory(TINY, Layout(mode="ddp", gpus_per_node=4))
+    ddp = estimate_memory(TINY, Layout(mode="ddp", gpus_per_node=4, grad_accum_steps=2))
     assert ddp.grads == 2 * 4 * 2280  # param.grad + the reducer's bucket copy
     assert ddp.all_reduce == 2 * 3 * 4 * 2280 // 4  # ring all-reduce: 2 (n-1)/n of fp32 grads
     assert ddp.all_gather == ddp.reduce_scatter == 0
@@ -58,19 +59,35 @@ def test_activations_by_hand():
     #   norms 2*(8d+4) = 136, wqkv/router inputs 2*c*d = 64, qkv c*(H+2Hkv)*h = 64,
     #   RoPE out c*(H+Hkv)*h = 48, SDPA out c*H*h = 32, lse 4*H = 8, router 2*4*E = 32,
     #   logsumexp + top-k sum 8, ids/order/tokens/probs k*28 = 56,
-    #   experts k*c*(2d + d + 4f + 1) = 2*4*(16 + 8 + 32 + 1) = 456        -> 904 bytes
-    assert layer_activation_bytes(TINY, 1, 4, 4) == 4 * 904
+    #   experts k*c*(d + d + 4f + 1) = 2*4*(8 + 8 + 32 + 1) = 392         -> 840 bytes
+    assert layer_activation_bytes(TINY, 1, 4, 4) == 4 * 840
     # head per token: 8d+4 = 68, c*d = 32, (c+4)*V = 128, targets and ids 16 -> 244
     assert head_activation_bytes(TINY, 1, 4, 4) == 4 * 244
-    m = estimate_memory(TINY, Layout(compute_dtype="fp32"))
+    m = estimate_memory(TINY, Layout(compute_dtype="fp32", grad_accum_steps=2))  # all grads there
     # no checkpointing: 2 layer passes + head stored
-    assert m.activations_stored == 2 * 4 * 904 + 4 * 244
-    # head backward: 7232 + 976 stored + N*8*V = 512 of gradients = 8720; the last layer's:
-    # 7232 + 32 (ids) stored + N*(2*k*c*d + 4*d) + 4*E*f*d (w_down's gradient) = 640 + 1024
-    # = 8928 -> the peak is in the last layer
+    assert m.activations_stored == 2 * 4 * 840 + 4 * 244
+    # head backward: 6720 + 976 stored + N*8*V = 512 of gradients = 8208; the last layer's:
+    # 6720 + 32 (ids) stored + N*(2*k*c*d + 4*d) + 4*E*f*d (w_down's gradient) = 640 + 1024
+    # = 8416 -> the peak is in the last layer
     assert m.peak_at == "layer 1 pass 1" and m.working == 1664
-    assert m.activations == 2 * 4 * 904 + 32
+    assert m.activations == 2 * 4 * 840 + 32
     assert m.total == m.params + m.grads + m.optimizer + m.activations + m.working + m.buffers
+
+
+def test_gradients_appear_layer_by_layer_without_accumulation():
+    """set_to_none frees the gradients every step: with one micro-batch they grow during the
+    backward. TINY: root grads 4*264 = 1056 from the start; at layer 1's backward 6720 + 32
+    stored + 1664 working + 1056 = 9472; at layer 0's, layer 1's grads (4*1008) are there and
+    its activations (3360) gone: 3392 + 1664 + 1056 + 4032 = 10144 -> the peak."""
+    m = estimate_memory(TINY, Layout(compute_dtype="fp32"))
+    assert m.peak_at == "layer 0 pass 1"
+    assert m.grads == 4 * TINY_ROOT + 4 * TINY_LAYER
+    assert m.activations + m.working + m.grads == 10144
+    acc = estimate_memory(TINY, Layout(compute_dtype="fp32", grad_accum_steps=2))
+    assert acc.grads == 4 * TINY_TOTAL and acc.total > m.total
+    # DDP's reducer buckets are there all the time
+    ddp = estimate_memory(TINY, Layout(mode="ddp", gpus_per_node=2, compute_dtype="fp32"))
+    assert ddp.grads == 4 * TINY_TOTAL + 4 * TINY_ROOT + 4 * TINY_LAYER
 
 
 def test_looped_weight_gradient_is_held_until_the_first_pass():
@@ -82,9 +99,10 @@ def test_looped_weight_gradient_is_held_until_the_first_pass():
     assert m.peak_at == "layer 2 pass 1"
     assert m.working == 1664 + 2 * 4 * TINY_LAYER
     # with checkpointing a pass stores its input (N*4*d = 128 bytes; 6 passes) and the
-    # layer being recomputed stores everything again
+    # layer being recomputed stores everything again, with the combine's gate product
+    # (N*k*c*d = 4*2*4*8 = 256 bytes) alive where the recompute stops
     remaining = 128 * 3 + 4 * 8  # inputs of layer 2 p1 (current), layer 1 p1, layer 0; the ids
-    assert m.activations == remaining + layer_activation_bytes(looped, 1, 4, 4)
+    assert m.activations == remaining + layer_activation_bytes(looped, 1, 4, 4) + 256
 
 
 def test_fsdp_buffers_and_communication_by_hand():

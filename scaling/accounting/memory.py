@@ -17,7 +17,15 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ``reduce_dtype``), sharded like the parameters. DDP also keeps its reducer
                 buckets, a second full copy, unless ``gradient_as_bucket_view=True``
                 (``torch.nn.parallel.DistributedDataParallel`` docs), which this project's
-                trainer does not set, so DDP counts 2 x.
+                trainer does not set, so DDP counts 2 x. Counted as present *at the peak*:
+                the trainer frees gradients after every step (``zero_grad(set_to_none=True)``),
+                so with one micro-batch per step they appear layer by layer during the
+                backward (the root's from its start, each layer's after its first pass's
+                backward; DDP's buckets always); with accumulation the later micro-batches find
+                them all. (Calibration, docs/gpu-memory.md: counting every gradient at the
+                head's backward over-planned the H200 Baseline runs without accumulation by
+                the whole 15-16 GB of fp32 gradients.) The optimizer step, every gradient and
+                no activation, is the peak only for tiny models.
 ``optimizer``   AdamW's two moments in ``optim_bytes`` each, shaped like the (sharded)
                 parameters, plus the 4-byte ``step`` scalar per parameter tensor that the fused
                 CUDA AdamW keeps on the device: ZeRO's 4 + 4 + 8 = 16 bytes per parameter for
@@ -32,8 +40,10 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 (c under FSDP2 mixed precision, which casts every block's input; the weights'
                 dtype otherwise, as autocast keeps the residual stream in fp32)::
 
-                    N * ( 2*(8*d + 4)      the two RMSNorms (fp32, decomposed on CPU): input
-                                           x.float(), x * rstd, rstd
+                    N * ( 2*(8*d + 4)      the two RMSNorms in fp32 (decomposed on CPU): input,
+                                           x * rstd, rstd; 2*(c*d + 4) when c != 4 (bf16
+                                           compute means CUDA, whose fused rms_norm kernel
+                                           saves its input and rstd)
                         + 2*c*d            normalised inputs of wqkv and of the router
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
@@ -43,9 +53,11 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                         + 2*4*E            router logits and softmax (fp32)
                         + 2*4              logsumexp (z-loss) and the top-k sum
                         + k*(3*8 + 4)      top-k ids, sort order, token ids (int64), top-k probs
-                        + k*c*(2*d' + d + 4*f' + 1)   dispatched tokens, expert output, gated
-                                           output (kept by index_add_), expert hidden (gate|up),
-                                           silu(gate), silu*up, gate weight
+                        + k*c*(d' + d + 4*f' + 1)   dispatched tokens, expert output
+                                           gathered back to token order (the gate-weighted sum
+                                           keeps it for the gates' gradient), expert hidden
+                                           (gate|up), silu(gate), silu*up, gates
+                        + 4*d              the router's fp32 copy of its input (if c != 4)
                         + c*(2*d + 4*f_s)  shared expert, when there is one )
                     + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
                     + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
@@ -61,11 +73,13 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
-                to <0.01% in fp32 on CPU). A fused CUDA RMSNorm kernel would save 4*d less per
-                norm; the estimate keeps the larger CPU count.
+                to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are read off the kernels' saved
+                tensors, not measured here: docs/gpu-memory.md has the GPU comparison.
                 With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
                 every layer call) a layer pass stores only its input, N*r*d, and recomputes
-                the rest during its own backward.
+                the rest during its own backward; the recompute stops after the layer's last
+                saved tensor (the combine's gate product), whose N*k*c*d output is then alive
+                beside the recomputed activations.
 ``working``     transients at the peak: the head's backward (fp32 gradients of the log-probs
                 and of the logits, N*8*V) or one layer's backward, whose first steps (in
                 reverse: index_add_, gating, the second grouped_mm) hold the gradients of the
@@ -125,8 +139,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_SYNCS = ("every", "last")
 
 
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _dtype_bytes(name: str, what: str) -> int:
@@ -343,10 +357,11 @@ class MemoryEstimate:
         )
 
 
-def _expert_dims(cfg: ModelConfig) -> tuple[int, int]:
-    """d', f': the widths grouped_mm runs at (both rounded up to multiples of 4 if either is not)."""
+def _expert_dims(cfg: ModelConfig, c: int = 4) -> tuple[int, int]:
+    """d', f': the widths grouped_mm runs at: rounded up to 16 bytes (multiples of 4 in fp32, 8
+    in bf16), the kernel's stride alignment."""
     d, f = cfg.d_model, cfg.expert_hidden
-    return (_round4(d), _round4(f)) if (_round4(d), _round4(f)) != (d, f) else (d, f)
+    return _round_up(d, 16 // c), _round_up(f, 16 // c)
 
 
 def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
@@ -356,9 +371,10 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     """
     d, H, Hkv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
-    dp, fp = _expert_dims(cfg)
+    dp, fp = _expert_dims(cfg, c)
     per_token = (
-        2 * (8 * d + 4)                        # norms: fp32 input, x * rstd, rstd
+        (2 * (8 * d + 4) if c == 4             # norms, CPU (decomposed): fp32 input, x * rstd,
+         else 2 * (c * d + 4))                 # rstd; CUDA (fused kernel): input, rstd
         + 2 * c * d                            # norm outputs = inputs of wqkv and of the router
         + c * (H + 2 * Hkv) * h                # qkv (v is a view)
         + c * (H + Hkv) * h                    # RoPE output (q, k)
@@ -367,8 +383,10 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
         + 2 * 4 * E                            # router logits and probs
         + 2 * 4                                # logsumexp and top-k sum
         + k * (3 * 8 + 4)                      # top-k ids, order, token ids; top-k probs
-        + k * c * (2 * dp + d + 4 * fp + 1)    # dispatched tokens, expert output, gated output,
-                                               # hidden (gate|up), silu, product, gate weight
+        + k * c * (dp + d + 4 * fp + 1)        # dispatched tokens, expert output in token
+                                               # order (the combine's gate product), hidden
+                                               # (gate|up), silu, product, gates
+        + (4 * d if c != 4 else 0)             # the router's fp32 copy of its input
         + (c * (2 * d + 4 * fs) if fs else 0)  # shared expert
     )
     rope = 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim  # cos, sin cast per pass
@@ -408,7 +426,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     stored_pass = resid * N * d if layout.activation_checkpointing else A
     head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c)
     head_work = 8 * N * V
-    dp, fp = _expert_dims(cfg)
+    dp, fp = _expert_dims(cfg, c)
     Lp = _layer_params(cfg)
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
     # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
@@ -429,25 +447,40 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     else:
         buffers = 0
 
+    # gradients during the backward: the trainer frees them after each step (zero_grad with
+    # set_to_none), so with one micro-batch per step they appear layer by layer as the backward
+    # reaches each layer's first pass (the root's, embedding and head, counted from the start);
+    # with accumulation every later micro-batch finds them all. DDP's reducer buckets persist.
+    layer_local = sum(sharded_numel(s, S) for n, s in shapes if n.startswith("layers.0."))
+    bucket = gb * local if layout.mode == "ddp" else 0
+    progressive = layout.grad_accum_steps == 1
+    g_now = bucket + gb * (local - cfg.n_layers * layer_local) if progressive else grads
+
     # walk the backward: the head first, then the layer passes in reverse execution order
     schedule = cfg.schedule()
     remaining = len(schedule) * stored_pass + head_stored
     activations_stored = remaining
-    best = (remaining + head_work, remaining, head_work, "head")
+    best = (remaining + head_work + g_now, remaining, head_work, g_now, "head")
     remaining -= head_stored - 8 * N  # the head's tensors are freed; the embedding ids stay
     held = 0
-    recompute = A if layout.activation_checkpointing else 0
+    # the recompute stops at the layer's last saved tensor, the combine's gate product, whose
+    # [N, k, d] output is alive at that moment beside the recomputed activations
+    recompute = A + N * cfg.top_k * c * d if layout.activation_checkpointing else 0
     for layer, pass_ in reversed(schedule):
-        live = remaining + recompute + layer_work + held
+        live = remaining + recompute + layer_work + held + g_now
         if live > best[0]:
-            best = (live, remaining + recompute, layer_work + held, f"layer {layer} pass {pass_}")
+            best = (live, remaining + recompute, layer_work + held, g_now, f"layer {layer} pass {pass_}")
         remaining -= stored_pass
         if cfg.is_looped and cfg.loop_start <= layer < cfg.loop_end:
             if pass_ == cfg.n_loops:
                 held += held_bytes  # its weight gradient waits, summed, for the first pass
             elif pass_ == 1:
                 held -= held_bytes
-    _, acts, work, peak_at = best
+        if progressive and pass_ == 1:
+            g_now += gb * layer_local
+    if grads > best[0]:  # the optimizer step: every gradient, no activations (tiny models)
+        best = (grads, 0, 0, grads, "optimizer step")
+    _, acts, work, grads, peak_at = best
 
     # communication per optimizer step
     m = layout.grad_accum_steps

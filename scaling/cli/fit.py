@@ -12,6 +12,7 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
@@ -283,6 +284,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON object to this file "
                                                                "(read by `smelt-scale savings --fits`)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out or --holdout-figure "
+                                                          "file (never the input table)."),
         # -- tables and holdout options --
         run_col: Optional[str] = typer.Option(None, help="Column of run ids: the bootstrap resamples runs, "
                                                          "so rows of one run stay together. Without it (and "
@@ -294,10 +297,11 @@ def register(app: typer.Typer) -> None:
                                                                 "C and for the compute of tables without a "
                                                                 "compute column. Default 6 (printed)."),
         where: Optional[list[str]] = typer.Option(None, "--where", metavar="EXPR",
-                                                  help="Keep only the rows matching this pandas "
-                                                  "query on the table's columns, e.g. 'loss < 4' or "
-                                                  "'`Model Size` > 1e8'; repeatable (all must hold). "
-                                                  "Recorded in the fit's settings."),
+                                                  help="Keep only the rows matching this condition on "
+                                                  "the table's columns, e.g. 'loss < 4', '1e6 < N <= 1e8 "
+                                                  "and arch == \"smelt\"' or '`Model Size` > 1e8'; "
+                                                  "repeatable (all must hold); recorded in the fit's "
+                                                  "settings. Grammar: " + FILTER_GRAMMAR),
         isoflop_estimator: str = typer.Option("window", help="Approach-2 IsoFLOP estimator: window (a "
                                               "parabola within --isoflop-window decades of each minimum; "
                                               "robust to wide sweeps) or parabola (the whole sweep)."),
@@ -348,11 +352,13 @@ def register(app: typer.Typer) -> None:
                 raise UserError("--holdout-figure needs --holdout")
             if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
                 raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
-            check_output_file(holdout_figure, "holdout figure")
+            check_output_file(holdout_figure, "holdout figure", force=force, inputs=[path])
         if out is not None:
             from scaling.cli._util import check_output_file
 
-            check_output_file(out, "fits file (--out)")
+            if holdout_figure is not None and out.resolve() == holdout_figure.resolve():
+                raise UserError("--out and --holdout-figure name the same file")
+            check_output_file(out, "fits file (--out)", force=force, inputs=[path])
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))
@@ -392,16 +398,25 @@ def register(app: typer.Typer) -> None:
         # fitcore: constraints and objective; cross-checks are computed once, below (cross_check_groups)
         kwargs.update(fitcore_kwargs, share=list(cons.shared), cross_checks=False)
         if show_progress(json_out) and n_bootstrap > 0:
-            with Progress(TextColumn("bootstrap {task.description}"), BarColumn(), MofNCompleteColumn(),
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
+                # the multi-start fit of a group has no count to show: an open-ended bar until its
+                # bootstrap (a counted bar) starts
+                fitting = bar.add_task(f"fit of {len(points):,} points (multi-start)", total=None)
                 tasks: dict[str, int] = {}
 
                 def progress(group: str, done: int, total: int) -> None:
                     if group not in tasks:
-                        tasks[group] = bar.add_task(group, total=total)
+                        bar.update(fitting, visible=False)
+                        tasks[group] = bar.add_task(f"bootstrap {group}", total=total)
                     bar.update(tasks[group], completed=done)
+                    if done >= total:
+                        bar.update(fitting, visible=True)
 
                 fits = fit_groups(points, the_law, progress=progress, **kwargs)
+        elif show_progress(json_out):
+            with stderr.status(f"fitting {len(points):,} points (multi-start)"):
+                fits = fit_groups(points, the_law, **kwargs)
         else:
             fits = fit_groups(points, the_law, **kwargs)
         # -- tables and holdout: the chosen IsoFLOP estimator, and how the table was read --

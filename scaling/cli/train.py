@@ -146,7 +146,10 @@ def register(app: typer.Typer) -> None:
         activation_checkpointing: bool = typer.Option(
             False, "--activation-checkpointing", help="Recompute each layer pass in the backward."
         ),
-        compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model's blocks."),
+        compile_model: Optional[bool] = typer.Option(
+            None, "--compile/--no-compile",
+            help="torch.compile the model's blocks [default: on CUDA, off on the CPU].",
+        ),
         grad_sync: Optional[str] = typer.Option(
             None, help="Reduce gradients on the last micro-batch only (last) or after each (every: FSDP "
             "keeps them sharded) [default: every under fsdp/hsdp, else last]."

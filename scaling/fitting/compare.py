@@ -41,7 +41,6 @@ evaluation sequences, at that run's final weights.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 
 CLUSTERS = ("run", "seed", "none")
 SOURCE_PREFIX = "val_loss/"
@@ -427,8 +427,8 @@ def with_validation_ids(root: Path, points: pd.DataFrame) -> pd.DataFrame:
     ids: dict[str, str | None] = {}
     for run in points["run"].astype(str).unique():
         try:
-            ids[run] = validation_id(json.loads((root / run / "config.json").read_text()))
-        except (OSError, ValueError):
+            ids[run] = validation_id(read_json(root / run / "config.json", "run config"))
+        except (OSError, ValueError, UserError):
             ids[run] = None
     return points.assign(**{VAL_SET: points["run"].astype(str).map(ids)})
 
@@ -453,7 +453,7 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
         if reference not in files or candidate not in files:
             continue
         try:
-            ref, cand = (json.loads(files[g].read_text())["result"]["buckets"]
+            ref, cand = (read_json(files[g])["result"]["buckets"]
                          for g in (reference, candidate))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if warn is not None:

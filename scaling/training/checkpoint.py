@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
+import io
 import logging
+import pickle
 import random
 import shutil
 import warnings
@@ -49,6 +50,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 from scaling.common.serialize import to_json
 from scaling.training import runlog
 from scaling.training.state import TrainState
@@ -82,6 +84,47 @@ def rng_state() -> dict:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+# Nothing read from a checkpoint may run code (issue 25). ``rng.pt`` is read with torch's weights-only
+# unpickler, allowing numpy's RNG state array besides tensors. DCP reads its ``.metadata`` with plain
+# ``pickle.load``, which runs whatever a tampered file names: it is first unpickled here by an
+# unpickler that resolves only DCP's metadata classes, torch dtypes and sizes, and paths.
+_RNG_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct]
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata",)
+_DCP_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                *(("pathlib", n) for n in ("Path", "PosixPath", "PurePosixPath", "WindowsPath",
+                                           "PureWindowsPath"))}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module in _DCP_MODULES:
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        raise pickle.UnpicklingError(f"its .metadata refers to {module}.{name}, which a checkpoint never "
+                                     "holds")
+
+
+def check_dcp_metadata(path: Path) -> None:
+    """Refuse (pickle.UnpicklingError) a DCP folder whose ``.metadata`` names anything but metadata."""
+    _MetadataUnpickler(io.BytesIO((Path(path) / ".metadata").read_bytes())).load()
+
+
+def load_rng(path: Path) -> dict:
+    """``rng.pt`` through torch's weights-only unpickler (tensors, numpy's state array, plain data)."""
+    try:
+        with torch.serialization.safe_globals(_RNG_GLOBALS):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise pickle.UnpicklingError(f"{Path(path).name} holds objects other than RNG states: refusing to "
+                                     "load it") from None
 
 
 def set_rng_state(state: dict) -> None:
@@ -228,7 +271,7 @@ class Checkpointer:
     def read_meta(self, path: Path) -> dict:
         """meta.json of a checkpoint, checked against this run; UserError if it is not this run's."""
         try:
-            meta = json.loads((path / META).read_text())
+            meta = read_json(path / META, "checkpoint meta.json")
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else None}")
         except (OSError, ValueError) as exc:
@@ -253,9 +296,10 @@ class Checkpointer:
         msd, osd = get_state_dict(model, optimizer)
         sd = {"model": msd, "optim": osd}
         try:
+            check_dcp_metadata(path)
             with _quiet():
                 dcp.load(sd, checkpoint_id=str(path), no_dist=self.world == 1)
-            rng = torch.load(path / RNG, weights_only=False) if with_state else None
+            rng = load_rng(path / RNG) if with_state else None
         except (Exception, CheckpointException) as exc:  # DCP's own type is a BaseException
             failures = getattr(exc, "failures", None)  # {rank: exception} of a CheckpointException
             inner = next(iter(failures.values())) if failures else exc
@@ -297,7 +341,7 @@ def _iter_of(path: Path) -> int:
 
 def _meta_iter(path: Path) -> int:
     try:
-        return int(json.loads((path / META).read_text())["iter"])
+        return int(read_json(path / META, "checkpoint meta.json")["iter"])
     except (OSError, ValueError, KeyError, TypeError):
         return 1 << 62  # unreadable: treat as stale
 

@@ -35,7 +35,10 @@ copies used for compute are bf16, gradients are reduced in fp32. On the CPU ever
 The wrapper checkpoints each *call*, so a looped layer stores its input once per pass and
 recomputes each pass in backward: per layer pass, as the memory planner counts.
 **torch.compile** compiles each block in place (``Module.compile(fullgraph=True)``, as
-torchtitan does per block) before sharding, so the FSDP2 hooks stay outside the graphs.
+torchtitan does per block) before sharding, so the FSDP2 hooks stay outside the graphs. The MoE
+layer has static shapes and no host sync (scaling/training/model.py), so each block is one
+graph. The trainer compiles by default on CUDA (``resolve_compile``) and not on the CPU, where
+compiling measured no faster than eager and costs minutes of inductor time per run.
 
 **Meta-device build.** For fsdp/hsdp the model is built under ``torch.device("meta")`` (no
 storage), sharded, then ``to_empty`` allocates only each rank's shards and ``materialize`` fills
@@ -82,6 +85,11 @@ def resolve_grad_sync(grad_sync: str | None, mode: str) -> str:
     if grad_sync not in GRAD_SYNC:
         raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNC)}, got {grad_sync!r}")
     return grad_sync
+
+
+def resolve_compile(compile: bool | None, device_type: str) -> bool:
+    """None -> compile the blocks on CUDA, not on the CPU (see the module docstring)."""
+    return device_type == "cuda" if compile is None else bool(compile)
 
 
 def split_batch(batch_size: int, world: int, micro_batch_size: int | None = None) -> tuple[int, int, int]:
@@ -250,8 +258,12 @@ def gradient_sync(model: nn.Module, is_last: bool, grad_sync: str = "last"):
     yield
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
-    """Global L2 norm of the gradients (all ranks' shards), clipped to ``max_norm`` when > 0."""
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (all ranks' shards), clipped to ``max_norm`` when > 0.
+
+    Returns the norm as a 0-d tensor on the device: reading it (``float``) waits for the device,
+    so the caller does that when it logs, not inside the step.
+    """
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in params if p.grad is not None]
@@ -260,7 +272,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
         norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return float(norm)
+    return norm
 
 
 def train_step(
@@ -276,13 +288,15 @@ def train_step(
     z_coef: float,
     grad_sync: str = "last",
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-) -> tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer update on this rank's rows ``x, y`` [rows, T] split into ``n_micro`` micro-batches.
 
     Objective per micro-batch: ``CE + aux_coef * load_balance + z_coef * router_z``, divided by
     ``n_micro`` so that the accumulated gradient is the mean (ranks are averaged by the
     all-reduce / reduce-scatter). Returns this rank's mean [CE, aux, z] (float64, not yet
-    averaged over ranks) and the global gradient norm before clipping.
+    averaged over ranks) and the global gradient norm before clipping, both device tensors: the
+    step itself never waits for the device (no host sync; benchmarks/gpu_check.py checks it
+    with CUDA's sync debug mode).
     """
     micro = x.shape[0] // n_micro
     sums = torch.zeros(3, dtype=torch.float64, device=x.device)

@@ -10,7 +10,6 @@ POSIX: a reader sees the old or the new file, never a mix), and ``checkpoints/``
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -18,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
 
+from scaling.common import files
 from scaling.common.serialize import to_json
 
 CONFIG, METRICS, FINAL, WEIGHTS = "config.json", "metrics.jsonl", "final.json", "final_weights.safetensors"
@@ -63,7 +63,8 @@ def write_json(path: Path | str, obj: Any) -> None:
 
 
 def read_json(path: Path | str) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file, bounded (``scaling.common.files.read_json``: regular file, size, nesting)."""
+    return files.read_json(path)
 
 
 def append_jsonl(path: Path | str, record: dict) -> None:

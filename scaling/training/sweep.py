@@ -19,7 +19,6 @@ the tasks form one process group and only rank 0 writes the run folder. Runs of 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
+from scaling.common.files import read_config
 from scaling.training.data import DATA_TO_TRAIN, expand_path
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
@@ -42,9 +42,9 @@ def run_status(runs_dir: Path, name: str) -> str:
     final = folder / "final.json"
     if final.exists():
         try:
-            if json.loads(final.read_text()).get("complete"):
+            if read_config(final, "final").get("complete"):
                 return "done"
-        except (OSError, json.JSONDecodeError, AttributeError):
+        except (OSError, ValueError, AttributeError):
             return "partial"
     return "partial" if (folder / "config.json").exists() else "new"
 

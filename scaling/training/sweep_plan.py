@@ -67,7 +67,6 @@ cooldown at each smaller one, so each run yields one (N, D) point per budget.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +77,7 @@ from scaling.accounting.matching import smelt_twin
 from scaling.accounting.memory import Layout
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
+from scaling.common.files import read_config
 from scaling.training.data import check_data_table
 
 _SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
@@ -287,13 +287,7 @@ def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
 
 def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
     """A TOML file as a dict; UserError (one line) when missing or malformed."""
-    path = Path(path)
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{what} file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
+    return read_config(path, what, fmt="toml")
 
 
 def load_plan(path: Path | str) -> SweepPlan:

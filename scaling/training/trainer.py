@@ -71,6 +71,7 @@ from scaling.training.parallel import (
     build_model,
     full_state_dict,
     reshard,
+    resolve_compile,
     resolve_grad_sync,
     split_batch,
     train_step,
@@ -117,7 +118,9 @@ class TrainConfig:
     parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
                       (scaling.training.parallel)
     activation_checkpointing, compile   passed to parallelize (recompute each layer pass in the
-                      backward; torch.compile the blocks)
+                      backward; torch.compile the blocks: None = on CUDA, off on the CPU; on
+                      CUDA the first step then takes ~1-2 minutes of compilation per
+                      architecture, an estimate until a GPU check measures it)
     grad_sync         "last": reduce gradients on the last micro-batch only; "every": after each
                       (FSDP: keeps gradients sharded between micro-batches); None: "every" under
                       fsdp/hsdp, "last" otherwise (the memory planner's rule)
@@ -158,7 +161,7 @@ class TrainConfig:
     threads: int | None = None
     parallel: str = "none"
     activation_checkpointing: bool = False
-    compile: bool = False
+    compile: bool | None = None
     grad_sync: str | None = None
     replicate: int | None = None
 
@@ -422,7 +425,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.grad_sync = resolve_grad_sync(cfg.grad_sync, resolve_mode(cfg.parallel, dist.world))
         self.model = build_model(model_cfg, cfg.seed, dist, cfg.parallel,
-                                 activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile)
+                                 activation_checkpointing=cfg.activation_checkpointing,
+                                 compile=resolve_compile(cfg.compile, device.type))
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")
