@@ -169,6 +169,10 @@ def register(app: typer.Typer) -> None:
         save_final_weights: bool = typer.Option(
             False, "--save-final-weights", help="Also write final weights (safetensors) into the run folder."
         ),
+        save_budget_weights: bool = typer.Option(
+            False, "--save-budget-weights", help="Also write each budget's final weights, as its cooldown "
+            "branch ends, to weights/budget-<i>.safetensors (for export/eval at every budget)."
+        ),
         data: Optional[Path] = typer.Option(
             None, help="Token-shard folder made by `smelt-scale prepare-data` [default: the built-in corpus]."
         ),
@@ -242,6 +246,7 @@ def register(app: typer.Typer) -> None:
                 resume=resume,
                 overwrite=overwrite,
                 save_final_weights=save_final_weights,
+                save_budget_weights=save_budget_weights,
                 progress=bar,
             )
         finally:

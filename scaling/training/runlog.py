@@ -21,6 +21,8 @@ from scaling.common import files
 from scaling.common.serialize import to_json
 
 CONFIG, METRICS, FINAL, WEIGHTS = "config.json", "metrics.jsonl", "final.json", "final_weights.safetensors"
+# weights at the end of each budget: <run>/weights/budget-<i>.safetensors (TrainConfig budget order)
+BUDGET_WEIGHTS_DIR = "weights"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -113,6 +115,11 @@ def environment() -> dict:
 
 
 # ----- final weights ----------------------------------------------------------------------
+
+def budget_weights_path(run_dir: Path | str, index: int) -> Path:
+    """``<run_dir>/weights/budget-<index>.safetensors``: the weights at the end of budget ``index``."""
+    return Path(run_dir) / BUDGET_WEIGHTS_DIR / f"budget-{index}.safetensors"
+
 
 def save_weights(path: Path | str, weights, metadata: dict[str, str] | None = None) -> None:
     """Weights as one safetensors file, written atomically.

@@ -33,7 +33,7 @@ from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
 # [train] keys that are options of train() rather than TrainConfig fields
-RUN_OPTIONS = {"save_final_weights"}
+RUN_OPTIONS = {"save_final_weights", "save_budget_weights"}
 
 
 def run_status(runs_dir: Path, name: str) -> str:
@@ -82,7 +82,8 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
                  run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
                  resume=run_status(Path(runs_dir), run.name) != "new",
-                 save_final_weights=bool(run.train.get("save_final_weights", False)))
+                 save_final_weights=bool(run.train.get("save_final_weights", False)),
+                 save_budget_weights=bool(run.train.get("save_budget_weights", False)))
 
 
 def execute_lane(runs: list[PlannedRun], runs_dir: str, threads: int | None = None,

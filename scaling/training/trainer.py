@@ -338,9 +338,10 @@ def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> No
     if overwrite:
         for name in (runlog.CONFIG, runlog.METRICS, runlog.FINAL, runlog.WEIGHTS):
             (run_dir / name).unlink(missing_ok=True)
-        if old_ckpt is not None and old_ckpt.is_dir():
-            import shutil
+        import shutil
 
+        shutil.rmtree(run_dir / runlog.BUDGET_WEIGHTS_DIR, ignore_errors=True)
+        if old_ckpt is not None and old_ckpt.is_dir():
             shutil.rmtree(old_ckpt)
 
 
@@ -352,9 +353,10 @@ class Trainer:
     def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, dist: DistEnv, *, tier: str,
                  proxy: bool | None,
                  run_name: str | None, runs_dir: Path, ckpt_dir: Path | None, resume: bool, overwrite: bool,
-                 progress: Callable[[Progress], None] | None, data_cache):
+                 progress: Callable[[Progress], None] | None, data_cache, save_budget_weights: bool = False):
 
         self.model_cfg, self.cfg, self.dist = model_cfg, cfg, dist
+        self.save_budget_weights = save_budget_weights
         self.tier = tier
         self.proxy = tier.startswith("proxy") if proxy is None else proxy
         self.progress = progress if dist.is_main else None
@@ -567,6 +569,8 @@ class Trainer:
                     s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg,
                                            plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
                                            record["train_loss"], cfg.seed, s.wall_s))
+                    if self.save_budget_weights:  # before the branch closes and the trunk returns
+                        self.save_weights(runlog.budget_weights_path(self.run_dir, up.budget_end))
                 if up.closed is not None:  # back to the trunk at the branch point
                     self.checkpointer.restore_branch_point(up.closed, self.model, self.optimizer)
                 if up.opened is not None:
@@ -593,11 +597,13 @@ class Trainer:
             self.metrics.close()
         return self.write_final()
 
-    def save_weights(self) -> None:
-        """Gather the full weights and write one safetensors file (rank 0)."""
+    def save_weights(self, path: Path | None = None) -> None:
+        """Gather the full weights and write one safetensors file (rank 0; default: the final weights)."""
         full = full_state_dict(self.model)
         if self.dist.is_main:
-            runlog.save_weights(self.run_dir / runlog.WEIGHTS, full,
+            path = self.run_dir / runlog.WEIGHTS if path is None else path
+            path.parent.mkdir(exist_ok=True)
+            runlog.save_weights(path, full,
                                 {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier})
         self.dist.barrier()
 
@@ -605,12 +611,15 @@ class Trainer:
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom", proxy: bool | None = None,
           run_name: str | None = None, runs_dir: str | Path = "runs", ckpt_dir: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, save_final_weights: bool = False,
-          progress: Callable[[Progress], None] | None = None, data_cache: str | Path | None = None) -> dict:
+          save_budget_weights: bool = False, progress: Callable[[Progress], None] | None = None,
+          data_cache: str | Path | None = None) -> dict:
     """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
 
     ``resume=True`` continues an existing run from its last checkpoint (a complete run returns its
     final.json at once) and refuses a run folder that holds no run. ``ckpt_dir`` is a parent folder
-    for checkpoints (default: ``<run_dir>/checkpoints``). ``progress`` is called after every
+    for checkpoints (default: ``<run_dir>/checkpoints``). ``save_budget_weights`` writes each budget's
+    final weights to ``<run_dir>/weights/budget-<i>.safetensors`` as its cooldown branch ends
+    (a resumed run rewrites the ones after its checkpoint). ``progress`` is called after every
     update with a :class:`Progress`. Raises UserError for bad input (an existing run without
     resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
     ...), before creating any folder where it can.
@@ -619,7 +628,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
     try:
         trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
                           runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
-                          progress=progress, data_cache=data_cache)
+                          progress=progress, data_cache=data_cache, save_budget_weights=save_budget_weights)
         doc = trainer.train()
         if save_final_weights:
             trainer.save_weights()
