@@ -93,11 +93,12 @@ def world(tmp_path_factory):
     runs = tmp / "runs"
     runs.mkdir()
     for name in ("proxy-xxs-baseline-s0", "proxy-xxs-smelt-s0", "proxy-xs-baseline-s0", "proxy-xs-smelt-s0"):
-        shutil.copytree(ROOT / "runs" / name, runs / name)
+        shutil.copytree(ROOT / "runs-cpu-proxy-2026-12-02" / name, runs / name)
     pair = tmp / "pair"
     pair.mkdir()
     for name in ("proxy-s-baseline-s0", "proxy-s-smelt-s0"):
-        shutil.copytree(ROOT / "runs" / name, pair / name, ignore=shutil.ignore_patterns("analysis"))
+        shutil.copytree(ROOT / "runs-cpu-proxy-2026-12-02" / name, pair / name,
+                        ignore=shutil.ignore_patterns("analysis"))
     (tmp / "plan.toml").write_text(
         '[sweep]\nname = "fuzz"\ntiers = ["proxy-tiny"]\narchs = ["baseline", "smelt"]\nseeds = [0]\n'
         'budgets = [2048]\n\n[train]\nbatch_size = 2\nval_windows = 2\ndevice = "cpu"\n\n'

@@ -16,7 +16,9 @@ from scaling.fitting.compare import (
     PairStats,
     at_least_tokens,
     compare,
+    describe_dropped,
     length_buckets,
+    with_validation_ids,
 )
 from scaling.fitting.tables import read_runs_dir
 
@@ -67,6 +69,8 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
                  "on average "                 f"({res.n_seeds} seeds).", highlight=False)
     for n in res.notes:
         stdout.print(f"note: {n}", highlight=False)
+    if res.dropped:
+        warn(describe_dropped(res.dropped))
 
 
 def register(app: typer.Typer) -> None:
@@ -88,6 +92,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Paired loss difference candidate − reference at matched (tier, budget, seed).
 
+        A pair needs the same tier and seed, the same actual tokens (within 1%) and FLOPs (within
+        2%), and the same validation data (corpus, tokenizer, held-out windows, from each run's
+        config.json); points without such a partner are left out and named on stderr.
+
         Per (tier, budget) cell, per tier, per budget and overall: mean, cluster-robust s.e. (CR1;
         default clusters: the run pair, because a run's budgets are cooldown branches of one trunk),
         the i.i.d. s.e. beside it, and an exact sign test over pairs. Per-source losses
@@ -104,7 +112,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--plot {plot}: use a .png, .pdf or .svg file name")
         if plot is not None:
             check_output_file(plot, "figure (--plot)", force=force, inputs=[runs])
-        points = read_runs_dir(runs, warn=warn)
+        points = with_validation_ids(runs, read_runs_dir(runs, warn=warn))
         if min_tokens > 0:
             points = at_least_tokens(points, min_tokens)
             if points.empty:

@@ -156,10 +156,71 @@ def print_fit(fit: FitResult) -> None:
             stdout.print(f"  {label}: a = {c['a']:.3f}{ci}{extra}", highlight=False)
         else:
             stdout.print(f"  {label}: not available: {c['reason']}", highlight=False)
-    for w in d.get("warnings", []):
-        warn(f"{fit.group}: {w}")
-    for w in fit.cross_checks.get("warnings", []):
-        warn(f"{fit.group}: {w}")
+
+
+def merged_warnings(fits: "dict[str, FitResult] | list[FitResult]") -> list[str]:
+    """Each fit warning once: the same message for several groups becomes one line naming them."""
+    groups_of: dict[str, list[str]] = {}
+    for f in (fits.values() if isinstance(fits, dict) else fits):
+        for w in [*f.diagnostics.get("warnings", []), *f.cross_checks.get("warnings", [])]:
+            groups_of.setdefault(w, [])
+            if f.group not in groups_of[w]:
+                groups_of[w].append(f.group)
+    return [f"{', '.join(gs)}: {w}" for w, gs in groups_of.items()]
+
+
+def _a_text(c: dict | None) -> str:
+    if not c or not c.get("available"):
+        return "—"
+    ci = c.get("a_ci")
+    return f"{c['a']:.3f}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+
+
+def print_summary(fits: "dict[str, FitResult]") -> None:
+    """The compute-optimal size exponent of the three approaches side by side, then what the fits
+    do and do not say, in plain words."""
+    groups = list(fits.values())
+    if not groups:
+        return
+    law = groups[0].law_obj
+    ea = law.allocation_exponents[0]
+    x = law.size_input
+    table = Table(title=f"compute-optimal size exponent a ({x}* ∝ C^a), 95% intervals", title_justify="left")
+    for c in ("group", "approach 1 (frontier)", "approach 2 (IsoFLOP)", "approach 3 (law)"):
+        table.add_column(c, justify="right" if c != "group" else "left", no_wrap=True)
+    for f in groups:
+        a3 = f.derived.get(ea)
+        a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, ea)}".replace(" [-]", "")
+        table.add_row(f.group, _a_text(f.cross_checks.get("approach1")),
+                      _a_text(f.cross_checks.get("approach2")), a3_text)
+    stdout.print(table)
+    says: dict[str, list[str]] = {}
+    not_says: dict[str, list[str]] = {}
+
+    def add(to: dict[str, list[str]], group: str, text: str) -> None:
+        to.setdefault(text, []).append(group)
+
+    for f in groups:
+        d = f.diagnostics
+        a2 = f.cross_checks.get("approach2") or {}
+        if d.get("identified") and not d.get("misfit"):
+            add(says, f.group, "the law is identified and fits its points")
+        else:
+            why = (["not identified"] if not d.get("identified") else []) + (
+                ["a misfit"] if d.get("misfit") else [])
+            add(not_says, f.group, f"the law is {' and '.join(why)}: its parameters, loss floor and "
+                                   "extrapolations are not supported by the data")
+        if a2.get("available"):
+            says.setdefault(f"{f.group}: IsoFLOP minima at {a2['n_buckets']} budgets give a = {_a_text(a2)} "
+                            "without the law", [])
+        else:
+            add(not_says, f.group, "no IsoFLOP minimum is bracketed at 3 budgets (no law-free exponent)")
+    def line(d: dict[str, list[str]]) -> str:
+        return "; ".join(f"{', '.join(gs)}: {t}" if gs else t for t, gs in d.items())
+    stdout.print("[bold]What the data say[/bold]: " + (line(says) if says else "nothing firm") + ".",
+                 highlight=False)
+    if not_says:
+        stdout.print("[bold]What they do not say[/bold]: " + line(not_says) + ".", highlight=False)
 
 
 def _ci(fit: FitResult, key: str) -> str:
@@ -369,9 +430,8 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             fitset.save(out)
         if json_out:
-            for f in fits.values():
-                for w in [*f.diagnostics.get("warnings", []), *f.cross_checks.get("warnings", [])]:
-                    warn(f"{f.group}: {w}")
+            for w in merged_warnings(fits):
+                warn(w)
             data = fitset.to_dict()
             for g, a in at_budget.items():
                 data["fits"][g]["at_budget"] = a
@@ -381,5 +441,8 @@ def register(app: typer.Typer) -> None:
             print_fit(f)
             if f.group in at_budget:
                 print_at_budget(f, at_budget[f.group])
+        for w in merged_warnings(fits):
+            warn(w)
+        print_summary(fits)
         if out is not None:
             stdout.print(f"wrote {out}", highlight=False)

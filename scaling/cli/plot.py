@@ -135,8 +135,8 @@ def _figures(kind: str, ctx: _Context) -> list[tuple[str, Any]]:
     if kind == "savings":
         res, data_range = ctx.savings()
         return [("savings", plots.savings(res, data_range=data_range))]
-    hint = (f"run `smelt-scale analyze {kind} RUN...` first (e.g. on runs/proxy-s-baseline-s0 "
-            "runs/proxy-s-smelt-s0)")
+    hint = (f"run `smelt-scale analyze {kind} RUN...` first (e.g. on "
+            "runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0)")
     if kind == "sink":
         out = []
         for stem, k in (("sink", "sink"), ("sink_dyck", "sink_dyck")):
