@@ -90,3 +90,10 @@ def test_train_state_round_trips_through_json():
     assert pos.branch == 0 and pos.step == 9
     back = TrainState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert back == state and back.position == pos and not back.done
+
+
+def test_absurd_budget_is_refused_as_a_typo():
+    # 3.4e37 tokens (a fuzz-found value) would start a run that never ends; refused at once
+    with pytest.raises(UserError, match="likely typo"):
+        BranchPlan.build([1e5, 3.4e37], tokens_per_step=512)
+    assert BranchPlan.build([512 * 10**9], tokens_per_step=512).trunk.steps == 10**9

@@ -99,6 +99,10 @@ def world(tmp_path_factory):
     for name in ("proxy-s-baseline-s0", "proxy-s-smelt-s0"):
         shutil.copytree(ROOT / "runs-cpu-proxy-2026-12-02" / name, pair / name,
                         ignore=shutil.ignore_patterns("analysis"))
+    task = tmp / "tasks" / "corpus_val"  # a text task (records with "text") for `eval`
+    task.mkdir(parents=True)
+    (task / "test.jsonl").write_text("".join(json.dumps({"text": d["text"]}) + "\n" for d in docs[:3]))
+    shutil.copy(ROOT / "examples" / "eval-pair" / "eval.csv", tmp / "eval.csv")
     (tmp / "plan.toml").write_text(
         '[sweep]\nname = "fuzz"\ntiers = ["proxy-tiny"]\narchs = ["baseline", "smelt"]\nseeds = [0]\n'
         'budgets = [2048]\n\n[train]\nbatch_size = 2\nval_windows = 2\ndevice = "cpu"\n\n'
@@ -131,6 +135,10 @@ def _base(world: Path) -> dict[str, list[str]]:
         "analyze lengths": [*one_run, "--windows", "2", "--documents", "2", "--no-gain"],
         "analyze icl": [*one_run, "--shots", "0,1", "--trials", "2"],
         "analyze snapshot-data": [f"{b}/pair/proxy-s-baseline-s0"],
+        "export": [f"{b}/pair/proxy-s-baseline-s0", "--out", f"{b}/export", "--overwrite"],
+        "eval": [f"{b}/pair/proxy-s-baseline-s0", "--tasks", "corpus_val", "--data", f"{b}/tasks",
+                 "--device", "cpu", "--threads", "1", "--limit", "2"],
+        "calibrate": [f"{b}/eval.csv", "--task", "arc_easy", "--floor", "0.25", "--bootstrap", "20"],
     }
 
 
@@ -177,7 +185,8 @@ def test_base_arguments_succeed(command, world, monkeypatch):
     assert res.exit_code == 0, res.output[-2000:]
 
 
-SLOW = {"prepare-data", "train", "analyze sink", "analyze lengths", "analyze icl", "sweep", "plot"}
+SLOW = {"prepare-data", "train", "analyze sink", "analyze lengths", "analyze icl", "sweep", "plot", "eval",
+        "export"}
 
 
 @pytest.mark.parametrize("command", sorted(_commands()))

@@ -109,7 +109,8 @@ def register(app: typer.Typer) -> None:
             "--checkpoint",
             help="Evaluate this DCP checkpoint folder of the (one) run instead of budget weights.",
         ),
-        limit: Optional[int] = typer.Option(None, "--limit", help="At most this many documents per task."),
+        limit: Optional[int] = typer.Option(None, "--limit", min=1, max=10**9,
+                                            help="At most this many documents per task."),
         num_fewshot: Optional[int] = typer.Option(
             None, "--num-fewshot", help="Few-shot examples [default: each task's]."
         ),
@@ -196,7 +197,7 @@ def register(app: typer.Typer) -> None:
         ),
         n_boot: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples of the interval."),
         level: float = typer.Option(0.95, "--level", help="Interval level."),
-        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Bootstrap seed."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
         """Loss->accuracy calibration: acc-sigmoid on the reference, candidate residual at matched loss.

@@ -285,18 +285,25 @@ def evaluate_model(lm, tasks: list[LocalTask], settings: EvalSettings, max_lengt
     with tempfile.TemporaryDirectory(prefix="smelt-tasks-") as tmp:
         write_overlays(tasks, Path(tmp))
         manager = TaskManager(include_path=tmp, include_defaults=False)
-        out = simple_evaluate(
-            model=lm,
-            tasks=[t.name for t in tasks],
-            num_fewshot=settings.num_fewshot,
-            limit=settings.limit,
-            task_manager=manager,
-            log_samples=True,
-            bootstrap_iters=1000,
-            confirm_run_unsafe_code=settings.allow_code,
-            gen_kwargs={"max_gen_toks": max_length // 2} if max_length < 2048 else None,
-            verbosity="ERROR",
-        )
+        try:
+            out = simple_evaluate(
+                model=lm,
+                tasks=[t.name for t in tasks],
+                num_fewshot=settings.num_fewshot,
+                limit=settings.limit,
+                task_manager=manager,
+                log_samples=True,
+                bootstrap_iters=1000,
+                confirm_run_unsafe_code=settings.allow_code,
+                gen_kwargs={"max_gen_toks": max_length // 2} if max_length < 2048 else None,
+                verbosity="ERROR",
+            )
+        except ValueError as exc:
+            if "larger than population" not in str(exc):
+                raise
+            # lm-eval draws the few-shot examples without replacement
+            raise UserError(f"num_fewshot {settings.num_fewshot} is more than the tasks' few-shot "
+                            "documents") from None
     if out is None:  # a non-zero rank under torch.distributed
         return []
     rows = []

@@ -86,6 +86,12 @@ class Update:
     closed: int | None
 
 
+# A bound on one run's optimizer updates: three orders of magnitude above the longest published
+# LLM runs (~1e6 updates), far below where the int64 step counters and float64 token counts lose
+# exactness; a budget beyond it is a typo (an exponent too many), not a run to start.
+MAX_STEPS = 10**9
+
+
 @dataclass(frozen=True)
 class BranchPlan:
     """The budgets of one run (ascending) and the walk over trunk and cooldown branches."""
@@ -114,6 +120,10 @@ class BranchPlan:
         out: list[TokenBudget] = []
         for i, d in enumerate(requested):
             steps = round(d / tokens_per_step)
+            if steps > MAX_STEPS:
+                raise UserError(f"token budget {d:g} is {steps:.3g} optimizer steps of {tokens_per_step} "
+                                f"tokens; more than {MAX_STEPS:.0e} steps is refused as a likely typo "
+                                "(the largest published runs take about 1e6)")
             if steps < 1:
                 raise UserError(f"token budget {d:g} is below one optimizer step ({tokens_per_step} tokens)")
             if out and steps == out[-1].steps:

@@ -193,8 +193,10 @@ class TrainConfig:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise UserError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if not 0 < self.lr < float("inf"):
-            raise UserError(f"lr must be a positive finite number, got {self.lr}")
+        # AdamW moves each weight by about lr per update: above 100 no run trains, and far above it the
+        # fp32 optimizer arithmetic overflows; such a value is a typo
+        if not 0 < self.lr <= 100:
+            raise UserError(f"lr must be in (0, 100], got {self.lr}")
         if self.warmup is not None and self.warmup < 0:
             raise UserError(f"warmup must be >= 0, got {self.warmup}")
         if self.eval_every < 0:
@@ -613,8 +615,10 @@ class Trainer:
             stats = stats / self.dist.world
         loss, aux, z = (float(v) for v in stats.tolist())  # syncs the device
         if not math.isfinite(loss):
-            raise FloatingPointError(f"training loss is {loss} at update {self.state.iter + 1} "
-                                     f"(step {step + 1})")
+            # a diverged run is almost always a setting (lr, warm-up) the user chose: one line, exit 2
+            raise UserError(f"training diverged: loss is {loss} at update {self.state.iter + 1} "
+                            f"(step {step + 1}) with peak lr {cfg.lr:g}; lower the learning rate or "
+                            "lengthen the warm-up (the last checkpoint is kept)")
         record = {"iter": self.state.iter + 1, "step": step + 1, "tokens": (step + 1) * self.tokens_per_step,
                   "branch": pos.branch, "train_loss": loss, "aux_loss": aux, "z_loss": z, "lr": lr,
                   "grad_norm": float(gnorm)}
