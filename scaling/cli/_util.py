@@ -72,6 +72,21 @@ def run_cli(fn: Callable) -> Callable:
     return wrapper
 
 
+def setup_logging(level: int | None = None) -> None:
+    """Send the library's ``logging`` records (logger ``scaling``: progress lines, warnings) to stderr
+    as ``2026-01-31 12:00:00 message`` lines, unless the user or a host program configured logging
+    already (a handler on the root or the ``scaling`` logger)."""
+    import logging
+
+    lib = logging.getLogger("scaling")
+    if logging.getLogger().handlers or lib.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+    lib.addHandler(handler)
+    lib.setLevel(logging.INFO if level is None else level)
+
+
 def show_progress(json_mode: bool = False, quiet: bool = False) -> bool:
     """Whether to draw rich progress bars (never into a pipe, never with --json)."""
     return not (json_mode or quiet) and sys.stderr.isatty()
@@ -104,6 +119,13 @@ def check_output_file(path: Path | str, what: str = "output file") -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         fail(f"{what} {path} is not writable")
     return path
+
+
+def one_path(positional: Optional[Path], option: Optional[Path], flag: str = "--runs") -> Optional[Path]:
+    """A path given positionally or with ``flag`` (the same path twice is fine; two different are not)."""
+    if positional is not None and option is not None and Path(positional) != Path(option):
+        raise UserError(f"give the runs path once: {positional} and {flag} {option} differ")
+    return positional if positional is not None else option
 
 
 # -- numbers given as text: budgets and sparsities ----------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, parse_budgets, run_cli, stderr, stdout, warn
+from scaling.cli._util import emit_json, one_path, parse_budgets, run_cli, stderr, stdout, warn
 from scaling.common.errors import UserError
 from scaling.fitting.sources import DEFAULT_RUNS, default_sparsity
 
@@ -168,6 +168,9 @@ def register(app: typer.Typer) -> None:
     def plot_cmd(
         kind: str = typer.Argument(..., help=f"Figure: {', '.join(KINDS)}, or all."),
         out: Path = typer.Option(..., "--out", help="Folder to write the figures into (created)."),
+        runs_arg: Optional[Path] = typer.Argument(
+            None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
+        ),
         runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder (default: the shipped runs/)."),
         fmt: str = typer.Option("png", "--format", help="File format: png, pdf or svg."),
         fits_file: Optional[Path] = typer.Option(None, "--fits", help="Fits file from `smelt-scale fit "
@@ -194,6 +197,7 @@ def register(app: typer.Typer) -> None:
 
         With `all`, kinds whose inputs are missing (e.g. no saved analyses) are skipped with a warning.
         """
+        runs = one_path(runs_arg, runs)
         fmt = fmt.lower().lstrip(".")
         if fmt not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

@@ -10,7 +10,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, parse_budgets, parse_sparsities, run_cli, stdout, warn
+from scaling.cli._util import emit_json, one_path, parse_budgets, parse_sparsities, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.common.format import number
 from scaling.fitting.envelope import envelope_points, envelope_savings
@@ -99,6 +99,9 @@ def register(app: typer.Typer) -> None:
         budget: Optional[str] = typer.Option(None, "--budget", help="Training budget C in FLOPs, e.g. 1e21."),
         budgets: Optional[str] = typer.Option(None, "--budgets", help="Several budgets: 1e19,1e20,1e21 "
                                               "or lo:hi:n log-spaced (1e18:1e24:7)."),
+        runs_arg: Optional[Path] = typer.Argument(
+            None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
+        ),
         runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder or table to fit on the fly "
                                             "(default: the shipped runs/ folder)."),
         fits: Optional[Path] = typer.Option(None, "--fits",
@@ -147,6 +150,7 @@ def register(app: typer.Typer) -> None:
         no number more than --max-extrapolation decades beyond its data: the row says why
         (savings null and a reason in --json), unless --extrapolate.
         """
+        runs = one_path(runs_arg, runs)
         if method not in ("auto", "envelope", "law"):
             raise UserError(f"--method must be auto, envelope or law, got {method!r}")
         if not (np.isfinite(max_extrapolation) and max_extrapolation >= 0):

@@ -8,8 +8,12 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout
+from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
+
+# Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra
+# run in it changes their answers (issue 29).
+DEFAULT_RUNS_DIR = "runs-mine"
 
 
 def parse_tokens(text: str) -> tuple[float, ...]:
@@ -61,7 +65,9 @@ class _Bar:
                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=stderr)
             self.task = self.bar.add_task(escape(p.run), total=p.tokens_total, tps="-", loss="-", val="-")
             self.bar.start()
-        fields = {}
+        # which budget and which part of the WSD walk (trunk or a cooldown branch) runs now
+        where = f"budget {p.budget + 1}/{p.n_budgets} {p.phase}" if p.budget is not None else ""
+        fields = {"description": escape(f"{p.run} {where}".strip())}
         if p.tokens_per_s is not None:
             fields["tps"] = f"{p.tokens_per_s:,.0f}"
         if p.train_loss is not None:
@@ -99,7 +105,10 @@ def register(app: typer.Typer) -> None:
         run_name: Optional[str] = typer.Option(
             None, help="Run folder name [default: <tier>-<arch>-<D_max>-s<seed>]."
         ),
-        runs_dir: Path = typer.Option(Path("runs"), help="Parent folder of run folders."),
+        runs_dir: Path = typer.Option(
+            Path(DEFAULT_RUNS_DIR), help="Parent folder of run folders (not runs/: that holds the shipped "
+            "study, which fit, compare and savings read by default)."
+        ),
         batch_size: int = typer.Option(16, help="Global batch in sequences of seq_len tokens."),
         micro_batch_size: Optional[int] = typer.Option(
             None, help="Sequences per forward on one rank (gradient accumulation) [default: whole batch]."
@@ -130,6 +139,10 @@ def register(app: typer.Typer) -> None:
             False, "--async-ckpt", help="Write periodic checkpoints in the background."
         ),
         log_every: int = typer.Option(1, help="Metrics line every this many updates."),
+        progress_every: int = typer.Option(
+            100, min=1, help="When stderr is not a terminal (Slurm, nohup, CI): a progress line every this "
+            "many updates, and at least every 60 s (logger scaling.progress)."
+        ),
         log_to: str = typer.Option(
             "jsonl", help="Comma-separated: jsonl plus tensorboard and/or wandb mirrors (extra [track])."
         ),
@@ -227,6 +240,12 @@ def register(app: typer.Typer) -> None:
         )
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
         bar = _Bar() if show_progress(json_out, quiet) else None
+        progress = bar
+        if bar is None and not quiet:
+            from scaling.training.progress import ProgressLog
+
+            setup_logging()
+            progress = ProgressLog(every=progress_every)
         try:
             doc = train(
                 model_cfg,
@@ -239,7 +258,7 @@ def register(app: typer.Typer) -> None:
                 resume=resume,
                 overwrite=overwrite,
                 save_final_weights=save_final_weights,
-                progress=bar,
+                progress=progress,
             )
         finally:
             if bar is not None:

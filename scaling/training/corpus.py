@@ -51,6 +51,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.training.runlog import umask_mode
 from scaling.training.shards import window_index
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -408,6 +409,7 @@ def _build(spec: DataSpec, docs: list[Document], key: str, dest: Path) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=dest.parent))
     try:
+        tmp.chmod(umask_mode(0o777))  # mkdtemp makes it owner-only; the cache is shared like any folder
         tok.save(str(tmp / "tokenizer.json"))
         np.save(tmp / "train.npy", train_stream)
         np.save(tmp / "val.npy", val_stream)

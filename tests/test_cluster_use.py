@@ -1,0 +1,99 @@
+"""Living with it on a cluster (issue 29): progress lines off a terminal, file modes under the
+umask, the default runs folder."""
+
+import logging
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaling.training import runlog
+from scaling.training.progress import Progress, ProgressLog, eta_text, format_line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_format_line_and_eta():
+    p = Progress("r", 3_300_000, 31_900_000, 5120.4, 4.1234, 4.2, iter=200, total_iters=1950, budget=1,
+                 n_budgets=4, branch=None, mfu=0.312, peak_mem_bytes=41_200_000_000)
+    line = format_line(p, 4320)
+    assert line == ("iter 200/1,950 tokens 3.3M/31.9M budget 2/4 trunk loss 4.123 val 4.200 tok/s 5,120 "
+                    "mfu 0.31 mem 41.2GB eta 1h12m")
+    assert "cooldown 3" in format_line(Progress("r", 1, 2, iter=1, total_iters=2, budget=2, n_budgets=4,
+                                                branch=2), None)
+    assert eta_text(None) == "-" and eta_text(65) == "1m05s" and eta_text(7) == "7s"
+
+
+def test_progress_log_every_n_updates_or_interval():
+    now = [0.0]
+    records = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("test-progress")
+    logger.addHandler(Grab())
+    logger.setLevel(logging.INFO)
+    plog = ProgressLog(every=10, interval_s=60, clock=lambda: now[0], logger=logger)
+    plog(Progress("r", 0, 1000, iter=0, total_iters=100, n_budgets=1, budget=0))
+    for i in range(1, 101):
+        now[0] += 1.0 if i < 50 else 100.0  # slow updates after 50: the interval takes over
+        plog(Progress("r", i * 10, 1000, iter=i, total_iters=100, n_budgets=1, budget=0))
+    iters = [int(m.split()[1].split("/")[0]) for m in records[1:]]
+    assert records[0].startswith("r: starting")
+    assert iters[:4] == [10, 20, 30, 40] and iters[-1] == 100
+    assert 51 in iters and 52 in iters  # every update is past the 60 s interval there
+    # ETA from the measured rate: at iter 10, 10 s for 100 tokens, 900 tokens left -> 90 s
+    assert records[1].endswith("eta 1m30s")
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_atomic_write_follows_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        runlog.write_json(tmp_path / "a.json", {"x": 1})
+        runlog.append_jsonl(tmp_path / "m.jsonl", {"x": 1})
+        runlog.rewrite_jsonl(tmp_path / "r.jsonl", [{"x": 1}])
+    finally:
+        os.umask(old)
+    for name in ("a.json", "m.jsonl", "r.jsonl"):
+        assert _mode(tmp_path / name) == 0o666 & ~umask, name
+
+
+def test_train_off_a_terminal_logs_progress_lines_and_files_follow_umask(tmp_path):
+    """A train run with stderr redirected to a file (as under Slurm) prints progress lines; every file
+    of the run folder (atomically written ones too) is group-writable under umask 002."""
+    err = tmp_path / "train.err"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SMELT_CACHE": str(tmp_path / "cache")}
+    args = [sys.executable, str(ROOT / "cli.py"), "train", "--tier", "proxy-tiny", "--arch", "smelt",
+            "--tokens", str(12 * 512) + "," + str(24 * 512), "--batch-size", "8", "--data-max-bytes", "100000",
+            "--runs-dir", str(tmp_path / "runs"), "--threads", "1", "--val-windows", "8",
+            "--progress-every", "5", "--json"]
+    with open(err, "w") as fh:
+        res = subprocess.run(args, stdout=subprocess.PIPE, stderr=fh, env=env, cwd=tmp_path, timeout=300,
+                             preexec_fn=lambda: os.umask(0o002))
+    text = err.read_text()
+    assert res.returncode == 0, text
+    lines = [ln for ln in text.splitlines() if " iter " in ln]
+    assert len(lines) >= 4, text
+    assert any("cooldown 1" in ln for ln in lines) or any("budget 1/2" in ln for ln in lines), text
+    assert lines[-1].split(" iter ")[1].startswith("26/26 ") and "eta 0s" in lines[-1]
+    run = next((tmp_path / "runs").iterdir())
+    for name in ("config.json", "final.json", "metrics.jsonl"):
+        assert _mode(run / name) == 0o664, name
+    # nothing was written into a runs/ folder of the working directory
+    assert not (tmp_path / "runs-mine").exists()
+
+
+def test_train_default_runs_dir_is_not_the_shipped_study():
+    from scaling.cli.train import DEFAULT_RUNS_DIR
+
+    assert Path(DEFAULT_RUNS_DIR) != Path("runs")
