@@ -74,7 +74,7 @@ def test_train_off_a_terminal_logs_progress_lines_and_files_follow_umask(tmp_pat
     err = tmp_path / "train.err"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SMELT_CACHE": str(tmp_path / "cache")}
     args = [sys.executable, str(ROOT / "cli.py"), "train", "--tier", "proxy-tiny", "--arch", "smelt",
-            "--tokens", str(12 * 512) + "," + str(24 * 512), "--batch-size", "8", "--data-max-bytes", "100000",
+            "--tokens", f"{12 * 512},{24 * 512}", "--batch-size", "8", "--data-max-bytes", "100000",
             "--runs-dir", str(tmp_path / "runs"), "--threads", "1", "--val-windows", "8",
             "--progress-every", "5", "--json"]
     with open(err, "w") as fh:
@@ -97,3 +97,29 @@ def test_train_default_runs_dir_is_not_the_shipped_study():
     from scaling.cli.train import DEFAULT_RUNS_DIR
 
     assert Path(DEFAULT_RUNS_DIR) != Path("runs")
+
+
+def test_extreme_laws_give_no_numpy_warnings():
+    """A bootstrap fit of noisy data can reach extreme exponents (simulate --noise 1 did): the
+    frontier over/underflows to inf/0 without numpy RuntimeWarnings reaching the user."""
+    import warnings
+
+    import numpy as np
+
+    from scaling.fitting.laws import frontier, get_law
+
+    law = get_law("chinchilla")
+    theta = np.array([[1.0, 1e300, 1e-3, 1e-300, 50.0], [1.0, 400.0, 0.34, 410.0, 0.28]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        f = frontier(law, theta, 1e20, k=6.0)
+    assert f.loss.shape == (2,) and np.isfinite(f.loss[1])
+
+
+def test_cli_positional_runs_path(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["savings", "a", "--runs", "b", "--budget", "1e20"])
+    assert res.exit_code == 2 and "give the runs path once" in res.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import Any
 
 import typer
@@ -54,6 +55,11 @@ class _LazyGroup(TyperGroup):
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        # numpy's floating-point RuntimeWarnings ("overflow encountered in power") say nothing a
+        # user can act on: the library turns what matters (an unidentified law, a misfit) into its
+        # own warnings; a library fix for each known source (fitting/laws.py), this for the rest.
+        warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                message=r"(overflow|divide by zero|invalid value|underflow) encountered")
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _click_exc.NoArgsIsHelpError as exc:

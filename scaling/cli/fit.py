@@ -131,7 +131,13 @@ def print_fit(fit: FitResult) -> None:
     if "G" in fit.derived and ea in fit.derived:
         x = law.size_input
         kk = f"{fit.k:.3g} " if law.budget_uses_k else ""
-        stdout.print(f"  allocation (approach 3, C = {kk}{x} D): {x}* = G C^{ea} = {fit.derived['G']:.4g} "
+        # k is measured, not Kaplan's 6: say so where it is printed (issue 29)
+        why = ""
+        if law.budget_uses_k and abs(fit.k - 6) > 0.05:
+            why = (f"; k = {fit.k:.3g} = median FLOPs/({x} D) of the data, above the 6 of C = 6 N D "
+                   "where attention and the output layer cost much next to N")
+        stdout.print(f"  allocation (approach 3, C = {kk}{x} D{why}): "
+                     f"{x}* = G C^{ea} = {fit.derived['G']:.4g} "
                      f"C^{fit.derived[ea]:.4f}, "
                      f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
                      f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
