@@ -232,7 +232,8 @@ def test_cli_constraints_objective_at_and_errors(tmp_path):
     data = json.loads(r.stdout)
     base = data["fits"]["base"]
     assert base["settings"]["shared"] == ["E"] and base["settings"]["objective"] == "sq-log"
-    assert base["alpha"] == base["beta"] and base["E"] == data["fits"]["loop"]["E"]
+    p = base["params"]
+    assert p["alpha"] == p["beta"] and p["E"] == data["fits"]["loop"]["params"]["E"]
     assert {"C", "N", "D", "loss", "N_ci"} <= set(base["at_budget"])
     r = runner.invoke(app, ["fit", str(path), "--bootstrap", "0", "--at", "1e22"])
     assert r.exit_code == 0 and "at C = 1e+22 FLOPs: N* =" in r.output

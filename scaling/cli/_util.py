@@ -33,8 +33,33 @@ stdout = Console(soft_wrap=True, width=_WIDTH, emoji=False)
 stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200, emoji=False)
 
 
+# Version of each command's --json document (docs/json.md); bump one when a key is renamed or moved.
+# fit/2: a law's parameters moved under "params" (fit/1 had them as top-level keys of each entry).
+SCHEMA_VERSIONS: dict[str, int] = {"fit": 2}
+
+
+def schema_name(command: str) -> str:
+    """``"smelt-scale.<command>/<n>"``, the "schema" of a command's JSON ("analyze sink": analyze-sink)."""
+    command = "-".join(command.split())
+    return f"smelt-scale.{command}/{SCHEMA_VERSIONS.get(command, 1)}"
+
+
+def _current_command() -> str | None:
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    parts = ctx.command_path.split()[1:]  # without the program name
+    return " ".join(parts) or None
+
+
 def emit_json(obj: Any) -> None:
-    """Print one JSON document on stdout."""
+    """Print one JSON document on stdout, its first key ``"schema": "smelt-scale.<command>/<n>"``
+    (unless the document names its schema itself, as a fits document does)."""
+    command = _current_command()
+    if isinstance(obj, dict) and "schema" not in obj and command is not None:
+        obj = {"schema": schema_name(command), **obj}
     sys.stdout.write(to_json(obj) + "\n")
     sys.stdout.flush()
 

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
+from scaling.cli._util import emit_json, run_cli, schema_name, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
 from scaling.common.format import number
 from scaling.fitting.fit import (
@@ -319,7 +319,8 @@ def register(app: typer.Typer) -> None:
                 from scaling import plots
 
                 plots.save(plots.holdout(result), holdout_figure)
-            payload = {**result.to_dict(), "table": table.settings}
+            # its "fits" are fit/2 entries: the file loads as a fits file too
+            payload = {"schema": schema_name("fit"), **result.to_dict(), "table": table.settings}
             if out is not None:
                 from scaling.common.serialize import to_json
 
