@@ -123,3 +123,43 @@ def test_cli_positional_runs_path(tmp_path):
 
     res = CliRunner().invoke(app, ["savings", "a", "--runs", "b", "--budget", "1e20"])
     assert res.exit_code == 2 and "give the runs path once" in res.stderr
+
+
+def test_choice_options_list_their_values_and_complete():
+    """--help lists the values of a choice option, completion offers them, the CLI's copies of the
+    library's choices stay equal to them, and the private typer._click import works (scaling/cli/_click)."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from scaling.cli import _click, train
+    from scaling.training.branches import SCHEDULES
+    from scaling.training.distributed import PARALLEL_MODES
+    from scaling.training.parallel import GRAD_SYNC
+
+    assert (train.SCHEDULES, train.PARALLEL_MODES, train.GRAD_SYNC) == (SCHEDULES, PARALLEL_MODES, GRAD_SYNC)
+    assert callable(_click.get_current_context) and issubclass(_click.exceptions.UsageError, Exception)
+    out = CliRunner().invoke(app, ["train", "--help"]).stdout
+    assert "<baseline|smelt>" in out and "<none|ddp|fsdp|hsdp>" in out and "proxy-xs" in out
+    assert "huber-log|sq-log" in CliRunner().invoke(app, ["fit", "--help"]).stdout
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "_SMELT_SCALE_COMPLETE": "complete_bash",
+           "COMP_WORDS": "smelt-scale train --parallel ", "COMP_CWORD": "3"}
+    res = subprocess.run([sys.executable, "-c", "from scaling.cli import app; app(prog_name='smelt-scale')"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.stdout.split() == ["none", "ddp", "fsdp", "hsdp"], res.stderr
+
+
+def test_match_tier():
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["match", "--tier", "proxy-xs", "--json"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    tiers = json.loads(CliRunner().invoke(app, ["tiers", "--json"]).stdout)["tiers"]
+    shipped = next(t for t in tiers if t["name"] == "proxy-xs")
+    assert doc["tiers"][0]["baseline"] == shipped["baseline"]
+    res = CliRunner().invoke(app, ["match", "--tier", "proxy-xs", "--d-model", "48", "--json"])
+    assert json.loads(res.stdout)["tiers"][0]["baseline"] != shipped["baseline"]

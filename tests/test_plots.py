@@ -359,8 +359,8 @@ def test_cli_mechanism_kinds(runs, tmp_path):
 
 
 @pytest.mark.parametrize("args, pattern", [
-    (["plot", "bogus"], "unknown plot kind"),
-    (["plot", "fits", "--format", "jpg"], "--format must be"),
+    (["plot", "bogus"], "'bogus' is not one of"),
+    (["plot", "fits", "--format", "jpg"], "'jpg' is not one of 'png', 'pdf', 'svg'"),
     (["plot", "fits", "--budgets", "1e20:x"], "--budgets"),
     (["plot", "fits", "--runs", "/nonexistent/runs"], "no such runs folder"),
 ])

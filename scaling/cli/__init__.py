@@ -15,10 +15,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-try:  # typer >= 0.2x vendors click as typer._click; older typer uses click itself
-    from typer._click import exceptions as _click_exc
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as _click_exc
+from scaling.cli._click import exceptions as _click_exc
 
 
 class _LazyGroup(TyperGroup):
@@ -67,7 +64,8 @@ class _LazyGroup(TyperGroup):
             sys.exit(exc.exit_code)
         except _click_exc.UsageError as exc:
             where = f" ({exc.ctx.command_path} --help)" if exc.ctx is not None else ""
-            message = " ".join(exc.format_message().split())
+            # typer validates choices through pydantic, whose message starts "Value error, "
+            message = " ".join(exc.format_message().replace("Value error, ", "").split())
             sys.stderr.write(f"error: {message}{where}\n")
             sys.exit(2)
         except _click_exc.ClickException as exc:
@@ -84,7 +82,7 @@ app = typer.Typer(
     help="Compute-matched looped MoE (SMELT) vs MoE Baseline: tiers, training, scaling-law fits, savings.",
     cls=_LazyGroup,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     # User text in help and messages is never parsed as rich markup ("[default: ...]" vanished).
     rich_markup_mode=None,

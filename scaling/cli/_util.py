@@ -45,9 +45,9 @@ def schema_name(command: str) -> str:
 
 
 def _current_command() -> str | None:
-    import click
+    from scaling.cli._click import get_current_context
 
-    ctx = click.get_current_context(silent=True)
+    ctx = get_current_context(silent=True)
     if ctx is None:
         return None
     parts = ctx.command_path.split()[1:]  # without the program name

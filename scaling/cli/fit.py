@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -35,6 +35,9 @@ ROLE_FLAGS = {"parameter column": "--n-col", "token column": "--d-col", "loss co
               "row filter": "--where", "unit": "--n-col/--d-col/--c-col NAME:UNIT",
               "FLOPs per parameter per token": "--flops-per-nd", "holdout": "--holdout",
               "IsoFLOP": "--isoflop-estimator/--isoflop-window"}
+
+LawName = Literal[tuple(LAWS)]  # choices: listed in --help and completed
+ObjectiveName = Literal[tuple(OBJECTIVES)]
 
 
 def with_flags(exc: Exception) -> str:
@@ -188,7 +191,7 @@ def register(app: typer.Typer) -> None:
     def fit(
         path: Path = typer.Argument(..., help="A runs directory (runs/<run>/final.json) or a CSV, JSONL, "
                                               "JSON or Parquet table of points."),
-        law: str = typer.Option("chinchilla", "--law", help=f"Law form: {', '.join(LAWS)}."),
+        law: LawName = typer.Option("chinchilla", "--law", help="Law form."),
         n_col: str = typer.Option("N", help="Column of parameters N (non-embedding, active), as NAME or "
                                             "NAME:UNIT (params:M = millions; units K, M, B, T or a number)."),
         d_col: str = typer.Option("D", help="Column of training tokens D, as NAME or NAME:UNIT (tokens:B)."),
@@ -211,7 +214,7 @@ def register(app: typer.Typer) -> None:
                                           help="Huber delta on log-loss residuals (objective huber-log; "
                                                "least squares: --objective sq-log)."),
         # -- fitcore options ---------------------------------------------------------------------
-        objective: str = typer.Option(DEFAULT_OBJECTIVE, "--objective",
+        objective: ObjectiveName = typer.Option(DEFAULT_OBJECTIVE, "--objective",
                                       help="Objective: "
                                       + "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()) + "."),
         fix: list[str] = typer.Option([], "--fix", help="Pin a parameter exactly, NAME=VALUE (e.g. E=1.7); "

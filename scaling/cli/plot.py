@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import typer
@@ -16,6 +16,8 @@ from scaling.fitting.sources import DEFAULT_RUNS, default_sparsity
 KINDS = ("loss-curves", "fits", "isoflop", "residuals", "params", "frontier", "savings", "sink", "lengths",
          "icl")
 FORMATS = ("png", "pdf", "svg")
+KindName = Literal[(*KINDS, "all")]  # choices: listed in --help and completed
+FormatName = Literal[FORMATS]
 
 
 class _Context:
@@ -166,16 +168,16 @@ def register(app: typer.Typer) -> None:
     @app.command("plot")
     @run_cli
     def plot_cmd(
-        kind: str = typer.Argument(..., help=f"Figure: {', '.join(KINDS)}, or all."),
+        kind: KindName = typer.Argument(..., help="Figure, or all."),
         out: Path = typer.Option(..., "--out", help="Folder to write the figures into (created)."),
         runs_arg: Optional[Path] = typer.Argument(
             None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
         ),
         runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder (default: the shipped runs/)."),
-        fmt: str = typer.Option("png", "--format", help="File format: png, pdf or svg."),
+        fmt: FormatName = typer.Option("png", "--format", help="File format."),
         fits_file: Optional[Path] = typer.Option(None, "--fits", help="Fits file from `smelt-scale fit "
                                                  "--out` instead of fitting the runs (same groups)."),
-        law: str = typer.Option("chinchilla", "--law",
+        law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form when fitting the runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(100, "--bootstrap", help="Bootstrap resamples when fitting (0: no "
                                         "intervals)."),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,8 @@ from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
 from scaling.fitting.tables import read_runs_dir
 
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
+
+LawSetName = Literal[tuple(LAW_SETS)]  # choices: listed in --help and completed
 
 
 def print_result(res: SavingsResult) -> None:
@@ -106,22 +108,23 @@ def register(app: typer.Typer) -> None:
                                             "(default: the shipped runs/ folder)."),
         fits: Optional[Path] = typer.Option(None, "--fits",
                                             help="Fits file written by `smelt-scale fit --out`."),
-        law_set: Optional[str] = typer.Option(None, "--law-set",
+        law_set: Optional[LawSetName] = typer.Option(None, "--law-set",
                                               help=f"Published laws instead of fits: {', '.join(LAW_SETS)}."),
         reference: str = typer.Option("baseline", "--reference", help="Group whose compute is saved on."),
         candidate: str = typer.Option("smelt", "--candidate", help="Group that saves compute."),
-        at: str = typer.Option("candidate", "--at", help="Whose budget C is: candidate (the paper's "
-                               "convention) or reference."),
+        at: Literal["candidate", "reference"] = typer.Option(
+            "candidate", "--at", help="Whose budget C is: candidate (the paper's convention) or reference."),
         sparsity: Optional[list[str]] = typer.Option(
             None, "--sparsity", help="Sparsity S in [0, 1) for smelt-form laws (repeatable or "
             "comma-separated; default: those of the law set or the fitted data)."),
-        law: str = typer.Option("chinchilla", "--law",
+        law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form for fitting --runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", help="Bootstrap resamples when "
                                         "fitting --runs (0: no interval)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
-        method: str = typer.Option("auto", "--method", help="auto: the envelope (observed frontiers, no "
+        method: Literal["auto", "envelope", "law"] = typer.Option(
+            "auto", "--method", help="auto: the envelope (observed frontiers, no "
                                    "law) for budgets inside both architectures' data, the law elsewhere; "
                                    "envelope: only the envelope (other budgets refused); law: only laws."),
         max_extrapolation: float = typer.Option(WITHHOLD_DECADES, "--max-extrapolation",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.table import Table
@@ -47,7 +47,9 @@ def register(app: typer.Typer) -> None:
         probe: bool = typer.Option(
             True, "--probe/--no-probe", help="Measure tokens/s with a short probe (dry run)."
         ),
-        executor: Optional[str] = typer.Option(None, help="local | slurm | debug (default: the plan's)."),
+        executor: Optional[Literal[EXECUTORS]] = typer.Option(
+            None, help="Where the runs go (default: the plan's)."
+        ),
         concurrency: Optional[int] = typer.Option(
             None, min=1, help="Local: trainings at once (default: the plan's)."
         ),

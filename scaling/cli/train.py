@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.markup import escape
 
+from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
+
+# Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
+# Spelled out, not imported: the library's tuples live in torch modules, which --help must not
+# load; tests/test_cluster_use.py keeps them equal to training.branches.SCHEDULES,
+# distributed.PARALLEL_MODES and parallel.GRAD_SYNC.
+SCHEDULES = ("wsd", "cosine")
+PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
+GRAD_SYNC = ("last", "every")
+TierName = Literal[tuple(TIERS)]
+ArchName = Literal[ARCHS]
+ScheduleName = Literal[SCHEDULES]
+ParallelMode = Literal[PARALLEL_MODES]
+GradSync = Literal[GRAD_SYNC]
 
 # Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra
 # run in it changes their answers (issue 29).
@@ -97,8 +111,8 @@ def register(app: typer.Typer) -> None:
     @app.command("train")
     @run_cli
     def train_cmd(
-        tier: str = typer.Option(..., help="Model tier, e.g. proxy-xs (see `smelt-scale tiers`)."),
-        arch: str = typer.Option(..., help="baseline or smelt."),
+        tier: TierName = typer.Option(..., help="Model tier (see `smelt-scale tiers`)."),
+        arch: ArchName = typer.Option(..., help="Baseline MoE or its compute-matched looped twin."),
         tokens: str = typer.Option(
             ..., help="Token budget(s), comma-separated, e.g. 2e5,4e5: one point each."
         ),
@@ -117,7 +131,7 @@ def register(app: typer.Typer) -> None:
         warmup: Optional[int] = typer.Option(
             None, help="Warmup steps [default: 10% of the smallest budget's steps, at most 1000]."
         ),
-        schedule: str = typer.Option(
+        schedule: ScheduleName = typer.Option(
             "wsd", help="wsd (branches a cooldown at every budget) or cosine (one budget)."
         ),
         decay_fraction: float = typer.Option(0.2, help="WSD cooldown length as a fraction of each budget."),
@@ -153,14 +167,14 @@ def register(app: typer.Typer) -> None:
         val_by_source: bool = typer.Option(
             False, "--val-by-source", help="Also log val_loss/<source> per data source."
         ),
-        parallel: str = typer.Option(
+        parallel: ParallelMode = typer.Option(
             "none", help="none (DDP under torchrun), ddp, fsdp or hsdp."
         ),
         activation_checkpointing: bool = typer.Option(
             False, "--activation-checkpointing", help="Recompute each layer pass in the backward."
         ),
         compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model's blocks."),
-        grad_sync: Optional[str] = typer.Option(
+        grad_sync: Optional[GradSync] = typer.Option(
             None, help="Reduce gradients on the last micro-batch only (last) or after each (every: FSDP "
             "keeps them sharded) [default: every under fsdp/hsdp, else last]."
         ),
