@@ -163,3 +163,19 @@ def test_match_tier():
     assert doc["tiers"][0]["baseline"] == shipped["baseline"]
     res = CliRunner().invoke(app, ["match", "--tier", "proxy-xs", "--d-model", "48", "--json"])
     assert json.loads(res.stdout)["tiers"][0]["baseline"] != shipped["baseline"]
+
+
+def test_wilson_interval_is_scipys_and_the_closed_form():
+    import math
+    from statistics import NormalDist
+
+    from scaling.analysis import wilson_interval
+
+    for k, n, conf in [(0, 10, 0.95), (3, 10, 0.95), (29, 97, 0.9), (50, 50, 0.99), (1, 1000, 0.95)]:
+        z = NormalDist().inv_cdf(0.5 + conf / 2)
+        p = k / n
+        d = 1 + z * z / n
+        c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+        lo, hi = wilson_interval(k, n, conf)
+        assert lo == pytest.approx(max(0.0, c - h), abs=1e-12)
+        assert hi == pytest.approx(min(1.0, c + h), abs=1e-12)

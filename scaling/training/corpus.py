@@ -242,7 +242,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(list(texts), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)  # streamed: no list of every text in memory
     for i, s in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(s) == i, "special tokens must take the first ids"
     return tok
