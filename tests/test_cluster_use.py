@@ -179,3 +179,55 @@ def test_wilson_interval_is_scipys_and_the_closed_form():
         lo, hi = wilson_interval(k, n, conf)
         assert lo == pytest.approx(max(0.0, c - h), abs=1e-12)
         assert hi == pytest.approx(min(1.0, c + h), abs=1e-12)
+
+
+def _tb_scalars(folder: Path) -> list[tuple[str, int, float]]:
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    out = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:  # every event, as tbparse reads them (no purge applied)
+                value = (v.simple_value if v.HasField("simple_value")
+                         else float(tensor_util.make_ndarray(v.tensor)))
+                out.append((v.tag, event.step, value))
+    return out
+
+
+def test_tensorboard_trunk_against_tokens_branches_tagged_and_no_duplicates_after_resume(tmp_path):
+    pytest.importorskip("tensorboard")
+    from scaling.training.metrics import MetricsSink
+
+    def records(upto):
+        # trunk updates 1-4, a cooldown branch of budget 0 (updates 5-6, steps 3-4), trunk again 7-10
+        out = []
+        for i in range(1, upto + 1):
+            branch = 0 if i in (5, 6) else None
+            step = i - 2 if branch is not None else (i if i <= 4 else i - 2)
+            r = {"iter": i, "step": step, "tokens": step * 100, "branch": branch, "train_loss": 10.0 - i,
+                 "lr": 0.1}
+            if i == 6:
+                r.update(budget_index=0, val_loss=5.0)
+            out.append(r)
+        return out
+
+    run = tmp_path / "run"
+    run.mkdir()
+    sink = MetricsSink(run, enabled=True, log_to=("jsonl", "tensorboard"))
+    for r in records(8):  # killed after update 8; the checkpoint is at update 6
+        sink.log(r)
+    sink.close()
+    sink = MetricsSink(run, enabled=True, log_to=("jsonl", "tensorboard"), start_iter=6)
+    for r in records(10)[6:]:
+        sink.log(r)
+    sink.close()
+    scalars = _tb_scalars(run / "tensorboard")
+    keys = [(tag, step) for tag, step, _ in scalars]
+    assert len(keys) == len(set(keys)), "duplicate (tag, step) after a resume"
+    tags = {tag for tag, _ in keys}
+    assert tags == {"trunk/train_loss", "trunk/lr", "cooldown_1/train_loss", "cooldown_1/lr",
+                    "cooldown_1/val_loss"}
+    trunk = sorted((s, v) for t, s, v in scalars if t == "trunk/train_loss")
+    assert [s for s, _ in trunk] == [100, 200, 300, 400, 500, 600, 700, 800]  # x = tokens, one curve
+    assert sorted(s for t, s, _ in scalars if t == "cooldown_1/train_loss") == [300, 400]
