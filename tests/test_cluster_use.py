@@ -231,3 +231,25 @@ def test_tensorboard_trunk_against_tokens_branches_tagged_and_no_duplicates_afte
     trunk = sorted((s, v) for t, s, v in scalars if t == "trunk/train_loss")
     assert [s for s, _ in trunk] == [100, 200, 300, 400, 500, 600, 700, 800]  # x = tokens, one curve
     assert sorted(s for t, s, _ in scalars if t == "cooldown_1/train_loss") == [300, 400]
+
+
+def test_loss_curves_every_panel_has_tick_labels_and_starts_at_half_the_first_budget():
+    """The shipped runs: every visible panel shows its own x and y tick labels once drawn, and the x
+    axis starts at half the smallest budget (no warm-up plateau)."""
+    if not (ROOT / "runs").is_dir():
+        pytest.skip("the shipped runs/ folder is absent")
+    from scaling import plots
+    from scaling.fitting.curves import read_curves
+
+    curves = read_curves(ROOT / "runs")
+    fig = plots.loss_curves(curves, x="tokens")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    first = curves[curves["budget_index"].notna()]["tokens"].min()
+    for ax in axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [t.get_text() for t in axis.get_ticklabels() if t.get_visible()]
+            assert any(labels), (ax.get_title(), axis.axis_name)
+        assert ax.get_xlim()[0] == pytest.approx(first / 2)
