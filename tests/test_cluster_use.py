@@ -253,3 +253,45 @@ def test_loss_curves_every_panel_has_tick_labels_and_starts_at_half_the_first_bu
             labels = [t.get_text() for t in axis.get_ticklabels() if t.get_visible()]
             assert any(labels), (ax.get_title(), axis.axis_name)
         assert ax.get_xlim()[0] == pytest.approx(first / 2)
+
+
+def test_savings_figure_withholds_what_the_command_withholds(tmp_path):
+    """The budgets `smelt-scale savings --method law` withholds (unidentified laws far beyond the
+    data) are the ones the figure draws dashed, without markers or a number; every axis has tick
+    labels."""
+    if not (ROOT / "runs").is_dir():
+        pytest.skip("the shipped runs/ folder is absent")
+    import json
+
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from typer.testing import CliRunner
+
+    from cli import app
+    from scaling import plots
+    from scaling.cli.plot import _Context
+
+    budgets = "1e12:1e22:11"
+    res = CliRunner().invoke(app, ["savings", str(ROOT / "runs"), "--budgets", budgets, "--method", "law",
+                                   "--bootstrap", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    withheld = {r["budget"] for r in json.loads(res.stdout)["rows"] if r["savings"] is None}
+    assert 1e21 in {round(b, -19) for b in withheld} or any(np.isclose(b, 1e21) for b in withheld)
+    ctx = _Context(ROOT / "runs", 0, 0, None, budgets, "baseline", "smelt", "chinchilla")
+    result, data_range = ctx.savings()
+    drawn_far = {r.budget for r in result.rows if r.extrapolated}
+    assert {round(np.log10(b), 6) for b in drawn_far} == {round(np.log10(b), 6) for b in withheld}
+    fig = plots.savings(result, data_range=data_range)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    assert "withheld" in " ".join(t.get_text() for t in ax.texts)
+    assert not any("%" in t.get_text() for t in ax.texts)  # no number at the withheld 1e21
+    for line in ax.lines:
+        xs = np.asarray(line.get_xdata(), dtype=float)
+        if line.get_marker() not in (None, "None", "", " "):
+            assert not any(np.isclose(x, b) for x in xs for b in withheld)
+    solid = [ln for ln in ax.lines if ln.get_linestyle() == "-" and len(ln.get_xdata()) >= 2]
+    assert solid and not any(np.isclose(x, b) for ln in solid for x in ln.get_xdata() for b in withheld)
+    for a in fig.axes:
+        for axis in (a.xaxis, a.yaxis):
+            assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible())

@@ -75,7 +75,7 @@ class _Context:
 
     def savings(self):
         def make():
-            from scaling.fitting.savings import FittedLaw
+            from scaling.fitting.savings import FittedLaw, withhold_unidentified
             from scaling.fitting.savings_sweep import savings_over
 
             ref_fit, cand_fit = self.pair()
@@ -90,6 +90,8 @@ class _Context:
             S = self.sparsity()
             kw = {} if S is None else {"sparsities": (S,)}
             res, skipped = savings_over(ref, cand, budgets, **kw)
+            # what `smelt-scale savings` withholds, the figure marks as such (dashed, no number)
+            res = withhold_unidentified(res, ref, cand, extrapolate=True)
             if skipped:
                 warn(f"savings left out at {len(skipped)} budget(s) from {skipped[0][0]:.3g} to "
                      f"{skipped[-1][0]:.3g}: {skipped[0][1]}")
