@@ -295,3 +295,26 @@ def test_savings_figure_withholds_what_the_command_withholds(tmp_path):
     for a in fig.axes:
         for axis in (a.xaxis, a.yaxis):
             assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible())
+
+
+def test_compare_figure_names_seeds_and_its_error_bars():
+    if not (ROOT / "runs").is_dir():
+        pytest.skip("the shipped runs/ folder is absent")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from scaling import plots
+    from scaling.fitting.compare import compare
+    from scaling.fitting.tables import read_runs_dir
+
+    res = compare(read_runs_dir(ROOT / "runs"), "baseline", "smelt")
+    fig = plots.compare(res)
+    FigureCanvasAgg(fig).draw()
+    left, right = fig.axes[:2]
+    labels = [t.get_text() for t in left.get_legend().get_texts()]
+    assert {"seed 0", "seed 1"} <= set(labels)
+    tier_colours = {ln.get_color() for ln in left.lines if ln.get_label().startswith("proxy")}
+    assert len(tier_colours) == len(res.by_tier)
+    assert "± 1 s.e." in right.get_title() and "± 1 s.e." in right.get_xlabel()
+    for a in (left, right):
+        for axis in (a.xaxis, a.yaxis):
+            assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible())
