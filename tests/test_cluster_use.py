@@ -318,3 +318,29 @@ def test_compare_figure_names_seeds_and_its_error_bars():
     for a in (left, right):
         for axis in (a.xaxis, a.yaxis):
             assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible())
+
+
+def test_fits_figure_says_misfit_and_bound_as_the_command_does():
+    if not (ROOT / "runs").is_dir():
+        pytest.skip("the shipped runs/ folder is absent")
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+    from scaling import plots
+    from scaling.cli.plot import _Context
+
+    res = CliRunner().invoke(app, ["fit", str(ROOT / "runs"), "--bootstrap", "0", "--json"])
+    doc = json.loads(res.stdout)
+    ctx = _Context(ROOT / "runs", 0, 0, None, None, "baseline", "smelt", "chinchilla")
+    fig = plots.fits(ctx.points, ctx.fits)
+    text = {ax.get_ylabel().split("\n")[0]: " ".join(t.get_text() for t in ax.texts) for ax in fig.axes
+            if ax.texts}
+    for group, entry in doc["fits"].items():
+        shown = text["SMELT" if group == "smelt" else "Baseline"]
+        assert ("MISFIT" in shown) == bool(entry["diagnostics"]["goodness_of_fit"].get("misfit"))
+        for p in entry["diagnostics"].get("on_bound", []):
+            assert f"{p} on its bound" in shown
+    dotted = [ln for ax in fig.axes for ln in ax.lines if ln.get_linestyle() == ":"]
+    assert dotted  # the law beyond the data is drawn in another style
