@@ -106,7 +106,13 @@ def setup_logging(level: int | None = None) -> None:
     lib = logging.getLogger("scaling")
     if logging.getLogger().handlers or lib.handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
+    class _Stderr(logging.StreamHandler):
+        # whatever sys.stderr is when a record comes (a test runner or notebook swaps it)
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr
+            super().emit(record)
+
+    handler = _Stderr(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     lib.addHandler(handler)
     lib.setLevel(logging.INFO if level is None else level)
