@@ -2,6 +2,13 @@
 
     python benchmarks/fit_scaling.py [--json] [--sizes 250,2500,25000,250000] [--bootstrap 200]
                                      [--startup-repeats 5]
+    python benchmarks/fit_scaling.py --rows 1000000 [--json]
+
+``--rows N`` (issue 25): only the whole command ``smelt-scale fit TABLE --json`` (default settings:
+200 bootstrap resamples, cross-checks) on an N-row CSV of this synthetic data, in a fresh process:
+wall seconds and the child's CPU seconds (user + system; less sensitive to a shared machine's
+load), with the load average. Above 16,384 points the fitter refines on a subset first and above
+20,000 it bootstraps by one Gauss-Newton step per resample (``scaling.fitting.fit``).
 
 Start-up (issue 20): wall seconds of whole ``smelt-scale`` processes (``--help``, ``tiers --json``,
 ``fit`` of a 250-point table with and without the bootstrap), median of 5, measured first.
@@ -161,6 +168,33 @@ def startup(repeats: int = 5) -> dict:
     return out
 
 
+def whole_fit(rows: int) -> dict:
+    """Wall and CPU seconds of ``smelt-scale fit`` on a ``rows``-row table (see module doc)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("smelt-scale") or "smelt-scale"
+    with tempfile.TemporaryDirectory() as tmp:
+        table = os.path.join(tmp, "points.csv")
+        synthetic(rows).drop(columns=["flops_per_token", "sparsity"]).to_csv(table, index=False)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load = list(os.getloadavg())
+        t0 = time.perf_counter()
+        proc = subprocess.run([exe, "fit", table, "--json"], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"fit failed: {proc.stderr[-2000:]}")
+    fit = json.loads(proc.stdout)["fits"]
+    g = next(iter(fit.values()))
+    return {"rows": rows, "wall_s": wall,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "load_average_before": load, "load_average_after": list(os.getloadavg()),
+            "bootstrap_method": g["settings"].get("bootstrap_method"), "params": {p: g[p] for p in TRUE},
+            "a_ci": g["ci"].get("a")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -169,7 +203,16 @@ def main(argv=None) -> int:
     ap.add_argument("--jsonl", default=None, help="also append each size's result to this file as it ends")
     ap.add_argument("--startup-repeats", type=int, default=5,
                     help="runs of each start-up case (median reported; 0 skips them)")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="only time the whole `smelt-scale fit` command on a table of this many rows")
     args = ap.parse_args(argv)
+    if args.rows is not None:
+        r = whole_fit(args.rows)
+        print(json.dumps(r, indent=2) if args.json else
+              f"fit of {r['rows']:,} rows: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU (load average "
+              f"{r['load_average_before'][0]:.1f} before, {r['load_average_after'][0]:.1f} after; bootstrap "
+              f"{r['bootstrap_method']})")
+        return 0
     starts = startup(args.startup_repeats) if args.startup_repeats > 0 else {}
     if starts and not args.json:
         for name, s in starts.items():

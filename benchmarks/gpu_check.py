@@ -2,6 +2,11 @@
 
     python benchmarks/gpu_check.py                 # on a CUDA machine; < 8 min on one H200
     python benchmarks/gpu_check.py --json          # only the final JSON line on stdout
+    python benchmarks/gpu_check.py --suite --profile --json > gpu.json
+        # the issue-31 table in one command (< 8 min on one H200): micro-batch 2 x 2
+        # accumulation, micro-batch 8, micro-batch 8 compiled; both architectures; per
+        # configuration the top kernels and the GEMM share of GPU time, a host-sync check and
+        # the activation memory after a forward against the planner
 
 Without CUDA it prints one line saying it was skipped and exits 0. What it does on CUDA:
 
@@ -22,6 +27,20 @@ Without CUDA it prints one line saying it was skipped and exits 0. What it does 
    first and last losses (the check asks that the mean of the last 10 be below the first).
 3. Builds the 1.6B tier on the meta device and compares its parameter count with
    ``scaling.accounting.costs.total_params``.
+4. ``--profile``: ``torch.profiler`` over ``--profile-steps`` more steps on rank 0; the JSON gets
+   the top kernels (device time, share) and the shares of GEMM (matmul/grouped-mm kernels),
+   attention, copies/casts and host syncs (``cudaStreamSynchronize`` calls) -- on the CPU the
+   same from the CPU operators, so the tests exercise it.
+5. Host-sync check (CUDA): one more training step under ``torch.cuda.set_sync_debug_mode("error")``,
+   which raises at the first call that waits for the device; ``sync_free`` records the result
+   and the first offending call.
+6. Memory: the bytes a forward leaves allocated (``memory_allocated`` after minus before one
+   micro-batch's forward) against the planner's ``activations_stored``, beside the peak.
+7. Other GPU checks plug in through ``EXTRA_CHECKS`` (below): a module in this folder with a
+   function ``run_checks(args) -> dict`` (JSON-ready, with an ``ok`` key); its result goes under
+   its name in the JSON and into ``ok``. Absent modules are skipped (listed in ``extra_skipped``).
+
+``--compile`` is on by default on CUDA (the trainer's default), ``--no-compile`` turns it off.
 
 The last stdout line is one JSON document with all of it and ``ok``. Every function here is
 also run on the CPU at a tiny size by tests/test_parallel_gpu_check.py (``--device cpu``).
@@ -43,6 +62,20 @@ import torch
 
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12}  # dense, per GPU (datasheets, see above)
 
+# Other GPU checks, run after this one in the same invocation: {JSON key: module name in this
+# folder}. The expert-parallel / chunked-CE checks of the scaling work go here
+# (e.g. "scale": "gpu_check_scale"), each exposing run_checks(args) -> dict with an "ok" key.
+EXTRA_CHECKS: dict[str, str] = {"scale": "gpu_check_scale"}
+
+# --suite: the configurations of issue 31's table (name, micro-batch, accumulation, compile)
+SUITE = (("mb2x2", 2, 2, False), ("mb8", 8, 1, False), ("mb8-compiled", 8, 1, True))
+
+# Kernel / operator name fragments by kind, for the --profile shares (lower case)
+GEMM_KEYS = ("gemm", "matmul", "cutlass", "xmma", "nvjet", "wgmma", "grouped_mm", "cublas", "aten::mm",
+             "aten::addmm", "aten::bmm", "aten::_grouped_mm", "sm90_", "sm80_")
+ATTENTION_KEYS = ("flash", "fmha", "attention", "cudnn", "sdpa", "efficient")
+COPY_KEYS = ("copy", "memcpy", "to_copy", "cast", "chunk_cat", "elementwise_kernel<128, 2")
+
 
 def synthetic_tokens(vocab: int, rows: int, seq_len: int, seed: int = 0) -> torch.Tensor:
     """[rows, seq_len + 1] ids: each next token is a fixed random successor of the previous one
@@ -59,17 +92,19 @@ def synthetic_tokens(vocab: int, rows: int, seq_len: int, seed: int = 0) -> torc
 
 
 def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: bool,
-                      grad_sync: str, device_type: str) -> float | None:
-    """The memory planner's per-GPU peak (GB = 1e9 bytes), or None if the planner is absent."""
+                      grad_sync: str, device_type: str) -> tuple[float | None, float | None]:
+    """The memory planner's per-GPU peak and activations stored at the end of the forward (GB =
+    1e9 bytes), or Nones if the planner is absent."""
     try:
         from scaling.accounting.memory import Layout, estimate_memory
     except ImportError:
-        return None
+        return None, None
     compute = "bf16" if device_type == "cuda" else "fp32"
     layout = Layout(mode=mode if world > 1 or mode != "ddp" else "none", gpus_per_node=world,
                     micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
                     grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len)
-    return estimate_memory(cfg, layout).total / 1e9
+    m = estimate_memory(cfg, layout)
+    return m.total / 1e9, m.activations_stored / 1e9
 
 
 def meta_build(tier: str) -> dict:
@@ -89,9 +124,73 @@ def meta_build(tier: str) -> dict:
     return out
 
 
+def _kind(name: str) -> str | None:
+    low = name.lower()
+    for kind, keys in (("attention", ATTENTION_KEYS), ("gemm", GEMM_KEYS), ("copy", COPY_KEYS)):
+        if any(k in low for k in keys):
+            return kind
+    return None
+
+
+def profile_summary(prof, device_type: str, top: int = 15) -> dict:
+    """Top kernels (CUDA) or operators (CPU) by self time, and the shares by kind."""
+    from torch.autograd import DeviceType
+
+    rows = []
+    syncs = {"cudaStreamSynchronize": 0, "cudaDeviceSynchronize": 0, "cudaMemcpyAsync": 0}
+    sync_ms = 0.0
+    for evt in prof.key_averages():
+        if evt.key in syncs:
+            syncs[evt.key] += evt.count
+            if evt.key != "cudaMemcpyAsync":
+                sync_ms += evt.cpu_time_total / 1e3
+        if device_type == "cuda":
+            if evt.device_type != DeviceType.CUDA:
+                continue
+            t = evt.self_device_time_total
+        else:
+            if not evt.key.startswith("aten::") or evt.key in ("aten::empty", "aten::view"):
+                continue
+            t = evt.self_cpu_time_total
+        if t > 0:
+            rows.append((evt.key, t / 1e3, evt.count))
+    total = sum(r[1] for r in rows) or 1.0
+    shares = {"gemm": 0.0, "attention": 0.0, "copy": 0.0}
+    for name, ms, _ in rows:
+        kind = _kind(name)
+        if kind:
+            shares[kind] += ms / total
+    rows.sort(key=lambda r: -r[1])
+    return {
+        "what": "CUDA kernels, self device time" if device_type == "cuda" else "CPU operators, self time",
+        "total_ms": total,
+        "top": [{"name": n[:160], "ms": ms, "share": ms / total, "calls": c, "kind": _kind(n)}
+                for n, ms, c in rows[:top]],
+        "gemm_share": shares["gemm"], "attention_share": shares["attention"], "copy_share": shares["copy"],
+        "host_syncs": syncs, "host_sync_ms": sync_ms,
+    }
+
+
+def sync_check(step) -> dict:
+    """Run ``step()`` under CUDA's sync debug mode "error": does anything wait for the device?"""
+    if not torch.cuda.is_available():
+        return {"sync_free": None, "error": "no CUDA: not checked"}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        result = {"sync_free": True, "error": None}
+    except RuntimeError as exc:
+        result = {"sync_free": False, "error": str(exc).strip().splitlines()[0][:300]}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    return result
+
+
 def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_micro: int, lr: float,
                activation_checkpointing: bool, compile: bool, grad_sync: str, max_seconds: float,
-               peak_flops: float | None) -> dict:
+               peak_flops: float | None, profile_steps: int = 0) -> dict:
     """Train ``cfg`` on synthetic tokens on ``dist`` (this rank); the measurements as a dict."""
     from scaling.accounting.costs import flops_per_token
     from scaling.training.evaluate import autocast  # the trainer's: bf16 on CUDA, nothing on CPU
@@ -131,8 +230,44 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
     tokens_per_s = n_timed * rows * dist.world * cfg.seq_len / t_timed if n_timed else None
     fpt = flops_per_token(cfg)
     peak_mem = torch.cuda.max_memory_allocated(dist.device) / 1e9 if cuda else None
-    planned = planned_memory_gb(cfg, mode, dist.world, micro, n_micro, activation_checkpointing, grad_sync,
-                                dist.device.type)
+    ac = lambda: autocast(dist.device)  # noqa: E731
+
+    def one_step(s: int = 0) -> None:
+        first = (s % 64) * rows * dist.world + dist.rank * rows
+        x, y = pool[first:first + rows, :-1], pool[first:first + rows, 1:]
+        train_step(model, opt, params, x, y, n_micro=n_micro, grad_clip=1.0, aux_coef=0.01, z_coef=1e-3,
+                   grad_sync=grad_sync, autocast=ac)
+
+    profile = None
+    if profile_steps > 0:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with torch_profile(activities=activities) as prof:
+            for s in range(profile_steps):
+                one_step(s)
+            if cuda:
+                torch.cuda.synchronize(dist.device)
+        profile = profile_summary(prof, dist.device.type) if dist.is_main else None
+    sync = sync_check(one_step) if cuda else {"sync_free": None, "error": "no CUDA: not checked"}
+
+    # the bytes one micro-batch's forward leaves allocated (the activations it stores), against
+    # the planner's activations_stored (CUDA only: the CPU allocator keeps no such count)
+    stored = None
+    if cuda:
+        torch.cuda.synchronize(dist.device)
+        before = torch.cuda.memory_allocated(dist.device)
+        x, y = pool[:micro, :-1], pool[:micro, 1:]
+        with ac():
+            out = model(x, y)
+        torch.cuda.synchronize(dist.device)
+        stored = (torch.cuda.memory_allocated(dist.device) - before) / 1e9
+        (out.loss + 0.01 * out.aux_loss + 1e-3 * out.z_loss).backward()
+        del out
+        opt.zero_grad(set_to_none=True)
+    planned, planned_stored = planned_memory_gb(cfg, mode, dist.world, micro, n_micro,
+                                                activation_checkpointing, grad_sync, dist.device.type)
     tail = losses[-10:]
     return {
         "arch": cfg.arch,
@@ -145,6 +280,13 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         "peak_memory_gb": peak_mem,
         "planned_memory_gb": planned,
         "memory_ratio": (peak_mem / planned) if peak_mem and planned else None,
+        "stored_after_forward_gb": stored,
+        "planned_activations_stored_gb": planned_stored,
+        "compile": compile,
+        "micro_batch_size": micro,
+        "grad_accum_steps": n_micro,
+        "sync_check": sync,
+        "profile": profile,
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "loss_fell": sum(tail) / len(tail) < losses[0],
@@ -157,7 +299,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     from scaling.accounting.tiers import get_config
     from scaling.training.distributed import build_mesh, setup_distributed
-    from scaling.training.parallel import resolve_grad_sync
+    from scaling.training.parallel import resolve_compile, resolve_grad_sync
 
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -176,10 +318,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             results.append(train_arch(
                 cfg, dist, mode=mode, steps=args.steps, warmup=args.warmup, micro=args.micro_batch,
                 n_micro=args.grad_accum, lr=args.lr, activation_checkpointing=args.activation_checkpointing,
-                compile=args.compile, grad_sync=grad_sync, max_seconds=args.max_seconds,
+                compile=resolve_compile(args.compile, dist.device.type), grad_sync=grad_sync,
+                max_seconds=args.max_seconds, profile_steps=args.profile_steps if args.profile else 0,
                 peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
             if dist.device.type == "cuda":
                 torch.cuda.empty_cache()
+                torch._dynamo.reset()
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(results, f)
@@ -194,21 +338,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Spawn the ranks, train every architecture, build the meta tier; the whole report."""
+def _spawn(args: argparse.Namespace, world: int) -> list[dict]:
+    """One configuration: fresh processes (clean memory statistics and compile caches)."""
     import torch.multiprocessing as mp
 
-    world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.json")
         mp.spawn(_worker, args=(world, _free_port(), args, out), nprocs=world, join=True)
         with open(out) as f:
-            archs = json.load(f)
+            return json.load(f)
+
+
+def run_extra_checks(args: argparse.Namespace, here: str | None = None) -> tuple[dict, list[str]]:
+    """The checks of ``EXTRA_CHECKS`` whose module exists in ``here`` (this folder): {key: result},
+    and the skipped keys."""
+    import importlib
+
+    here = here or os.path.dirname(os.path.abspath(__file__))
+    results, skipped = {}, []
+    for key, module in EXTRA_CHECKS.items():
+        if not os.path.exists(os.path.join(here, module + ".py")):
+            skipped.append(key)
+            continue
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        results[key] = importlib.import_module(module).run_checks(args)
+    return results, skipped
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Spawn the ranks for each configuration, train every architecture, build the meta tier,
+    run the extra checks; the whole report."""
+    world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    t0 = time.perf_counter()
+    configs = SUITE if args.suite else (("single", args.micro_batch, args.grad_accum, args.compile),)
+    runs = []
+    for name, micro, accum, compile in configs:
+        sub = argparse.Namespace(**{**vars(args), "micro_batch": micro, "grad_accum": accum,
+                                    "compile": compile})
+        t = time.perf_counter()
+        archs = _spawn(sub, world)
+        for a in archs:
+            a["config"] = name
+        runs.append({"name": name, "micro_batch_size": micro, "grad_accum_steps": accum,
+                     "archs": archs, "wall_s": time.perf_counter() - t})
     meta = meta_build(args.meta_tier)
-    ok = all(a["finite"] and a["loss_fell"] for a in archs) and all(m["equal"] and m["all_meta"]
-                                                                    for m in meta.values())
+    extras, skipped = run_extra_checks(args)
+    archs = [a for r in runs for a in r["archs"]]
+    ok = (all(a["finite"] and a["loss_fell"] for a in archs)
+          and all(m["equal"] and m["all_meta"] for m in meta.values())
+          and all(bool(e.get("ok")) for e in extras.values()))
     return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "world": world,
         "mode": args.mode,
@@ -218,9 +399,13 @@ def run(args: argparse.Namespace) -> dict:
         "grad_accum_steps": args.grad_accum,
         "activation_checkpointing": args.activation_checkpointing,
         "compile": args.compile,
+        "suite": args.suite,
         "peak_flops_per_gpu": args.peak_flops,
         "archs": archs,
+        "configs": [{k: v for k, v in r.items() if k != "archs"} for r in runs],
         "meta_build": {"tier": args.meta_tier, **meta},
+        **extras,
+        "extra_skipped": skipped,
         "wall_s": time.perf_counter() - t0,
         "torch": torch.__version__,
         "ok": ok,
@@ -234,7 +419,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--mode", default="fsdp", choices=("fsdp", "hsdp", "ddp"))
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=10, help="untimed first steps (and LR warmup)")
-    ap.add_argument("--max-seconds", type=float, default=150.0, help="per architecture")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="of timed training per architecture [default: 150; 20 with --suite]")
     ap.add_argument("--micro-batch", type=int, default=2, help="sequences per forward per GPU")
     ap.add_argument("--grad-accum", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=None, help="override the tier's")
@@ -242,14 +428,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--grad-sync", default=None, choices=("last", "every"),
                     help="default: every under fsdp/hsdp, last under ddp (the trainer's rule)")
     ap.add_argument("--activation-checkpointing", action="store_true")
-    ap.add_argument("--compile", action="store_true", help="torch.compile each block")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="torch.compile each block [default: on CUDA, off on the CPU]")
+    ap.add_argument("--suite", action="store_true",
+                    help="run " + ", ".join(c[0] for c in SUITE) + " (micro-batch, accumulation, compile "
+                         "as named) instead of one configuration")
+    ap.add_argument("--profile", action="store_true", help="top kernels and GEMM share into the JSON")
+    ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--peak-flops", type=float, default=PEAK_BF16_FLOPS["H200"], help="per GPU")
     ap.add_argument("--meta-tier", default="1.6B")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: the same code at a tiny size, for the tests")
     ap.add_argument("--nproc", type=int, default=None, help="processes [default: the GPUs; cpu: 2]")
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.max_seconds is None:
+        args.max_seconds = 20.0 if args.suite else 150.0
+    return args
 
 
 def main(argv=None) -> int:
@@ -265,8 +460,13 @@ def main(argv=None) -> int:
                    f"peak {a['peak_memory_gb']} GB (planner: {a['planned_memory_gb']})")
             tps = f"{a['tokens_per_s']:,.0f}" if a["tokens_per_s"] else "-"
             mfu = f"{a['mfu']:.3f}" if a["mfu"] else "-"
-            print(f"{doc['tier']} {a['arch']}: {a['steps']} steps, {tps} tokens/s, MFU {mfu}, {mem}, "
-                  f"loss {a['first_loss']:.3f} -> {a['last_loss']:.3f}")
+            prof = a.get("profile")
+            gemm = f", GEMM {prof['gemm_share']:.0%} of GPU time" if prof else ""
+            sync = a["sync_check"]["sync_free"]
+            print(f"{doc['tier']} {a['arch']} [{a['config']}: micro-batch {a['micro_batch_size']} x "
+                  f"{a['grad_accum_steps']}, compile {a['compile']}]: {a['steps']} steps, {tps} tokens/s, "
+                  f"MFU {mfu}, {mem}, loss {a['first_loss']:.3f} -> {a['last_loss']:.3f}{gemm}, "
+                  f"sync-free {sync}")
         for arch in ("baseline", "smelt"):
             m = doc["meta_build"][arch]
             print(f"meta build {doc['meta_build']['tier']} {arch}: {m['built']:,} parameters, "

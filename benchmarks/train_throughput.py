@@ -5,7 +5,7 @@ and FSDP2 vs DDP step time on 2 gloo ranks, on this machine.
                                           [--steps 10] [--threads 2] [--no-compile] [--no-parallel]
                                           [--json]
 
-Both models start from the same weights (``scaling.training.hf_reference.to_hf_mixtral``) and train on the
+Both models start from the same weights (``scaling.evaluation.export.to_hf_mixtral``) and train on the
 same fixed random batch (``--batch`` sequences of seq_len + 1 tokens) with the same AdamW settings,
 in one process; ``--steps`` timed steps alternate between them one at a time and each model's
 fastest step counts (the machine may be shared: a load spike then hits both alike; medians and
@@ -47,8 +47,8 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
 from scaling.cli._util import emit_json, stdout
+from scaling.evaluation.export import to_hf_mixtral
 from scaling.training.cpu import tune_cpu_allocator
-from scaling.training.hf_reference import to_hf_mixtral
 from scaling.training.model import MoETransformer
 
 AUX_COEF, Z_COEF = 0.01, 0.001

@@ -16,15 +16,16 @@
 # %% [markdown]
 # # 01 · Training and validation curves of the shipped runs
 #
-# The runs in `runs/` come from `plans/cpu-proxy.toml`: four **CPU proxy** sizes (10^5–10^6 active
-# parameters, 4 layers, top-2 of 8 experts, 256-token context, trained in fp32 on two CPU cores),
+# The runs in `runs/` come from `plans/isoflop-study.toml` and `plans/isoflop-study-seed1.toml`: seven
+# **CPU proxy** sizes (10^4–2·10^5 active parameters, 4 layers, top-2 of 8 experts, 256-token context,
+# a peak lr per width, trained in fp32 on two CPU cores; `runs/README.md`),
 # each as a Baseline MoE and as its compute-matched SMELT twin (middle half of the layers looped
 # twice; same FLOPs per token, non-embedding parameters and KV cache). These are proxies: scaling at
 # this size need not carry over to the paper's 100M–1.6B-active tiers.
 #
 # Every run trains one warmup-stable-decay (WSD) trunk to its largest token budget and branches off a
-# short cooldown for each smaller budget; the validation loss at the end of each budget (on the whole
-# held-out split) is one (N, D, loss) point of the scaling fits in notebook 02.
+# short cooldown for each smaller budget; the validation loss at the end of each budget (on 200 fixed
+# held-out windows) is one (N, D, loss) point of the scaling fits in notebook 02.
 
 # %%
 # %matplotlib inline
@@ -61,9 +62,9 @@ runs
 # %% [markdown]
 # ## Loss against training tokens
 # One panel per tier, Baseline (blue) and SMELT (vermillion) overlaid. Thin lines: training loss
-# (running mean of 5 steps) on the trunk (light) and on the cooldown branches (full colour); hollow
-# circles: validation on the trunk every 125 steps; filled markers: validation at the end of each token
-# budget (the fitted points). Both axes are measured: nothing here is extrapolated.
+# (running mean of 5 steps) on the trunk (light) and on the cooldown branches (full colour); filled
+# markers: validation at the end of each token budget (the fitted points; these runs validate only
+# there). Both axes are measured: nothing here is extrapolated.
 
 # %%
 plots.loss_curves(curves, x="tokens")

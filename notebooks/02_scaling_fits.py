@@ -22,7 +22,8 @@
 # log L, multi-start L-BFGS) with a bootstrap over runs (50 resamples here to keep the notebook fast;
 # `smelt-scale fit runs/` uses 200).
 #
-# The tiers are **CPU proxies** (10^5–10^6 active parameters, 256-token context). The data span the
+# The runs are **CPU proxies** (10^4–2·10^5 active parameters, 256-token context; the IsoFLOP study of
+# `runs/README.md`). The data span the
 # sizes and token budgets in the table below; the law curves run a little past them (a factor 1.6 in
 # the fit panels, 2.5 in the IsoFLOP panels, 3 in compute for N*(C)) only to show their shape. What
 # the laws predict for the paper's tiers is extrapolation by many decades (notebook 03).
@@ -94,9 +95,9 @@ plots.residuals(points, fits)
 
 # %% [markdown]
 # ## IsoFLOP profiles (approach 2) and the compute-optimal size
-# The sweep trains every size to the same token budgets, so no two sizes share a compute; the
-# profiles read each run's loss at fixed training FLOPs off its budget points (interpolated in log–log,
-# inside each run's range only). Dashed: a parabola in log N through them, its vertex (diamond) where
+# The study trains each size to the token counts of three IsoFLOP budgets (D = C/F), so the sizes
+# share those computes; the profiles read each run's loss at fixed training FLOPs off its budget
+# points (interpolated in log–log, inside each run's range only). Dashed: a parabola in log N through them, its vertex (diamond) where
 # it is convex with the minimum inside the sampled sizes; solid: the fitted law along the same
 # compute, its minimum a star. Right: N*(C) from the law along the runs' real FLOPs, from the closed
 # form with C = k·N·D that the savings use (k = median FLOPs/(N·D) of the runs), and the vertices.

@@ -19,17 +19,19 @@
 # The SMELT paper explains its gain with three measurements; `smelt-scale analyze` makes each of
 # them on trained runs and saves the result next to the run (`runs/<run>/analysis/*.json`). This
 # notebook reads those files (it recomputes nothing) for the shipped Baseline/SMELT pair with final
-# weights, `runs/proxy-s-baseline-s0` and `runs/proxy-s-smelt-s0`: **CPU proxies** with about 1.5·10^5
-# active parameters, a 256-token context and 2·10^6 training tokens, so the paper's numbers (from
-# 100M–1.6B-active models with 4096-token contexts) are a reference point, not an expectation.
+# weights of the first CPU sweep, `runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0` and
+# `runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0` (`runs/` now holds the IsoFLOP study, whose runs keep
+# no weights): **CPU proxies** with about 1.5·10^5 active parameters, a 256-token context and
+# 2·10^6 training tokens, so the paper's numbers (from 100M–1.6B-active models with 4096-token
+# contexts) are a reference point, not an expectation.
 #
 # To (re)compute the saved results:
 #
 # ```bash
-# smelt-scale analyze sink    runs/proxy-s-baseline-s0 runs/proxy-s-smelt-s0
-# smelt-scale analyze sink    runs/proxy-s-baseline-s0 runs/proxy-s-smelt-s0 --probe dyck
-# smelt-scale analyze lengths runs/proxy-s-baseline-s0 runs/proxy-s-smelt-s0
-# smelt-scale analyze icl     runs/proxy-s-baseline-s0 runs/proxy-s-smelt-s0
+# smelt-scale analyze sink    runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0
+# smelt-scale analyze sink    runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0 --probe dyck
+# smelt-scale analyze lengths runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0
+# smelt-scale analyze icl     runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0
 # ```
 
 # %%
@@ -43,7 +45,7 @@ from scaling import plots
 from scaling.analysis import KINDS, saved_analyses
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file())
-RUNS = ROOT / "runs"
+RUNS = ROOT / "runs-cpu-proxy-2026-12-02"  # the first CPU sweep: the pair with final weights
 pd.set_option("display.precision", 4)
 pd.set_option("display.width", 160)
 
@@ -53,8 +55,8 @@ saved = {kind: [r for _, r in saved_analyses(RUNS, kind)] for kind in KINDS}
 def missing(kind: str) -> None:
     extra = " --probe dyck" if kind == "sink_dyck" else ""
     command = "sink" if kind.startswith("sink") else "lengths" if kind.startswith("lengths") else kind
-    print(f"NO SAVED RESULT: no runs/*/analysis/{kind}.json under {RUNS}. Compute it with\n"
-          f"  smelt-scale analyze {command} runs/proxy-s-baseline-s0 runs/proxy-s-smelt-s0{extra}")
+    print(f"NO SAVED RESULT: no */analysis/{kind}.json under {RUNS}. Compute it with\n"
+          f"  smelt-scale analyze {command} {RUNS.name}/proxy-s-baseline-s0 {RUNS.name}/proxy-s-smelt-s0{extra}")
 
 
 for kind, results in saved.items():

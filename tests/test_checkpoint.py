@@ -59,7 +59,8 @@ def logs(run_dir):
 
 
 def snapshot(folder):
-    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    # .lock records who last held the run folder (the refused resume held it while it checked)
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
 
 
 def test_same_run_name_in_two_runs_folders_never_share_checkpoints(tmp_path, env):

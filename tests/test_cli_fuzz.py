@@ -25,6 +25,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from scaling.cli import app
+from scaling.common.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 60
@@ -92,11 +93,12 @@ def world(tmp_path_factory):
     runs = tmp / "runs"
     runs.mkdir()
     for name in ("proxy-xxs-baseline-s0", "proxy-xxs-smelt-s0", "proxy-xs-baseline-s0", "proxy-xs-smelt-s0"):
-        shutil.copytree(ROOT / "runs" / name, runs / name)
+        shutil.copytree(ROOT / "runs-cpu-proxy-2026-12-02" / name, runs / name)
     pair = tmp / "pair"
     pair.mkdir()
     for name in ("proxy-s-baseline-s0", "proxy-s-smelt-s0"):
-        shutil.copytree(ROOT / "runs" / name, pair / name, ignore=shutil.ignore_patterns("analysis"))
+        shutil.copytree(ROOT / "runs-cpu-proxy-2026-12-02" / name, pair / name,
+                        ignore=shutil.ignore_patterns("analysis"))
     (tmp / "plan.toml").write_text(
         '[sweep]\nname = "fuzz"\ntiers = ["proxy-tiny"]\narchs = ["baseline", "smelt"]\nseeds = [0]\n'
         'budgets = [2048]\n\n[train]\nbatch_size = 2\nval_windows = 2\ndevice = "cpu"\n\n'
@@ -122,7 +124,7 @@ def _base(world: Path) -> dict[str, list[str]]:
         "train": ["--tier", "proxy-tiny", "--arch", "smelt", "--tokens", "1024", "--batch-size", "2",
                   "--runs-dir", f"{b}/train-runs", "--ckpt-dir", f"{b}/ckpt", "--data-max-bytes", "100000",
                   "--val-windows", "2", "--threads", "1", "--device", "cpu", "--overwrite"],
-        "plot": ["fits", "--out", f"{b}/figs", "--runs", f"{b}/runs", "--bootstrap", "0"],
+        "plot": ["fits", "--out", f"{b}/figs", "--runs", f"{b}/runs", "--bootstrap", "0", "--force"],
         "plan": ["--law-set", "paper", "--budget", "1e20", "--dry-run", "--out", f"{b}/next.toml"],
         "simulate": ["--law-set", "paper", "--budget", "1e20", "--trials", "2", "--bootstrap", "0"],
         "analyze sink": [*one_run, "--sequences", "2"],
@@ -216,3 +218,105 @@ def _replace(base: list[str], option: str, value: str) -> list[str]:
     else:
         args += [option, value]
     return args
+
+
+# -- generated documents (issue 25): fits files and shard manifests ------------------------------
+json_scalars = (st.none() | st.booleans() | st.integers(-10**20, 10**20)
+                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8))
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=20)
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@st.composite
+def fits_documents(draw):
+    """Fits files: a real one with fields replaced by generated values, or generated JSON, or deep."""
+    kind = draw(st.sampled_from(["mutate", "mutate", "random", "deep"]))
+    if kind == "deep":
+        return _deep(draw(st.sampled_from([65, 1000, 100_000])))
+    if kind == "random":
+        return json.dumps(draw(json_values))
+    doc = json.loads(draw(st.just(_FITS["text"])))
+    entry = doc["fits"]["baseline"]
+    field = draw(st.sampled_from(sorted(entry)))
+    entry[field] = draw(json_values)
+    return json.dumps(doc)
+
+
+@st.composite
+def manifests(draw):
+    kind = draw(st.sampled_from(["mutate", "mutate", "random", "deep"]))
+    if kind == "deep":
+        return _deep(draw(st.sampled_from([65, 100_000])))
+    if kind == "random":
+        return json.dumps(draw(json_values))
+    doc = json.loads(_MANIFEST["text"])
+    target = doc if draw(st.booleans()) else doc["shards"][0]
+    target[draw(st.sampled_from(sorted(target)))] = draw(json_values)
+    return json.dumps(doc)
+
+
+_FITS: dict[str, str] = {}
+_MANIFEST: dict[str, str] = {}
+
+
+def _check_document_command(args, world, before):
+    res = _invoke(args)
+    assert "Traceback" not in res.output, res.output[-2000:]
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise AssertionError(f"smelt-scale {' '.join(args)} raised {res.exception!r}")
+    assert res.exit_code in (0, 2), (args, res.exit_code, res.output[-2000:])
+    if res.exit_code == 2:
+        assert len([ln for ln in res.stderr.splitlines() if ln.startswith("error:")]) == 1, res.stderr
+    assert _tree_state(ROOT) == before, "a command changed files outside the test's folder"
+
+
+def test_generated_fits_files(world, monkeypatch):
+    monkeypatch.chdir(world)
+    src = world / "fits-src.json"
+    if not _FITS:
+        two = pd.read_csv(world / "points.csv")
+        both = pd.concat([two.assign(arch="baseline"), two.assign(arch="smelt")])
+        both.to_csv(world / "two.csv", index=False)
+        res = _invoke(["fit", str(world / "two.csv"), "--bootstrap", "4", "--out", str(src), "--force"])
+        assert res.exit_code == 0, res.output
+        _FITS["text"] = src.read_text()
+    before = _tree_state(ROOT)
+    fits = world / "fuzz-fits.json"
+
+    @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(text=fits_documents())
+    def check(text):
+        fits.write_text(text)
+        _check_document_command(["savings", "--fits", str(fits), "--budget", "1e21", "--json"], world, before)
+
+    check()
+
+
+def test_generated_manifests(world, monkeypatch):
+    monkeypatch.chdir(world)
+    monkeypatch.setenv("SMELT_CACHE", str(world / "cache"))
+    shards = world / "doc-shards"
+    if not _MANIFEST:
+        res = _invoke(["prepare-data", str(world / "docs.jsonl"), "--out", str(shards), "--vocab-size", "300",
+                       "--val-fraction", "0.2", "--shard-tokens", "4096", "--quiet", "--overwrite"])
+        assert res.exit_code == 0, res.output
+        _MANIFEST["text"] = (shards / "manifest.json").read_text()
+    from scaling.training.shards import load_shards
+
+    before = _tree_state(ROOT)
+
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(text=manifests())
+    def check(text):
+        (shards / "manifest.json").write_text(text)
+        try:
+            load_shards(shards)
+        except UserError as exc:
+            assert "\n" not in str(exc)
+        assert _tree_state(ROOT) == before
+
+    check()

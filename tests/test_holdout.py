@@ -105,7 +105,7 @@ def test_cli_table_options_print_mapping_and_record_settings(tmp_path):
                               "--json"])
     assert "implausible parameter counts" in res.stderr and "params:M" in res.stderr
     for args, message in ((["--run-col", "id"], "no run column 'id'"),
-                          (["--where", "nope > 1"], "cannot apply the row filter"),
+                          (["--where", "nope > 1"], "the row filter"),
                           (["--isoflop-estimator", "akima"], "--isoflop-estimator must be one of")):
         res = runner.invoke(app, ["fit", str(src), "--n-col", "params:M", "--c-col", "compute", *args])
         assert res.exit_code == 2 and message in res.stderr, res.stderr

@@ -21,8 +21,10 @@ ALLOWED = {
     "fitting": {"common", "accounting", "fitting"},
     "design": {"common", "accounting", "fitting", "design"},
     "analysis": {"common", "accounting", "training", "analysis"},
+    "evaluation": {"common", "accounting", "training", "analysis", "evaluation"},
     "plots": {"common", "accounting", "fitting", "plots"},
-    "cli": {"common", "accounting", "training", "fitting", "design", "analysis", "plots", "cli"},
+    "cli": {"common", "accounting", "training", "fitting", "design", "analysis", "evaluation", "plots",
+            "cli"},
 }
 # the pure maths never needs torch
 NO_TORCH = {"common", "accounting", "fitting", "design", "plots"}

@@ -27,7 +27,9 @@ def _paper(tmp_path, edit=lambda s: s):
 def test_paper_plan_fits_every_run_and_its_copy_is_identical():
     assert PAPER.read_text() == (ROOT / "scaling" / "resources" / "plans" / "paper-tiers.toml").read_text()
     res = runner.invoke(app, ["sweep", str(PAPER), "--dry-run", "--json"])
-    assert res.exit_code == 0, res.output
+    # the shipped plan's [data] path is for the cluster: the dry run prints its estimates, then
+    # refuses the missing data as the real sweep would (issue 25)
+    assert res.exit_code == 2 and "[data] path data/paper-shards does not exist" in res.stderr, res.output
     rows = json.loads(res.stdout)["runs"]
     assert len(rows) == 8
     for r in rows:
@@ -46,7 +48,7 @@ def test_dry_run_refuses_a_plan_that_does_not_fit(tmp_path):
     res = runner.invoke(app, ["sweep", str(plan), "--dry-run"])
     assert res.exit_code == 2
     errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]  # [data] path
-    assert len(errors) == 1 and errors[0].startswith("error: tier 600M (600M-baseline-s0) needs ")
+    assert len(errors) == 1 and errors[0].startswith("error: tier 600M (600M-smelt-s0) needs ")
     assert "GB more than gpu_memory_gb = 80" in res.stderr and "1.6B-smelt-s0 (+" in res.stderr
     assert "NO" in res.stdout and "mem/GPU GB" in res.stdout  # the table is printed first
     res = runner.invoke(app, ["sweep", str(plan), "--dry-run", "--json"])
@@ -56,7 +58,7 @@ def test_dry_run_refuses_a_plan_that_does_not_fit(tmp_path):
 
 
 def test_real_run_is_refused_before_anything_starts(tmp_path):
-    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141", "gpu_memory_gb = 40"))
+    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141", "gpu_memory_gb = 15"))
     res = runner.invoke(app, ["sweep", str(plan), "--executor", "debug", "--no-wait"])
     assert res.exit_code == 2 and res.stderr.startswith("error: tier 100M") and "needs" in res.stderr
     assert not (tmp_path / "runs").exists()
@@ -64,10 +66,12 @@ def test_real_run_is_refused_before_anything_starts(tmp_path):
 
 @pytest.mark.parametrize("edit, msg", [
     (lambda s: s.replace('mode = "fsdp"', 'mode = "fsdp"\nshards = 8'),
-     "unknown keys shards; valid keys: gpu_memory_gb, gpus_per_node, grad_sync, mode, nodes, replicate"),
-    (lambda s: s.replace("nodes = 4  ", "node = 4  "), 'tier."1.6B".parallel]: unknown keys node'),
-    (lambda s: s.replace("nodes = 4  ", "nodes = 0  "), "[1.6B]: nodes must be a positive integer"),
-    (lambda s: s.replace('mode = "fsdp"', 'mode = "zero"'), "parallel mode must be one of"),
+     "unknown [parallel] keys: shards; valid keys: mode, gpus_per_node, nodes, replicate, gpu_memory_gb"),
+    (lambda s: s.replace("nodes = 4  ", "node = 4  "), 'unknown [tier."1.6B".parallel] keys: node'),
+    (lambda s: s.replace("nodes = 4  ", "nodes = 0  "),
+     '[tier."1.6B".parallel] nodes must be a positive integer'),
+    (lambda s: s.replace('mode = "fsdp"', 'mode = "zero"'),
+     "[parallel] mode must be one of none, ddp, fsdp, hsdp"),
     (lambda s: s.replace("gpu_memory_gb = 141", "gpu_memory_gb = -1"), "gpu_memory_gb must be a positive"),
     (lambda s: s.replace("micro_batch_size = 16", "micro_batch_size = 24"),
      "does not divide the per-GPU batch 64"),
@@ -84,3 +88,19 @@ def test_plan_without_parallel_table_has_no_verdict():
     plan = load_plan(ROOT / "plans" / "cpu-proxy.toml")
     lay = plan.runs[0].layout()
     assert lay.mode == "none" and lay.compute_dtype == "fp32" and plan.runs[0].gpu_memory_gb is None
+
+
+
+def test_h100_plan_fits_every_run_with_expert_parallelism(tmp_path):
+    """plans/paper-tiers-h100.toml: the eight runs on 80 GB GPUs with EP 8 inside a node (planner);
+    the same plan without EP does not fit SMELT at 600M."""
+    h100 = ROOT / "plans" / "paper-tiers-h100.toml"
+    res = runner.invoke(app, ["sweep", str(h100), "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["runs"]
+    assert len(rows) == 8 and all(r["fits"] and r["gpu_memory_gb"] == 80 for r in rows)
+    assert all(r["layout"]["ep"] == 8 and r["communication_gb_per_step"]["all_to_all"] > 0 for r in rows)
+    no_ep = tmp_path / "no-ep.toml"
+    no_ep.write_text(h100.read_text().replace("\nep = 8 ", "\n# ep = 8 "))
+    res = runner.invoke(app, ["sweep", str(no_ep), "--dry-run"])
+    assert res.exit_code == 2 and "error: tier 600M (600M-smelt-s0) needs" in res.stderr

@@ -60,7 +60,7 @@ def run_steps(model, x, y, n_micro, reduce=None):
         if reduce is not None:
             stats = reduce(stats)
         losses.append(stats.tolist())
-        norms.append(gnorm)
+        norms.append(float(gnorm))
     return losses, norms
 
 
@@ -94,7 +94,7 @@ def _worker(rank: int, world: int, port: int, out: str, names: tuple[str, ...] =
             stats, gnorm = train_step(model, opt, params, x[s], y[s], n_micro=N_MICRO, grad_clip=CLIP,
                                       aux_coef=0.01, z_coef=1e-3, grad_sync=sync)
             losses.append(mean_over_ranks(stats).tolist())
-            norms.append(gnorm)
+            norms.append(float(gnorm))
         final = full_state_dict(model)
         results[name] = {"init": init, "final": final, "losses": losses, "norms": norms,
                          "sharded": any(type(p).__name__ == "DTensor" for p in model.parameters())}

@@ -43,6 +43,62 @@ def test_the_check_at_tiny_size_on_two_cpu_ranks(capsys):
     for which in ("baseline", "smelt"):
         m = doc["meta_build"][which]
         assert m["equal"] and m["all_meta"] and m["built"] > 50e9
+    assert arch["profile"] is None and arch["sync_check"]["sync_free"] is None  # CUDA-only check
+    assert arch["compile"] is False  # the CPU default
+    assert doc["extra_skipped"] == [] or "scale" in doc["extra_skipped"] or "scale" in doc
+
+
+def test_suite_runs_the_three_configurations(monkeypatch, capsys):
+    """--suite spawns one fresh set of ranks per configuration of issue 31's table, with its
+    micro-batch, accumulation and compile setting (the ranks replaced by a recorder here)."""
+    gpu_check = load()
+    assert [c[0] for c in gpu_check.SUITE] == ["mb2x2", "mb8", "mb8-compiled"]
+    seen = []
+
+    def fake_spawn(args, world):
+        seen.append((args.micro_batch, args.grad_accum, args.compile, args.max_seconds, world))
+        return [{"arch": a, "finite": True, "loss_fell": True, "peak_memory_gb": None,
+                 "planned_memory_gb": None} for a in args.archs]
+
+    monkeypatch.setattr(gpu_check, "_spawn", fake_spawn)
+    monkeypatch.setattr(gpu_check, "meta_build", lambda tier: {})
+    monkeypatch.setattr(gpu_check, "EXTRA_CHECKS", {})
+    doc = gpu_check.run(gpu_check.parse_args(["--device", "cpu", "--suite", "--nproc", "1"]))
+    assert seen == [(2, 2, False, 20.0, 1), (8, 1, False, 20.0, 1), (8, 1, True, 20.0, 1)]
+    assert [a["config"] for a in doc["archs"]] == ["mb2x2"] * 2 + ["mb8"] * 2 + ["mb8-compiled"] * 2
+    assert doc["ok"] and [c["name"] for c in doc["configs"]] == ["mb2x2", "mb8", "mb8-compiled"]
+
+
+def test_extra_checks_plug_in_and_count_in_ok(monkeypatch, tmp_path):
+    gpu_check = load()
+    code = "def run_checks(args):\n    return {'ok': False, 'why': 'planted'}\n"
+    (tmp_path / "extra_mod_planted.py").write_text(code)
+    monkeypatch.setattr(gpu_check, "EXTRA_CHECKS", {"extra": "extra_mod_planted", "absent": "no_such_module"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    results, skipped = gpu_check.run_extra_checks(gpu_check.parse_args([]), here=str(tmp_path))
+    assert results == {"extra": {"ok": False, "why": "planted"}} and skipped == ["absent"]
+
+
+def test_profile_summary_of_a_cpu_step():
+    """--profile's summary: top operators with shares, and the GEMM share, from a real profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from scaling.accounting.tiers import get_config
+    from scaling.training.model import MoETransformer
+
+    gpu_check = load()
+    cfg = get_config("proxy-tiny", "smelt")
+    model = MoETransformer(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = model(x, x)
+        out.loss.backward()
+    summary = gpu_check.profile_summary(prof, "cpu", top=5)
+    assert len(summary["top"]) == 5 and summary["total_ms"] > 0
+    assert all(t["ms"] >= u["ms"] for t, u in zip(summary["top"], summary["top"][1:]))
+    assert 0 < summary["gemm_share"] < 1 and 0 <= summary["copy_share"] < 1
+    assert sum(t["share"] for t in summary["top"]) <= 1 + 1e-9
+    assert gpu_check.sync_check(lambda: None)["sync_free"] in (None, True)
 
 
 def test_synthetic_tokens_follow_the_successor_table():

@@ -372,7 +372,7 @@ def test_loss_curves_say_how_many_torn_lines_they_left_out(tmp_path):
     """Issue 19: readers never silently draw fewer lines than the log holds."""
     import shutil
 
-    src = Path(__file__).resolve().parents[1] / "runs" / "proxy-xxs-baseline-s0"
+    src = Path(__file__).resolve().parents[1] / "runs-cpu-proxy-2026-12-02" / "proxy-xxs-baseline-s0"
     shutil.copytree(src, tmp_path / "runs" / src.name)
     with open(tmp_path / "runs" / src.name / "metrics.jsonl", "a") as fh:
         fh.write('{"iter": 99, "trai')

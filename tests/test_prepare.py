@@ -361,7 +361,8 @@ def test_plan_data_table(env, tmp_path):
     missing = plan('path = "no/such/folder"')
     _one_line_error(runner.invoke(app, ["sweep", missing, "--no-probe"]), "[data] path")
     res = runner.invoke(app, ["sweep", missing, "--dry-run", "--no-probe"])
-    assert res.exit_code == 0 and "[data] path" in res.stderr and "proxy-tiny-baseline-s0" in res.stdout
+    # the dry run shows its table, then refuses what the real sweep refuses (issue 25)
+    assert res.exit_code == 2 and "[data] path" in res.stderr and "proxy-tiny-baseline-s0" in res.stdout
     _one_line_error(runner.invoke(app, ["sweep", plan('pth = "x"'), "--dry-run", "--no-probe"]),
                     "unknown [data] keys: pth; valid keys: path")
     train_tokens = load_shards(env["out"]).n_train_tokens

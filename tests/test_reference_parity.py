@@ -1,4 +1,5 @@
-"""With the loop off, our model equals Hugging Face transformers' Mixtral given the same weights."""
+"""With the loop off, our model equals Hugging Face transformers' Mixtral given the same weights (the
+looped model, unrolled, is tested in tests/test_eval.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
-from scaling.training.hf_reference import to_hf_mixtral
+from scaling.evaluation.export import to_hf_mixtral
 from scaling.training.model import MoETransformer
 
 transformers = pytest.importorskip("transformers", reason="transformers (test extra) is not installed")
@@ -70,12 +71,13 @@ def test_loss_and_aux_loss_match_mixtral():
     # their CausalLM loss shifts labels internally and subtracts coef * aux; undo the latter
     their_ce = theirs.loss - ref.config.router_aux_loss_coef * theirs.aux_loss
     torch.testing.assert_close(out.loss, their_ce, rtol=1e-5, atol=1e-5)
-    # ours is the mean of per-layer-pass losses; theirs pools counts over layers, so compare
-    # layer by layer on the full sequence
+    # ours is the mean of per-layer-pass losses over sequences (sequence-wise balance); theirs pools
+    # counts over layers and the batch, so compare layer by layer on one full sequence
+    one = ids[:1]
     with torch.no_grad():
-        full = ours(ids)
+        full = ours(one)
         per_layer = [load_balancing_loss_func((lg,), cfg.n_experts, cfg.top_k)
-                     for lg in ref(ids, output_router_logits=True).router_logits]
+                     for lg in ref(one, output_router_logits=True).router_logits]
     torch.testing.assert_close(full.aux_loss, torch.stack(per_layer).mean(), rtol=1e-5, atol=1e-6)
 
 
@@ -94,8 +96,7 @@ def test_gradients_match_mixtral():
 
 
 def test_unrepresentable_configs_are_refused():
-    looped = CONFIGS["gqa"].replace(n_layers=4, loop_start=1, loop_end=3, n_loops=2)
-    with pytest.raises(UserError):
-        to_hf_mixtral(MoETransformer(looped))
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="eval --backend native"):
         to_hf_mixtral(MoETransformer(CONFIGS["gqa"].replace(head_dim=9)))
+    with pytest.raises(UserError, match="shared expert"):
+        to_hf_mixtral(MoETransformer(CONFIGS["gqa"].replace(shared_expert_hidden=16)))

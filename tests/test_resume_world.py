@@ -3,9 +3,12 @@ on 1 process resumes on 2 ranks, each to the uninterrupted single-process run's 
 
 DCP checkpoints hold each tensor under its name, not per rank, so they load on any world size.
 The global batch is the same on any world size (rank r takes rows [r*B/W, (r+1)*B/W)) and the
-micro-batch is fixed at 4 rows, so the maths is the same function; only the float summation
-order differs (DDP's all-reduce), ~1e-7 relative over these steps (as in tests/test_ddp.py), so
-the comparison is at 1e-5 relative, far below the change of one update (~1e-2).
+micro-batch is left to its default, the rows of a rank: 8 rows in one process, 4 per rank on 2.
+The objective does not depend on that split (cross-entropy and z-loss are token means, the
+load-balance statistics are per sequence: scaling/training/model.py), so the maths is the same
+function and only the float summation order differs (DDP's all-reduce). The comparison is at
+1e-6 relative (issue 25), far below the change of one update (~1e-2); the largest differences
+seen are written to ``SMELT_RESUME_REPORT`` when that variable names a file.
 """
 
 import os
@@ -24,15 +27,15 @@ from scaling.training.trainer import TrainConfig, train
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64
 TOKENS = (10 * STEP_TOKENS, 14 * STEP_TOKENS)  # trunk 14 steps + a 2-step branch from P = 8
-REL = 1e-5
+REL = 1e-6
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CFG = dict(tokens=TOKENS, batch_size=8, micro_batch_size=4, data_max_bytes=100_000, eval_every=4,
+CFG = dict(tokens=TOKENS, batch_size=8, data_max_bytes=100_000, eval_every=4,
            ckpt_every=3, threads=1, val_windows=6, warmup=2)
 
 
 def cli_args(runs, name, resume=False):
     args = ["train", "--tier", TIER, "--arch", "smelt", "--tokens", ",".join(map(str, TOKENS)),
-            "--batch-size", "8", "--micro-batch-size", "4", "--data-max-bytes", "100000", "--eval-every", "4",
+            "--batch-size", "8", "--data-max-bytes", "100000", "--eval-every", "4",
             "--ckpt-every", "3", "--threads", "1", "--val-windows", "6", "--warmup", "2", "--device", "cpu",
             "--run-name", name, "--runs-dir", str(runs), "--json"]
     return args + (["--resume"] if resume else [])
@@ -57,6 +60,15 @@ def assert_same_logs(run_dir, ref_dir):
         return r["iter"], r["step"], r["branch"]
 
     assert [key(r) for r in got] == [key(r) for r in ref]  # no line lost or duplicated
+    worst = {}
+    for a, b in zip(ref, got):
+        for key in ("train_loss", "aux_loss", "z_loss", "val_loss", "grad_norm"):
+            if key in a:
+                worst[key] = max(worst.get(key, 0.0), abs(b[key] - a[key]) / abs(a[key]))
+    report = os.environ.get("SMELT_RESUME_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(f"{run_dir.name}: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()) + "\n")
     for a, b in zip(ref, got):
         for key in ("train_loss", "aux_loss", "z_loss", "val_loss", "grad_norm"):
             if key in a:

@@ -117,7 +117,7 @@ def test_parquet_needs_pyarrow(tmp_path):
      "'D' has a value that is not a finite number"),
     ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(n="N:X"), "unknown unit 'X'"),
     ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(where=("nope > 1",)),
-     "cannot apply the row filter 'nope > 1'"),
+     "the row filter .nope > 1. names no column"),
     ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, 2.9]}, Columns(where=("N > 1e9",)),
      "no rows left after the row filters"),
     ({"N": [1e6, 2e6], "D": [1e8, 1e8], "loss": [3.0, -1.0]}, Columns(), "loss must be > 0.*row 2"),
@@ -233,7 +233,7 @@ def test_group_and_run_guesses_reported_and_switchable(tmp_path):
 
 def test_where_filters_like_pandas_and_keeps_file_row_numbers(tmp_path):
     t = law_table()
-    expr = ("loss < loss.nlargest(5).min()", "N > 3e7")
+    expr = ("loss < 3.1 or D > 1e11", "N > 3e7")
     got = load_table_df(t, tmp_path, Columns(where=expr))
     want = t.query(expr[0]).query(expr[1])
     np.testing.assert_allclose(got.points["N"], want["N"])

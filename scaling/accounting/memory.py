@@ -17,7 +17,15 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ``reduce_dtype``), sharded like the parameters. DDP also keeps its reducer
                 buckets, a second full copy, unless ``gradient_as_bucket_view=True``
                 (``torch.nn.parallel.DistributedDataParallel`` docs), which this project's
-                trainer does not set, so DDP counts 2 x.
+                trainer does not set, so DDP counts 2 x. Counted as present *at the peak*:
+                the trainer frees gradients after every step (``zero_grad(set_to_none=True)``),
+                so with one micro-batch per step they appear layer by layer during the
+                backward (the root's from its start, each layer's after its first pass's
+                backward; DDP's buckets always); with accumulation the later micro-batches find
+                them all. (Calibration, docs/gpu-memory.md: counting every gradient at the
+                head's backward over-planned the H200 Baseline runs without accumulation by
+                the whole 15-16 GB of fp32 gradients.) The optimizer step, every gradient and
+                no activation, is the peak only for tiny models.
 ``optimizer``   AdamW's two moments in ``optim_bytes`` each, shaped like the (sharded)
                 parameters, plus the 4-byte ``step`` scalar per parameter tensor that the fused
                 CUDA AdamW keeps on the device: ZeRO's 4 + 4 + 8 = 16 bytes per parameter for
@@ -32,8 +40,10 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 (c under FSDP2 mixed precision, which casts every block's input; the weights'
                 dtype otherwise, as autocast keeps the residual stream in fp32)::
 
-                    N * ( 2*(8*d + 4)      the two RMSNorms (fp32, decomposed on CPU): input
-                                           x.float(), x * rstd, rstd
+                    N * ( 2*(8*d + 4)      the two RMSNorms in fp32 (decomposed on CPU): input,
+                                           x * rstd, rstd; 2*(c*d + 4) when c != 4 (bf16
+                                           compute means CUDA, whose fused rms_norm kernel
+                                           saves its input and rstd)
                         + 2*c*d            normalised inputs of wqkv and of the router
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
@@ -43,9 +53,11 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                         + 2*4*E            router logits and softmax (fp32)
                         + 2*4              logsumexp (z-loss) and the top-k sum
                         + k*(3*8 + 4)      top-k ids, sort order, token ids (int64), top-k probs
-                        + k*c*(2*d' + d + 4*f' + 1)   dispatched tokens, expert output, gated
-                                           output (kept by index_add_), expert hidden (gate|up),
-                                           silu(gate), silu*up, gate weight
+                        + k*c*(d' + d + 4*f' + 1)   dispatched tokens, expert output
+                                           gathered back to token order (the gate-weighted sum
+                                           keeps it for the gates' gradient), expert hidden
+                                           (gate|up), silu(gate), silu*up, gates
+                        + 4*d              the router's fp32 copy of its input (if c != 4)
                         + c*(2*d + 4*f_s)  shared expert, when there is one )
                     + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
                     + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
@@ -59,13 +71,18 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 [B, T, V] (c, held by the caller's output until backward ends), the fp32
                 log-probabilities cross-entropy saves (4*V), the int64 targets and embedding
                 ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
+                With the chunked cross-entropy (the default, ``Layout.chunked_ce``) the head
+                keeps N*(8*d + 4 + c*d + 16) + 4*V*d instead (``head_activation_bytes``) and
+                its transients are one chunk's logits (``head_working_bytes``).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
-                to <0.01% in fp32 on CPU). A fused CUDA RMSNorm kernel would save 4*d less per
-                norm; the estimate keeps the larger CPU count.
+                to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are read off the kernels' saved
+                tensors, not measured here: docs/gpu-memory.md has the GPU comparison.
                 With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
                 every layer call) a layer pass stores only its input, N*r*d, and recomputes
-                the rest during its own backward.
+                the rest during its own backward; the recompute stops after the layer's last
+                saved tensor (the combine's gate product), whose N*k*c*d output is then alive
+                beside the recomputed activations.
 ``working``     transients at the peak: the head's backward (fp32 gradients of the log-probs
                 and of the logits, N*8*V) or one layer's backward, whose first steps (in
                 reverse: index_add_, gating, the second grouped_mm) hold the gradients of the
@@ -109,6 +126,13 @@ tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi
   synced micro-batch: the weight gradient of both passes arrives summed (see ``working``).
   HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
 * DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
+* Expert parallelism of degree P (scaling/training/expert_parallel.py): a rank holds the
+  largest array_split share ceil(E/P) of each layer's experts, FSDP-sharded over the S / P
+  ranks of its shard group, so the experts' all-gather and reduce-scatter run over S / P ranks
+  on 1/P of the expert bytes (the rest of the layer as above). Per layer pass and micro-batch
+  each rank sends (P-1)/P of its N*k dispatched rows (c*d bytes each) four times: dispatch and
+  combine, in forward and again in backward (``all_to_all``; uniform routing assumed, the
+  imbalance of a real router is not modelled, nor the all-to-all's receive buffers).
 """
 
 from __future__ import annotations
@@ -125,8 +149,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_SYNCS = ("every", "last")
 
 
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _dtype_bytes(name: str, what: str) -> int:
@@ -201,6 +225,11 @@ class Layout:
                       the whole model), "last" for DDP (free there)
     seq_len           tokens per sequence (None: the config's)
     param_dtype, grad_dtype, optim_dtype, compute_dtype, reduce_dtype   "fp32" | "bf16" | "fp16"
+    ep                expert-parallel degree P (fsdp/hsdp): each layer's experts are split over P
+                      ranks (array_split), each share FSDP-sharded over the other S / P ranks of
+                      its shard group; must divide the shard degree S
+    chunked_ce        the loss is computed in token chunks (the trainer's default; see
+                      ``head_activation_bytes``); False: plain cross-entropy over [N, V] logits
     """
 
     mode: str = "none"
@@ -217,6 +246,8 @@ class Layout:
     optim_dtype: str = "fp32"
     compute_dtype: str = "bf16"
     reduce_dtype: str = "fp32"
+    chunked_ce: bool = True
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -235,15 +266,26 @@ class Layout:
             _dtype_bytes(getattr(self, name), name)
         if self.mode == "none" and self.world != 1:
             raise UserError(f"parallel mode 'none' runs on one GPU, but the layout has {self.world}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer, got {self.ep!r}")
+        if self.ep > 1 and self.mode not in ("fsdp", "hsdp"):
+            raise UserError(f"expert parallelism (ep = {self.ep}) needs parallel mode fsdp or hsdp")
         if self.replicate is not None:
             if self.mode != "hsdp":
                 raise UserError("a replicate degree is only meaningful for parallel mode 'hsdp'")
             if not isinstance(self.replicate, int) or self.replicate < 1 or self.world % self.replicate:
                 raise UserError(f"replicate degree {self.replicate!r} must divide the {self.world} GPUs")
+        if self.ep > 1 and self.shards % self.ep:
+            raise UserError(f"expert-parallel degree {self.ep} must divide the shard degree {self.shards}")
 
     @property
     def world(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def ep_intra_node(self) -> bool:
+        """Whether an EP group (P consecutive ranks) stays inside one node."""
+        return self.ep <= self.gpus_per_node and self.gpus_per_node % self.ep == 0
 
     @property
     def replicas(self) -> int:
@@ -280,6 +322,8 @@ class MemoryEstimate:
                    activation footprint, reported beside the peak's split)
     peak_at        where in the backward the peak falls ("head", "layer <i> pass <p>")
     all_gather, reduce_scatter, all_reduce   bytes each GPU sends per optimizer step
+    all_to_all     expert parallelism: token rows each GPU sends per optimizer step (dispatch
+                   and combine, forward and backward), under uniform routing
     """
 
     config_name: str
@@ -295,6 +339,7 @@ class MemoryEstimate:
     all_gather: int
     reduce_scatter: int
     all_reduce: int
+    all_to_all: int = 0
 
     @property
     def total(self) -> int:
@@ -302,7 +347,7 @@ class MemoryEstimate:
 
     @property
     def communication(self) -> int:
-        return self.all_gather + self.reduce_scatter + self.all_reduce
+        return self.all_gather + self.reduce_scatter + self.all_reduce + self.all_to_all
 
     def parts_gb(self) -> dict[str, float]:
         return {p: getattr(self, p) / GB for p in PARTS}
@@ -322,6 +367,7 @@ class MemoryEstimate:
                 "all_gather": self.all_gather / GB,
                 "reduce_scatter": self.reduce_scatter / GB,
                 "all_reduce": self.all_reduce / GB,
+                "all_to_all": self.all_to_all / GB,
                 "total": self.communication / GB,
             },
             "layout": asdict(self.layout),
@@ -332,6 +378,8 @@ class MemoryEstimate:
         where = f"{lay.mode} on {lay.nodes} x {lay.gpus_per_node} GPUs"
         if lay.sharded:
             where += f" (shard {lay.shards} x replicate {lay.replicas})"
+        if lay.ep > 1:
+            where += f", expert-parallel {lay.ep}"
         parts = ", ".join(f"{p} {v:.2f}" for p, v in self.parts_gb().items())
         return (
             f"{self.config_name or 'model'}: {self.total / GB:.2f} GB per GPU, {where}, micro-batch "
@@ -339,14 +387,16 @@ class MemoryEstimate:
             f"{'on' if lay.activation_checkpointing else 'off'}\n"
             f"  parts (GB): {parts}; peak at {self.peak_at}\n"
             f"  communication per step and GPU (GB): all-gather {self.all_gather / GB:.2f}, "
-            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}"
+            f"reduce-scatter {self.reduce_scatter / GB:.2f}, all-reduce {self.all_reduce / GB:.2f}, "
+            f"all-to-all {self.all_to_all / GB:.2f}"
         )
 
 
-def _expert_dims(cfg: ModelConfig) -> tuple[int, int]:
-    """d', f': the widths grouped_mm runs at (both rounded up to multiples of 4 if either is not)."""
+def _expert_dims(cfg: ModelConfig, c: int = 4) -> tuple[int, int]:
+    """d', f': the widths grouped_mm runs at: rounded up to 16 bytes (multiples of 4 in fp32, 8
+    in bf16), the kernel's stride alignment."""
     d, f = cfg.d_model, cfg.expert_hidden
-    return (_round4(d), _round4(f)) if (_round4(d), _round4(f)) != (d, f) else (d, f)
+    return _round_up(d, 16 // c), _round_up(f, 16 // c)
 
 
 def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
@@ -356,9 +406,10 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     """
     d, H, Hkv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
-    dp, fp = _expert_dims(cfg)
+    dp, fp = _expert_dims(cfg, c)
     per_token = (
-        2 * (8 * d + 4)                        # norms: fp32 input, x * rstd, rstd
+        (2 * (8 * d + 4) if c == 4             # norms, CPU (decomposed): fp32 input, x * rstd,
+         else 2 * (c * d + 4))                 # rstd; CUDA (fused kernel): input, rstd
         + 2 * c * d                            # norm outputs = inputs of wqkv and of the router
         + c * (H + 2 * Hkv) * h                # qkv (v is a view)
         + c * (H + Hkv) * h                    # RoPE output (q, k)
@@ -367,8 +418,10 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
         + 2 * 4 * E                            # router logits and probs
         + 2 * 4                                # logsumexp and top-k sum
         + k * (3 * 8 + 4)                      # top-k ids, order, token ids; top-k probs
-        + k * c * (2 * dp + d + 4 * fp + 1)    # dispatched tokens, expert output, gated output,
-                                               # hidden (gate|up), silu, product, gate weight
+        + k * c * (dp + d + 4 * fp + 1)        # dispatched tokens, expert output in token
+                                               # order (the combine's gate product), hidden
+                                               # (gate|up), silu, product, gates
+        + (4 * d if c != 4 else 0)             # the router's fp32 copy of its input
         + (c * (2 * d + 4 * fs) if fs else 0)  # shared expert
     )
     rope = 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim  # cos, sin cast per pass
@@ -376,11 +429,36 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     return micro_batch * seq_len * per_token + rope + padded
 
 
-def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
+def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                          chunked_ce: bool = False) -> int:
     """Final norm (fp32 input, x * rstd, rstd), LM-head input, logits (c, held by the caller),
-    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids."""
+    the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids.
+
+    With the chunked cross-entropy (scaling/training/chunked_ce.py) no logits are kept: its
+    forward saves the input gradient [N, d] (c) and the fp32 weight gradient [V, d] instead of
+    the head input, the logits and the log-probs: N*(8*d + 4 + c*d + 16) + 4*V*d."""
     d, V = cfg.d_model, cfg.vocab_size
+    if chunked_ce:
+        return micro_batch * seq_len * (8 * d + 4 + c * d + 2 * 8) + 4 * V * d
     return micro_batch * seq_len * (8 * d + 4 + c * d + (c + 4) * V + 2 * 8)
+
+
+def ce_chunk_tokens(vocab_size: int) -> int:
+    """Tokens per cross-entropy chunk: scaling.training.chunked_ce.default_chunk (2**24 // V)."""
+    return max(1, (1 << 24) // max(1, vocab_size))
+
+
+def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                       chunked_ce: bool = False) -> int:
+    """Transients of the loss. Plain: the backward's fp32 gradients of the log-probs and of the
+    logits, N*8*V. Chunked: the larger of one chunk's fp32 logits plus its compute-dtype copy
+    (C*V*(4 + c), c only when narrower than fp32) and the backward's scaled gradients plus the
+    weight gradient's cast to c (N*c*d + (4 + c)*V*d)."""
+    N, d, V = micro_batch * seq_len, cfg.d_model, cfg.vocab_size
+    if not chunked_ce:
+        return 8 * N * V
+    C = min(N, ce_chunk_tokens(V))
+    return max(C * V * (4 + (c if c < 4 else 0)), N * c * d + (4 + c) * V * d)
 
 
 def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
@@ -393,10 +471,20 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     S = layout.shards
     T = layout.seq_len or cfg.seq_len
     N = layout.micro_batch_size * T
-    d, V = cfg.d_model, cfg.vocab_size
+    d = cfg.d_model
 
     shapes = param_shapes(cfg)
-    local = sum(sharded_numel(s, S) for _, s in shapes)
+    P = layout.ep
+    if P > cfg.n_experts:
+        raise UserError(f"expert-parallel degree {P} exceeds the {cfg.n_experts} experts of {cfg.name}")
+    share = -(-cfg.n_experts // P)  # the largest EP share of a layer's experts (array_split)
+
+    def local_numel(name: str, shape: tuple[int, ...]) -> int:
+        if P > 1 and name.endswith(("moe.w_gate_up", "moe.w_down")):  # this rank's experts, FSDP
+            return sharded_numel((share, *shape[1:]), S // P)       # over the other S / P ranks
+        return sharded_numel(shape, S)
+
+    local = sum(local_numel(n, s) for n, s in shapes)
     n_total = total_params(cfg)
     params = pb * local
     grads = gb * local * (2 if layout.mode == "ddp" else 1)
@@ -406,10 +494,13 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c)
     resid = c if layout.sharded else pb  # FSDP2 mixed precision casts the residual stream too
     stored_pass = resid * N * d if layout.activation_checkpointing else A
-    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c)
-    head_work = 8 * N * V
-    dp, fp = _expert_dims(cfg)
-    Lp = _layer_params(cfg)
+    head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
+    head_work = head_working_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
+    dp, fp = _expert_dims(cfg, c)
+    expert_layer = cfg.n_experts * 3 * d * cfg.expert_hidden  # one layer's expert stacks
+    Lp_ne = _layer_params(cfg) - expert_layer                 # its non-expert parameters
+    share_layer = share * 3 * d * cfg.expert_hidden           # the experts one rank gathers
+    Lp = Lp_ne + share_layer  # one layer's parameters as FSDP all-gathers them on one rank
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
     # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
     layer_work = N * (2 * cfg.top_k * c * dp + resid * d) + (
@@ -417,7 +508,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     held_bytes = Lp * (c if layout.sharded else gb)
 
     # FSDP buffers / autocast copies (constant over the backward)
-    root = n_total - cfg.n_layers * Lp
+    root = n_total - cfg.n_layers * (Lp_ne + expert_layer)
     if layout.sharded:
         buffers = c * root + 2 * c * Lp + (c + rb) * Lp
         if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
@@ -429,34 +520,53 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     else:
         buffers = 0
 
+    # gradients during the backward: the trainer frees them after each step (zero_grad with
+    # set_to_none), so with one micro-batch per step they appear layer by layer as the backward
+    # reaches each layer's first pass (the root's, embedding and head, counted from the start);
+    # with accumulation every later micro-batch finds them all. DDP's reducer buckets persist.
+    layer_local = sum(sharded_numel(s, S) for n, s in shapes if n.startswith("layers.0."))
+    bucket = gb * local if layout.mode == "ddp" else 0
+    progressive = layout.grad_accum_steps == 1
+    g_now = bucket + gb * (local - cfg.n_layers * layer_local) if progressive else grads
+
     # walk the backward: the head first, then the layer passes in reverse execution order
     schedule = cfg.schedule()
     remaining = len(schedule) * stored_pass + head_stored
     activations_stored = remaining
-    best = (remaining + head_work, remaining, head_work, "head")
+    best = (remaining + head_work + g_now, remaining, head_work, g_now, "head")
     remaining -= head_stored - 8 * N  # the head's tensors are freed; the embedding ids stay
     held = 0
-    recompute = A if layout.activation_checkpointing else 0
+    # the recompute stops at the layer's last saved tensor, the combine's gate product, whose
+    # [N, k, d] output is alive at that moment beside the recomputed activations
+    recompute = A + N * cfg.top_k * c * d if layout.activation_checkpointing else 0
     for layer, pass_ in reversed(schedule):
-        live = remaining + recompute + layer_work + held
+        live = remaining + recompute + layer_work + held + g_now
         if live > best[0]:
-            best = (live, remaining + recompute, layer_work + held, f"layer {layer} pass {pass_}")
+            best = (live, remaining + recompute, layer_work + held, g_now, f"layer {layer} pass {pass_}")
         remaining -= stored_pass
         if cfg.is_looped and cfg.loop_start <= layer < cfg.loop_end:
             if pass_ == cfg.n_loops:
                 held += held_bytes  # its weight gradient waits, summed, for the first pass
             elif pass_ == 1:
                 held -= held_bytes
-    _, acts, work, peak_at = best
+        if progressive and pass_ == 1:
+            g_now += gb * layer_local
+    if grads > best[0]:  # the optimizer step: every gradient, no activations (tiny models)
+        best = (grads, 0, 0, grads, "optimizer step")
+    _, acts, work, grads, peak_at = best
 
     # communication per optimizer step
     m = layout.grad_accum_steps
     m_sync = m if layout.grad_sync == "every" else 1
     ag = rs = ar = 0
     if layout.sharded and S > 1:
-        frac = (S - 1) / S
-        ag = round(m * frac * c * (2 * cfg.n_layer_passes * Lp + root))
-        rs = round(m_sync * frac * rb * (cfg.n_layers * Lp + root))
+        frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
+        ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
+                            + frac_e * 2 * cfg.n_layer_passes * share_layer))
+        rs = round(m_sync * rb * (frac * (cfg.n_layers * Lp_ne + root) + frac_e * cfg.n_layers * share_layer))
+    # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
+    # (P-1)/P of them leave the rank under uniform routing
+    a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
     R = layout.replicas
     if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
         ar = round(2 * (R - 1) / R * gb * n_total)
@@ -466,5 +576,5 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
         activations=acts, working=work, buffers=buffers, activations_stored=activations_stored,
-        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar,
+        peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar, all_to_all=a2a,
     )

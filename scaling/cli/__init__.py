@@ -107,6 +107,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "savings": ("savings", "Compute saved by the candidate over the reference at equal loss."),
     "plan": ("plan", "Propose the next IsoFLOP set for both architectures, as a sweep plan."),
     "simulate": ("plan", "Simulate a study: how well would it recover the savings?"),
+    "export": ("evaluate",
+               "Export a run as a plain Hugging Face Mixtral folder (AutoModelForCausalLM loads it)."),
+    "eval": ("evaluate", "Evaluate runs on local tasks through lm-eval, fully offline."),
+    "calibrate": ("evaluate", "Loss->accuracy calibration: acc-sigmoid on the reference, candidate "
+                              "residual at matched loss."),
     "analyze": ("analyze", "Mechanism analyses of trained runs: attention sink, loss by length, Dyck ICL."),
     "plot": ("plot", "Draw the paper figures of a runs folder into a folder."),
 }

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import typer
 from rich.console import Console
@@ -141,14 +141,46 @@ def check_output_dir(path: Path | str, what: str = "output folder") -> Path:
     return path
 
 
-def check_output_file(path: Path | str, what: str = "output file") -> Path:
-    """Fail before any work if ``path`` cannot be written as a file (a folder, or below a file)."""
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return False
+
+
+def check_output_file(path: Path | str, what: str = "output file", *, force: bool = False,
+                      inputs: Iterable[Path | str | None] = ()) -> Path:
+    """Fail before any work unless ``path`` may be written as a file (every ``--out`` goes through here).
+
+    Refused: a folder, a path below a file, an unwritable or non-regular file (a FIFO would block); an
+    existing file unless ``force`` (``--force``); and, even with ``force``, an input of the same
+    command: one of ``inputs``, or an existing file inside an input folder (a run's final.json).
+    """
     path = Path(path)
     if path.is_dir():
         fail(f"{what} {path} is a folder, not a file")
     check_output_dir(path.parent, what=f"folder of the {what}")
-    if path.exists() and not os.access(path, os.W_OK):
-        fail(f"{what} {path} is not writable")
+    for src in inputs:
+        if src is None:
+            continue
+        src = Path(src)
+        if _same_file(path, src) or (src.is_dir() and path.exists() and _inside(path, src)):
+            fail(f"{what} {path} is an input of this command ({src}); refusing to write over it, "
+                 "even with --force: choose another path")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            fail(f"{what} {path} exists and is not a regular file")
+        if not force:
+            fail(f"{what} {path} exists; give --force to replace it")
+        if not os.access(path, os.W_OK):
+            fail(f"{what} {path} is not writable")
     return path
 
 
@@ -157,6 +189,30 @@ def one_path(positional: Optional[Path], option: Optional[Path], flag: str = "--
     if positional is not None and option is not None and Path(positional) != Path(option):
         raise UserError(f"give the runs path once: {positional} and {flag} {option} differ")
     return positional if positional is not None else option
+
+
+def check_output_folder(path: Path | str, what: str = "output folder", *, force: bool = False,
+                        inputs: Iterable[Path | str | None] = ()) -> Path:
+    """Like :func:`check_output_file` for a folder that files are written into: an existing folder that
+    holds anything needs ``force`` (files of the same name are then replaced, others left alone); an
+    input folder of the command is refused even with ``force``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        fail(f"{what} {path} exists and is not a folder")
+    check_output_dir(path, what)
+    for src in inputs:
+        if src is None:
+            continue
+        src = Path(src)
+        if _same_file(path, src):
+            fail(f"{what} {path} is an input of this command; choose another folder")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        fail(f"{what} {path} is not empty; give --force to write into it (files of the same name are "
+             "replaced)")
+    return path
+
+
+FORCE_HELP = "Replace an existing output file (never an input of this command)."
 
 
 # -- numbers given as text: budgets and sparsities ----------------------------------------------

@@ -16,7 +16,16 @@ from rich.table import Table
 
 from scaling import analysis as an
 from scaling.analysis.dyck import SHOTS, DyckTask
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
+from scaling.cli._util import (
+    FORCE_HELP,
+    check_output_file,
+    emit_json,
+    run_cli,
+    show_progress,
+    stderr,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
 from scaling.common.format import number
 
@@ -57,14 +66,21 @@ def _save(results, runs, save: bool, quiet: bool) -> None:
             stderr.print(f"saved {path}", highlight=False)
 
 
+def _check_plot(path: Optional[Path], force: bool, runs) -> None:
+    """Before any work: --plot is a figure name that may be written (see check_output_file)."""
+    if path is None:
+        return
+    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UserError(f"--plot needs a .png, .pdf or .svg file name, got {path}")
+    check_output_file(path, "figure (--plot)", force=force, inputs=runs)
+
+
 def _plot(draw, path: Optional[Path], quiet: bool, *args) -> None:
     """Draw with a ``scaling.plots`` figure function and save to ``path`` (.png/.pdf/.svg)."""
     if path is None:
         return
     from scaling import plots
 
-    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise UserError(f"--plot needs a .png, .pdf or .svg file name, got {path}")
     plots.save(getattr(plots, draw)(*args), path)
     if not quiet:
         stderr.print(f"figure {path}", highlight=False)
@@ -95,6 +111,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
         threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure (.png/.pdf/.svg)."),
+        force: bool = typer.Option(False, "--force", help=FORCE_HELP),
         save: bool = typer.Option(True, "--save/--no-save",
                                   help="Write runs/<run>/analysis/sink.json "
                                   "(sink_dyck.json for --probe dyck)."),
@@ -112,6 +129,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--probe must be bos or dyck, got {probe!r}")
         if batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+        _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
         loaded = an.load_runs(runs, _device(device, threads))
         results = []
@@ -142,6 +160,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
         threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure (.png/.pdf/.svg)."),
+        force: bool = typer.Option(False, "--force", help=FORCE_HELP),
         save: bool = typer.Option(True, "--save/--no-save", help="Write runs/<run>/analysis/lengths.json "
                                   "(and lengths_gain.json for a pair)."),
         quiet: bool = typer.Option(False, "--quiet", help="No messages on stderr."),
@@ -157,6 +176,7 @@ def register(app: typer.Typer) -> None:
         """
         if batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+        _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
         loaded = an.load_runs(runs, _device(device, threads))
         archs = {r.arch for r in loaded}
@@ -205,6 +225,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
         threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure (.png/.pdf/.svg)."),
+        force: bool = typer.Option(False, "--force", help=FORCE_HELP),
         save: bool = typer.Option(True, "--save/--no-save", help="Write runs/<run>/analysis/icl.json."),
         quiet: bool = typer.Option(False, "--quiet", help="No messages on stderr."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document: {\"runs\": [...]}."),
@@ -223,6 +244,7 @@ def register(app: typer.Typer) -> None:
         if batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
         task = DyckTask(types, min_pairs, max_pairs)
+        _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
         loaded = an.load_runs(runs, _device(device, threads))
         results = []

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, stdout, warn
+from scaling.cli._util import FORCE_HELP, check_output_file, emit_json, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.fitting.compare import (
     CLUSTERS,
@@ -16,7 +16,9 @@ from scaling.fitting.compare import (
     PairStats,
     at_least_tokens,
     compare,
+    describe_dropped,
     length_buckets,
+    with_validation_ids,
 )
 from scaling.fitting.tables import read_runs_dir
 
@@ -67,6 +69,8 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
                  "on average "                 f"({res.n_seeds} seeds).", highlight=False)
     for n in res.notes:
         stdout.print(f"note: {n}", highlight=False)
+    if res.dropped:
+        warn(describe_dropped(res.dropped))
 
 
 def register(app: typer.Typer) -> None:
@@ -84,8 +88,13 @@ def register(app: typer.Typer) -> None:
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure of the differences "
                                             "(.png, .pdf or .svg)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+        force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     ) -> None:
         """Paired loss difference candidate − reference at matched (tier, budget, seed).
+
+        A pair needs the same tier and seed, the same actual tokens (within 1%) and FLOPs (within
+        2%), and the same validation data (corpus, tokenizer, held-out windows, from each run's
+        config.json); points without such a partner are left out and named on stderr.
 
         Per (tier, budget) cell, per tier, per budget and overall: mean, cluster-robust s.e. (CR1;
         default clusters: the run pair, because a run's budgets are cooldown branches of one trunk),
@@ -96,9 +105,14 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--cluster must be one of {', '.join(CLUSTERS)}, got {cluster!r}")
         if not runs.is_dir():
             raise UserError(f"{runs} is not a runs folder")
+        if reference == candidate:
+            raise UserError(f"--reference and --candidate are both {reference!r}: a difference of an "
+                            "architecture with itself is 0 by construction; name two architectures")
         if plot is not None and plot.suffix.lower() not in (".png", ".pdf", ".svg"):
             raise UserError(f"--plot {plot}: use a .png, .pdf or .svg file name")
-        points = read_runs_dir(runs, warn=warn)
+        if plot is not None:
+            check_output_file(plot, "figure (--plot)", force=force, inputs=[runs])
+        points = with_validation_ids(runs, read_runs_dir(runs, warn=warn))
         if min_tokens > 0:
             points = at_least_tokens(points, min_tokens)
             if points.empty:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from scaling.cli._util import emit_json, run_cli, schema_name, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
@@ -164,10 +165,71 @@ def print_fit(fit: FitResult) -> None:
             stdout.print(f"  {label}: a = {c['a']:.3f}{ci}{extra}", highlight=False)
         else:
             stdout.print(f"  {label}: not available: {c['reason']}", highlight=False)
-    for w in d.get("warnings", []):
-        warn(f"{fit.group}: {w}")
-    for w in fit.cross_checks.get("warnings", []):
-        warn(f"{fit.group}: {w}")
+
+
+def merged_warnings(fits: "dict[str, FitResult] | list[FitResult]") -> list[str]:
+    """Each fit warning once: the same message for several groups becomes one line naming them."""
+    groups_of: dict[str, list[str]] = {}
+    for f in (fits.values() if isinstance(fits, dict) else fits):
+        for w in [*f.diagnostics.get("warnings", []), *f.cross_checks.get("warnings", [])]:
+            groups_of.setdefault(w, [])
+            if f.group not in groups_of[w]:
+                groups_of[w].append(f.group)
+    return [f"{', '.join(gs)}: {w}" for w, gs in groups_of.items()]
+
+
+def _a_text(c: dict | None) -> str:
+    if not c or not c.get("available"):
+        return "—"
+    ci = c.get("a_ci")
+    return f"{c['a']:.3f}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+
+
+def print_summary(fits: "dict[str, FitResult]") -> None:
+    """The compute-optimal size exponent of the three approaches side by side, then what the fits
+    do and do not say, in plain words."""
+    groups = list(fits.values())
+    if not groups:
+        return
+    law = groups[0].law_obj
+    ea = law.allocation_exponents[0]
+    x = law.size_input
+    table = Table(title=f"compute-optimal size exponent a ({x}* ∝ C^a), 95% intervals", title_justify="left")
+    for c in ("group", "approach 1 (frontier)", "approach 2 (IsoFLOP)", "approach 3 (law)"):
+        table.add_column(c, justify="right" if c != "group" else "left", no_wrap=True)
+    for f in groups:
+        a3 = f.derived.get(ea)
+        a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, ea)}".replace(" [-]", "")
+        table.add_row(f.group, _a_text(f.cross_checks.get("approach1")),
+                      _a_text(f.cross_checks.get("approach2")), a3_text)
+    stdout.print(table)
+    says: dict[str, list[str]] = {}
+    not_says: dict[str, list[str]] = {}
+
+    def add(to: dict[str, list[str]], group: str, text: str) -> None:
+        to.setdefault(text, []).append(group)
+
+    for f in groups:
+        d = f.diagnostics
+        a2 = f.cross_checks.get("approach2") or {}
+        if d.get("identified") and not d.get("misfit"):
+            add(says, f.group, "the law is identified and fits its points")
+        else:
+            why = (["not identified"] if not d.get("identified") else []) + (
+                ["a misfit"] if d.get("misfit") else [])
+            add(not_says, f.group, f"the law is {' and '.join(why)}: its parameters, loss floor and "
+                                   "extrapolations are not supported by the data")
+        if a2.get("available"):
+            says.setdefault(f"{f.group}: IsoFLOP minima at {a2['n_buckets']} budgets give a = {_a_text(a2)} "
+                            "without the law", [])
+        else:
+            add(not_says, f.group, "no IsoFLOP minimum is bracketed at 3 budgets (no law-free exponent)")
+    def line(d: dict[str, list[str]]) -> str:
+        return "; ".join(f"{', '.join(gs)}: {t}" if gs else t for t, gs in d.items())
+    stdout.print("[bold]What the data say[/bold]: " + (line(says) if says else "nothing firm") + ".",
+                 highlight=False)
+    if not_says:
+        stdout.print("[bold]What they do not say[/bold]: " + line(not_says) + ".", highlight=False)
 
 
 def _ci(fit: FitResult, key: str) -> str:
@@ -231,6 +293,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON object to this file "
                                                                "(read by `smelt-scale savings --fits`)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out or --holdout-figure "
+                                                          "file (never the input table)."),
         # -- tables and holdout options --
         run_col: Optional[str] = typer.Option(None, help="Column of run ids: the bootstrap resamples runs, "
                                                          "so rows of one run stay together. Without it (and "
@@ -242,10 +306,11 @@ def register(app: typer.Typer) -> None:
                                                                 "C and for the compute of tables without a "
                                                                 "compute column. Default 6 (printed)."),
         where: Optional[list[str]] = typer.Option(None, "--where", metavar="EXPR",
-                                                  help="Keep only the rows matching this pandas "
-                                                  "query on the table's columns, e.g. 'loss < 4' or "
-                                                  "'`Model Size` > 1e8'; repeatable (all must hold). "
-                                                  "Recorded in the fit's settings."),
+                                                  help="Keep only the rows matching this condition on "
+                                                  "the table's columns, e.g. 'loss < 4', '1e6 < N <= 1e8 "
+                                                  "and arch == \"smelt\"' or '`Model Size` > 1e8'; "
+                                                  "repeatable (all must hold); recorded in the fit's "
+                                                  "settings. Grammar: " + FILTER_GRAMMAR),
         isoflop_estimator: str = typer.Option("window", help="Approach-2 IsoFLOP estimator: window (a "
                                               "parabola within --isoflop-window decades of each minimum; "
                                               "robust to wide sweeps) or parabola (the whole sweep)."),
@@ -296,11 +361,13 @@ def register(app: typer.Typer) -> None:
                 raise UserError("--holdout-figure needs --holdout")
             if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
                 raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
-            check_output_file(holdout_figure, "holdout figure")
+            check_output_file(holdout_figure, "holdout figure", force=force, inputs=[path])
         if out is not None:
             from scaling.cli._util import check_output_file
 
-            check_output_file(out, "fits file (--out)")
+            if holdout_figure is not None and out.resolve() == holdout_figure.resolve():
+                raise UserError("--out and --holdout-figure name the same file")
+            check_output_file(out, "fits file (--out)", force=force, inputs=[path])
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))
@@ -341,16 +408,25 @@ def register(app: typer.Typer) -> None:
         # fitcore: constraints and objective; cross-checks are computed once, below (cross_check_groups)
         kwargs.update(fitcore_kwargs, share=list(cons.shared), cross_checks=False)
         if show_progress(json_out) and n_bootstrap > 0:
-            with Progress(TextColumn("bootstrap {task.description}"), BarColumn(), MofNCompleteColumn(),
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
+                # the multi-start fit of a group has no count to show: an open-ended bar until its
+                # bootstrap (a counted bar) starts
+                fitting = bar.add_task(f"fit of {len(points):,} points (multi-start)", total=None)
                 tasks: dict[str, int] = {}
 
                 def progress(group: str, done: int, total: int) -> None:
                     if group not in tasks:
-                        tasks[group] = bar.add_task(group, total=total)
+                        bar.update(fitting, visible=False)
+                        tasks[group] = bar.add_task(f"bootstrap {group}", total=total)
                     bar.update(tasks[group], completed=done)
+                    if done >= total:
+                        bar.update(fitting, visible=True)
 
                 fits = fit_groups(points, the_law, progress=progress, **kwargs)
+        elif show_progress(json_out):
+            with stderr.status(f"fitting {len(points):,} points (multi-start)"):
+                fits = fit_groups(points, the_law, **kwargs)
         else:
             fits = fit_groups(points, the_law, **kwargs)
         # -- tables and holdout: the chosen IsoFLOP estimator, and how the table was read --
@@ -364,9 +440,8 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             fitset.save(out)
         if json_out:
-            for f in fits.values():
-                for w in [*f.diagnostics.get("warnings", []), *f.cross_checks.get("warnings", [])]:
-                    warn(f"{f.group}: {w}")
+            for w in merged_warnings(fits):
+                warn(w)
             data = fitset.to_dict()
             for g, a in at_budget.items():
                 data["fits"][g]["at_budget"] = a
@@ -376,5 +451,8 @@ def register(app: typer.Typer) -> None:
             print_fit(f)
             if f.group in at_budget:
                 print_at_budget(f, at_budget[f.group])
+        for w in merged_warnings(fits):
+            warn(w)
+        print_summary(fits)
         if out is not None:
             stdout.print(f"wrote {out}", highlight=False)

@@ -271,7 +271,7 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         runs_per_budget: int = typer.Option(
-            DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (at least 5)."
+            DEFAULT_SIZES, "--runs-per-budget", help="Model sizes per budget and architecture (5 to 50)."
         ),
         spread: float = typer.Option(
             SPREAD_DECADES, "--spread", help="Decades beyond each optimum the sizes reach on either side."
@@ -302,7 +302,10 @@ def register(app: typer.Typer) -> None:
             "--runs-dir",
             help="Where the sweep writes the runs (default: the --runs folder, else runs-<plan name>).",
         ),
-        out: Path = typer.Option(Path("plans/next.toml"), "--out", help="Plan file to write."),
+        out: Path = typer.Option(Path("plans/next.toml"), "--out", help="Plan file to write (an existing "
+                                 "file only with --force)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out plan (never an input: "
+                                   "--template, --fits, --runs)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Propose and check the plan; write nothing."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the expected-loss intervals."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
@@ -319,7 +322,7 @@ def register(app: typer.Typer) -> None:
         runs = one_path(runs_arg, runs)
         C = parse_budgets(budget, budgets)
         if not dry_run:
-            check_output_file(out, "plan file (--out)")
+            check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
         S = src.sparsities(parse_sparsities(sparsity))
         proposal = propose(

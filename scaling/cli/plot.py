@@ -9,7 +9,16 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, one_path, parse_budgets, run_cli, stderr, stdout, warn
+from scaling.cli._util import (
+    check_output_folder,
+    emit_json,
+    one_path,
+    parse_budgets,
+    run_cli,
+    stderr,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
 from scaling.fitting.sources import DEFAULT_RUNS, default_sparsity
 
@@ -139,8 +148,8 @@ def _figures(kind: str, ctx: _Context) -> list[tuple[str, Any]]:
     if kind == "savings":
         res, data_range = ctx.savings()
         return [("savings", plots.savings(res, data_range=data_range))]
-    hint = (f"run `smelt-scale analyze {kind} RUN...` first (e.g. on runs/proxy-s-baseline-s0 "
-            "runs/proxy-s-smelt-s0)")
+    hint = (f"run `smelt-scale analyze {kind} RUN...` first (e.g. on "
+            "runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0)")
     if kind == "sink":
         out = []
         for stem, k in (("sink", "sink"), ("sink_dyck", "sink_dyck")):
@@ -191,6 +200,8 @@ def register(app: typer.Typer) -> None:
         dpi: int = typer.Option(200, "--dpi", help="Resolution of raster formats."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object: "
                                       "{\"figures\": [{kind, path}], \"skipped\": [{kind, reason}]}."),
+        force: bool = typer.Option(False, "--force", help="Write into an --out folder that is not empty "
+                                   "(figures of the same name are replaced)."),
     ) -> None:
         """Draw the paper figures of a runs folder into --out (matplotlib; one file per figure).
 
@@ -219,8 +230,7 @@ def register(app: typer.Typer) -> None:
         root = DEFAULT_RUNS if runs is None else runs
         if not root.is_dir():
             raise UserError(f"no such runs folder: {root}")
-        if out.exists() and not out.is_dir():
-            raise UserError(f"--out {out} exists and is not a folder")
+        check_output_folder(out, "figure folder (--out)", force=force, inputs=[root])
         ctx = _Context(root, n_bootstrap, seed, fits_file, budgets, reference, candidate, law)
         ctx.quiet = json_out
         from scaling import plots

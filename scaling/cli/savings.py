@@ -20,9 +20,12 @@ from scaling.fitting.savings import (
     WITHHOLD_DECADES,
     SavingsResult,
     SavingsRow,
+    disagreements,
+    law_distrust,
     savings,
     withhold_unidentified,
 )
+from scaling.fitting.savings_sweep import savings_over
 from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
 from scaling.fitting.tables import read_runs_dir
 
@@ -64,6 +67,9 @@ def print_result(res: SavingsResult) -> None:
     stdout.print(table)
     for i, n in enumerate(notes, 1):
         stdout.print(f"[{i}] {n}", highlight=False, markup=False)
+    for c in res.cross_checks:
+        ci = "" if c.savings_ci is None else f" [{100 * c.savings_ci[0]:.1f}, {100 * c.savings_ci[1]:.1f}]%"
+        stdout.print(f"cross-check at {c.budget:.3g}: {c.method} {100 * c.savings:.2f}%{ci}", highlight=False)
     if res.savings_range is not None:
         lo, hi = res.savings_range
         stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over "
@@ -87,6 +93,29 @@ def _units(path: Path, points: pd.DataFrame) -> pd.Series | None:
         return None
     unit = dict(zip(raw["run"].astype(str), raw["tier"].astype(str) + "|s" + raw["seed"].astype(str)))
     return points["run"].astype(str).map(unit).fillna(points["run"].astype(str))
+
+
+def _law_savings(ref, cand, budgets: np.ndarray, **kwargs):
+    """``savings`` at every budget it can answer, and (budget, reason) for the others (the two
+    frontiers never reach each other's loss within the bisection bracket), instead of one error
+    for the whole command."""
+    try:
+        return savings(ref, cand, budgets, **kwargs), []
+    except UserError as exc:
+        if not _unmatched(exc):
+            raise
+    try:
+        return savings_over(ref, cand, budgets, **kwargs)
+    except UserError as exc:
+        empty = SavingsResult(reference=ref.name, candidate=cand.name,
+                              convention=kwargs.get("convention", "candidate-budget"), rows=())
+        return empty, [(float(c), str(exc)) for c in budgets]
+
+
+def _unmatched(exc: Exception) -> bool:
+    """Whether ``savings`` failed because a frontier never meets the other's loss in its bracket
+    (scaling.fitting.savings: "never reaches" / "already beats"), not because of bad input."""
+    return "never reaches the other's loss" in str(exc) or "already beats the other's loss" in str(exc)
 
 
 def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
@@ -124,9 +153,11 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
         method: Literal["auto", "envelope", "law"] = typer.Option(
-            "auto", "--method", help="auto: the envelope (observed frontiers, no "
-                                   "law) for budgets inside both architectures' data, the law elsewhere; "
-                                   "envelope: only the envelope (other budgets refused); law: only laws."),
+            "auto", "--method", help="auto: the fitted laws where both are "
+            "identified and fit (the envelope inside the data is their cross-check); "
+            "otherwise the envelope (observed frontiers, no law) inside the data and "
+            "the laws outside; envelope: only the envelope (other budgets refused); "
+            "law: only laws."),
         max_extrapolation: float = typer.Option(WITHHOLD_DECADES, "--max-extrapolation",
                                                 help="Decades beyond the fitted compute past which an "
                                                 "unidentified law gives no point estimate."),
@@ -146,8 +177,11 @@ def register(app: typer.Typer) -> None:
 
         With bootstrapped fits the interval pairs the two groups' resamples by index.
 
-        Inside the data (--method auto, the default, or envelope) the saving comes from the observed
-        loss-compute frontiers instead, with a bootstrap over run pairs; each row names its method.
+        Default (--method auto): fitted laws that are identified and fit their points answer at every
+        budget, and inside the data the observed loss-compute frontiers (the envelope, bootstrap over
+        run pairs) cross-check them: a warning names each budget where the two intervals do not
+        overlap. Laws that are not identified or misfit answer only outside the data; inside, the
+        envelope does. Each row names its method.
 
         A law that is not identified (a parameter on its bound, or most bootstrap fits on one) gives
         no number more than --max-extrapolation decades beyond its data: the row says why
@@ -180,39 +214,70 @@ def register(app: typer.Typer) -> None:
             raise UserError("--method envelope needs runs (--runs PATH or the default runs/), not "
                             + ("--law-set" if law_set is not None else "--fits"))
         rows: list[SavingsRow] = []
+        checks: list[SavingsRow] = []
         sources: list[str] = []
         laws: dict[str, str] = {}
-        law_budgets = C
         points = path = None
         if law_set is None and fits is None:
             path = DEFAULT_RUNS if runs is None else runs
             points = read_points(path, is_default=runs is None, warn=warn)
+        env: tuple[SavingsRow, ...] = ()
         if points is not None and method != "law":
             env = envelope_savings(envelope_points(points, _units(path, points)), reference, candidate, C,
                                    convention=_AT[at], n_bootstrap=n_bootstrap, seed=seed, level=ci_level)
-            use = [r for r in env if method == "envelope" or r.savings is not None]
-            rows += use
-            done = {r.budget for r in use}
-            law_budgets = np.array([c for c in C if float(c) not in done])
-            if use:
-                sources.append(f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples "
-                               f"over run pairs, seed {seed})")
-        if law_budgets.size:
+        env_source = (f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples over run "
+                      f"pairs, seed {seed})")
+        if method == "envelope":
+            rows += env
+            sources.append(env_source)
+        else:
+            fit_notes: list[str] = []
             src = load_laws((reference, candidate), runs=runs, fits=fits, law_set=law_set, law=law,
-                            n_bootstrap=n_bootstrap, seed=seed, warn=warn, points=points)
+                            n_bootstrap=n_bootstrap, seed=seed, warn=fit_notes.append, points=points)
+            # the fits' own warnings are `smelt-scale fit`'s to print (the main job runs both): here
+            # only whether the laws may answer, in one line below
             ref, cand = src.laws[reference], src.laws[candidate]
-            law_res = savings(ref, cand, law_budgets, sparsities=src.sparsities(S), convention=_AT[at],
-                              level=ci_level, source=src.source)
-            law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
-                                            extrapolate=extrapolate)
-            rows += law_res.rows
-            laws = dict(law_res.laws)
-            sources.append(f"law: {src.source}")
-            for w in law_res.warnings:
-                warn_once(w)
+            distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
+            answered = {r.budget for r in env if r.savings is not None}
+            if method == "auto" and distrust and answered:
+                # the laws do not hold: inside the data the observed frontiers answer, and where
+                # they cannot (a frontier never reaches the other's loss) nobody does
+                rows += [r for r in env if r.savings is not None]
+                inside = [r for r in env if r.savings is None and not r.reason.startswith("budget outside")]
+                rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
+                                            method="envelope") for r in inside]
+                done = answered | {r.budget for r in inside}
+                law_budgets = np.array([c for c in C if float(c) not in done])
+                sources.append(env_source)
+                warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
+                          "(`smelt-scale fit` for the details)")
+            else:
+                law_budgets = C
+                checks = [r for r in env if r.savings is not None]
+                if distrust:
+                    warn_once(f"the laws answer although {distrust} (`smelt-scale fit` for the details)")
+            if law_budgets.size:
+                law_res, unanswered = _law_savings(ref, cand, law_budgets, sparsities=src.sparsities(S),
+                                                   convention=_AT[at], level=ci_level, source=src.source)
+                tops = [x for x in (ref.compute_max, cand.compute_max) if x]
+                rows += [SavingsRow.refused(
+                    c, why if not distrust else f"laws not identified ({distrust}); and {why}", method="law",
+                    extrapolation_decades=float(np.log10(c / min(tops))) if tops else None)
+                    for c, why in unanswered]
+                law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
+                                                extrapolate=extrapolate)
+                rows += law_res.rows
+                laws = dict(law_res.laws)
+                sources.append(f"law: {src.source}")
+                for w in law_res.warnings:
+                    warn_once(w)
+                if checks:
+                    sources.append(f"cross-check, {env_source}")
+                    for w in disagreements(law_res.rows, checks):
+                        warn_once(w)
         res = SavingsResult(reference=reference, candidate=candidate, convention=_AT[at],
                             rows=tuple(merge(rows)), ci_level=ci_level, warnings=tuple(shown), laws=laws,
-                            source="; ".join(sources))
+                            source="; ".join(sources), cross_checks=tuple(checks))
         if json_out:
             emit_json(res.to_dict())
         else:

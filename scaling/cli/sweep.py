@@ -24,7 +24,14 @@ from scaling.common.errors import UserError
 from scaling.common.format import duration, number, si
 from scaling.training.data import check_data_use, plan_data_use
 from scaling.training.progress import eta_text
-from scaling.training.sweep import check_memory, estimate, run_status, submit_runs, train_config
+from scaling.training.sweep import (
+    check_memory,
+    check_recorded,
+    estimate,
+    run_status,
+    submit_runs,
+    train_config,
+)
 from scaling.training.sweep_plan import EXECUTORS, load_plan
 
 POLL_S = 1.0  # how often a waiting sweep looks at its jobs (a failure is reported within this)
@@ -111,13 +118,18 @@ def register(app: typer.Typer) -> None:
         uses = plan_data_use(plan.runs)
         allow_repeat = any(bool(r.data.get("allow_repeat")) for r in plan.runs)
         data_errors, data_warnings = check_data_use(uses, allow_repeat, max_epochs)
-        if not dry_run:
-            check_memory(estimate(plan, probe=False))  # both refusals come before anything starts
+        def refuse() -> None:
+            """The refusals of a real sweep; a dry run raises them too, after its table."""
+            check_memory(estimate(plan, probe=False))
+            check_recorded(plan)
             if data_errors:
                 more = f" (and {len(data_errors) - 1} more)" if len(data_errors) > 1 else ""
                 raise UserError(data_errors[0] + more)
+
+        if not dry_run:
+            refuse()  # both refusals come before anything starts
         if not json_out:
-            for msg in (data_errors if dry_run else []) + data_warnings:
+            for msg in data_warnings:
                 warn(msg)
         if dry_run:
             est = estimate(plan, probe=probe)
@@ -133,7 +145,7 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
                            "data_errors": data_errors, "data_warnings": data_warnings})
-                check_memory(est)
+                refuse()
                 return
             table = Table(
                 title=f"plan {plan.name}: {len(rows)} runs -> {plan.runs_dir}", title_justify="left"
@@ -192,7 +204,7 @@ def register(app: typer.Typer) -> None:
                 "`--json` has every part and the communication per step.",
                 highlight=False,
             )
-            check_memory(est)
+            refuse()
             return
         est = None
         if (executor or plan.executor.get("kind", "local")) == "local" and probe:

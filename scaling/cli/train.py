@@ -111,10 +111,18 @@ def register(app: typer.Typer) -> None:
     @app.command("train")
     @run_cli
     def train_cmd(
+        ctx: typer.Context,
         tier: TierName = typer.Option(..., help="Model tier (see `smelt-scale tiers`)."),
         arch: ArchName = typer.Option(..., help="Baseline MoE or its compute-matched looped twin."),
-        tokens: str = typer.Option(
-            ..., help="Token budget(s), comma-separated, e.g. 2e5,4e5: one point each."
+        tokens: Optional[str] = typer.Option(
+            None, help="Token budget(s), comma-separated, e.g. 2e5,4e5: one point each (required unless "
+            "--config sets [train] tokens)."
+        ),
+        config: Optional[Path] = typer.Option(
+            None, "--config", help="TOML file with [train], [data] and [parallel] tables, as in a sweep plan "
+            "(a plan file works: its sweep tables are not read); flags given on the command line override "
+            "it. [parallel] mode/grad_sync/replicate set --parallel/--grad-sync/--replicate; its other keys "
+            "describe a sweep's launch (torchrun decides it here)."
         ),
         run_name: Optional[str] = typer.Option(
             None, help="Run folder name [default: <tier>-<arch>-<D_max>-s<seed>]."
@@ -173,13 +181,20 @@ def register(app: typer.Typer) -> None:
         activation_checkpointing: bool = typer.Option(
             False, "--activation-checkpointing", help="Recompute each layer pass in the backward."
         ),
-        compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model's blocks."),
+        compile_model: Optional[bool] = typer.Option(
+            None, "--compile/--no-compile",
+            help="torch.compile the model's blocks [default: on CUDA, off on the CPU].",
+        ),
         grad_sync: Optional[GradSync] = typer.Option(
             None, help="Reduce gradients on the last micro-batch only (last) or after each (every: FSDP "
             "keeps them sharded) [default: every under fsdp/hsdp, else last]."
         ),
         replicate: Optional[int] = typer.Option(
             None, help="HSDP replicate degree [default: the number of nodes]."
+        ),
+        ep: int = typer.Option(
+            1, help="Expert-parallel degree (fsdp/hsdp): each rank holds 1/ep of the experts, tokens "
+            "reach them by all-to-all; must divide the ranks [default: 1, no expert parallelism]."
         ),
         resume: bool = typer.Option(
             False, "--resume",
@@ -193,6 +208,10 @@ def register(app: typer.Typer) -> None:
         save_final_weights: bool = typer.Option(
             False, "--save-final-weights", help="Also write final weights (safetensors) into the run folder."
         ),
+        save_budget_weights: bool = typer.Option(
+            False, "--save-budget-weights", help="Also write each budget's final weights, as its cooldown "
+            "branch ends, to weights/budget-<i>.safetensors (for export/eval at every budget)."
+        ),
         data: Optional[Path] = typer.Option(
             None, help="Token-shard folder made by `smelt-scale prepare-data` [default: the built-in corpus]."
         ),
@@ -201,6 +220,10 @@ def register(app: typer.Typer) -> None:
         ),
         data_max_bytes: Optional[int] = typer.Option(
             None, help="Use a small deterministic subset of the built-in corpus (tests)."
+        ),
+        verify_data: str = typer.Option(
+            "cheap", help="Shard check at start: cheap (hash only shards whose size or mtime changed since "
+            "their last check) or full (hash every shard: catches bit rot that keeps the mtime)."
         ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar or messages."),
         json_out: bool = typer.Option(
@@ -221,37 +244,54 @@ def register(app: typer.Typer) -> None:
         from scaling.training.trainer import TrainConfig, default_run_name, train
 
         model_cfg = get_config(tier, arch)
-        cfg = TrainConfig(
-            tokens=parse_tokens(tokens),
-            batch_size=batch_size,
-            micro_batch_size=micro_batch_size,
-            lr=lr,
-            warmup=warmup,
-            schedule=schedule,
-            decay_fraction=decay_fraction,
-            weight_decay=weight_decay,
-            grad_clip=grad_clip,
-            seed=seed,
-            eval_every=eval_every,
-            val_windows=val_windows,
-            ckpt_every=ckpt_every,
-            log_every=log_every,
-            data=str(data) if data is not None else None,
-            data_tokenizer=str(data_tokenizer) if data_tokenizer is not None else None,
-            data_max_bytes=data_max_bytes,
-            device=device,
-            threads=threads,
-            async_ckpt=async_ckpt,
-            log_to=tuple(t.strip() for t in log_to.split(",") if t.strip()),
-            peak_flops=peak_flops,
-            mfu=mfu,
-            val_by_source=val_by_source,
-            parallel=parallel,
-            activation_checkpointing=activation_checkpointing,
-            compile=compile_model,
-            grad_sync=grad_sync,
-            replicate=replicate,
-        )
+        values = {  # TrainConfig field -> (command-line parameter, its value)
+            "tokens": ("tokens", parse_tokens(tokens) if tokens is not None else None),
+            "batch_size": ("batch_size", batch_size),
+            "micro_batch_size": ("micro_batch_size", micro_batch_size),
+            "lr": ("lr", lr),
+            "warmup": ("warmup", warmup),
+            "schedule": ("schedule", schedule),
+            "decay_fraction": ("decay_fraction", decay_fraction),
+            "weight_decay": ("weight_decay", weight_decay),
+            "grad_clip": ("grad_clip", grad_clip),
+            "seed": ("seed", seed),
+            "eval_every": ("eval_every", eval_every),
+            "val_windows": ("val_windows", val_windows),
+            "ckpt_every": ("ckpt_every", ckpt_every),
+            "log_every": ("log_every", log_every),
+            "data": ("data", str(data) if data is not None else None),
+            "data_tokenizer": ("data_tokenizer", str(data_tokenizer) if data_tokenizer is not None else None),
+            "data_max_bytes": ("data_max_bytes", data_max_bytes),
+            "data_verify": ("verify_data", verify_data),
+            "device": ("device", device),
+            "threads": ("threads", threads),
+            "async_ckpt": ("async_ckpt", async_ckpt),
+            "log_to": ("log_to", tuple(t.strip() for t in log_to.split(",") if t.strip())),
+            "peak_flops": ("peak_flops", peak_flops),
+            "mfu": ("mfu", mfu),
+            "val_by_source": ("val_by_source", val_by_source),
+            "parallel": ("parallel", parallel),
+            "activation_checkpointing": ("activation_checkpointing", activation_checkpointing),
+            "compile": ("compile_model", compile_model),
+            "grad_sync": ("grad_sync", grad_sync),
+            "replicate": ("replicate", replicate),
+            "ep": ("ep", ep),
+        }
+        fields = {k: v for k, (_, v) in values.items()}
+        if config is not None:  # the file's values, except where a flag was given on the command line
+            from scaling.training.sweep_plan import read_train_file
+
+            def given(param: str) -> bool:  # typer may vendor click: compare the enum by name
+                source = ctx.get_parameter_source(param)
+                return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+            file_fields, options = read_train_file(config)
+            fields.update({k: v for k, v in file_fields.items() if not given(values[k][0])})
+            if not given("save_final_weights"):
+                save_final_weights = bool(options.get("save_final_weights", save_final_weights))
+        if fields["tokens"] is None:
+            raise UserError("give the token budget(s): --tokens 2e5,4e5 (or [train] tokens in --config)")
+        cfg = TrainConfig(**fields)
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
         bar = _Bar() if show_progress(json_out, quiet) else None
         progress = bar
@@ -272,6 +312,7 @@ def register(app: typer.Typer) -> None:
                 resume=resume,
                 overwrite=overwrite,
                 save_final_weights=save_final_weights,
+                save_budget_weights=save_budget_weights,
                 progress=progress,
             )
         finally:

@@ -55,6 +55,7 @@ from scaling.fitting.savings import (
 
 SPREAD_DECADES = 0.5
 MIN_SIZES = 5
+MAX_SIZES = 50    # sizes per budget: beyond any IsoFLOP sweep (7 by default); a typo cannot run for ever
 DEFAULT_SIZES = 7
 
 
@@ -328,6 +329,9 @@ def propose(
     law_name = names.pop()
     size = size_name(law_name)
     C = check_budgets(np.atleast_1d(budgets))
+    if int(n_sizes) > MAX_SIZES:
+        raise UserError(f"the number of sizes per budget must be <= {MAX_SIZES} (one training run each), "
+                        f"got {n_sizes}")
     if int(n_sizes) < MIN_SIZES:
         raise UserError(
             f"the number of sizes per budget must be >= {MIN_SIZES}: an IsoFLOP parabola (approach 2) needs "

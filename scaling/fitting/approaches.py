@@ -224,21 +224,48 @@ def approach2(points: pd.DataFrame, fit: Any | None = None, *, width: float = BU
     return out
 
 
+def _interp_curves(x: np.ndarray, y: np.ndarray, start: np.ndarray, count: np.ndarray,
+                   grid: np.ndarray) -> np.ndarray:
+    """(curves, grid): each curve ``x[s:s+c], y[s:s+c]`` (x sorted) linearly interpolated at ``grid``
+    as ``np.interp`` does, inf outside the curve's range; one vectorised pass per grid value
+    instead of one ``np.interp`` per curve (a table may hold a million runs)."""
+    L = np.full((start.size, grid.size), np.inf)
+    last = start + count - 1
+    for j, g in enumerate(grid):
+        below = np.add.reduceat((x <= g).astype(np.int64), start)   # curves are contiguous slices
+        inside = (below >= 1) & (x[last] >= g)
+        left = start + below - 1
+        at_end = inside & (left == last)
+        mid = inside & ~at_end
+        lm = left[mid]
+        slope = (y[lm + 1] - y[lm]) / (x[lm + 1] - x[lm])
+        L[mid, j] = slope * (g - x[lm]) + y[lm]
+        L[at_end, j] = y[left[at_end]]
+    return L
+
+
 def envelope_optima(points: pd.DataFrame, C: np.ndarray,
                     n_grid: int = 50) -> tuple[list[tuple[float, float]], str]:
     """(C, N*) pairs on the lower envelope; the second value names the mode used."""
     df = pd.DataFrame({"run": points["run"].astype(str).to_numpy(), "N": points["N"].to_numpy(dtype=float),
                        "C": C, "loss": points["loss"].to_numpy(dtype=float)})
-    curves = [g.sort_values("C") for _, g in df.groupby("run") if g["C"].nunique() >= 2]
-    if len(curves) >= 2:
+    df = df.sort_values(["run", "C"], kind="stable").reset_index(drop=True)
+    run_id = pd.factorize(df["run"])[0]
+    start = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
+    count = np.diff(np.r_[start, len(df)])
+    # a curve is a run with at least 2 distinct budgets (vectorised: a table may hold 1e6 runs)
+    logc = np.log(df["C"].to_numpy())
+    first_c, last_c = logc[start], logc[start + count - 1]
+    keep = last_c > first_c
+    n_curves = int(keep.sum())
+    if n_curves >= 2:
         lo, hi = np.log(df["C"].min()), np.log(df["C"].max())
         grid = np.linspace(lo, hi, n_grid)
-        L = np.full((len(curves), n_grid), np.inf)
-        for i, g in enumerate(curves):
-            x, y = np.log(g["C"].to_numpy()), np.log(g["loss"].to_numpy())
-            inside = (grid >= x.min()) & (grid <= x.max())
-            L[i, inside] = np.interp(grid[inside], x, y)
-        sizes = np.array([g["N"].iloc[0] for g in curves])
+        pts = np.repeat(keep, count)
+        kc = count[keep]
+        L = _interp_curves(logc[pts], np.log(df["loss"].to_numpy()[pts]), np.r_[0, np.cumsum(kc)[:-1]], kc,
+                           grid)
+        sizes = df["N"].to_numpy()[start[keep]]
         pairs = []
         for j in range(n_grid):
             cover = np.isfinite(L[:, j])
@@ -249,7 +276,7 @@ def envelope_optima(points: pd.DataFrame, C: np.ndarray,
             # of the covered sizes the winner is the extreme run whatever the true optimum
             if sizes[cover].min() < sizes[best] < sizes[cover].max():
                 pairs.append((float(np.exp(grid[j])), float(sizes[best])))
-        return pairs, f"training curves of {len(curves)} runs"
+        return pairs, f"training curves of {n_curves} runs"
     # one candidate per compute bucket (its lowest loss), kept when below every smaller bucket's
     labels = compute_buckets(np.log10(C))
     pairs, best = [], np.inf

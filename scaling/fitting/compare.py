@@ -1,9 +1,16 @@
 """Paired comparison of two architectures at matched (tier, budget, seed): candidate minus reference.
 
-A *pair* is the candidate's and the reference's validation loss (nats/token) at the same tier,
-budget index and seed; the two runs of a pair are compute-matched (FLOPs/token, non-embedding
-parameters, KV cache), see the same batches (batches are a function of seed and step) and are
-evaluated on the same held-out split. d = L_candidate - L_reference: negative = candidate better.
+A *pair* is the candidate's and the reference's validation loss (nats/token) at the same tier and
+seed and the same actual budget: the two points' token counts D agree within ``TOKENS_RTOL`` (1%:
+whole batches round a requested budget down by less than one batch) and, where both record their
+training FLOPs, so do their FLOPs within ``FLOPS_RTOL`` (2%: the matcher's twins are within 1% on
+FLOPs/token). Where both runs record their validation data (``val_set``, :func:`validation_id` of
+the run's config: corpus key, tokenizer hash, held-out windows and their length), it must be the
+same. A point without such a partner is dropped from the comparison and named in the notes
+(``dropped``): the budget index alone does not make two runs comparable (0.125M tokens of one run
+are not budget 0 of another trained to 20k). The two runs of a pair are compute-matched
+(FLOPs/token, non-embedding parameters, KV cache) and see the same batches (batches are a function
+of seed and step). d = L_candidate - L_reference: negative = candidate better.
 
 Standard error of the mean, clustered. Pairs are not independent: every budget of one run is a
 cooldown branch of the same trunk, so the budgets of one (tier, seed) run pair share its
@@ -34,7 +41,6 @@ evaluation sequences, at that run's final weights.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +51,14 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 
 CLUSTERS = ("run", "seed", "none")
 SOURCE_PREFIX = "val_loss/"
 _KEYS = ("tier", "budget_index", "seed")
+TOKENS_RTOL = 0.01   # a pair's token counts agree within 1% (whole batches of one run's rounding)
+FLOPS_RTOL = 0.02    # ... and their training FLOPs within 2% (twins match FLOPs/token within 1%)
+VAL_SET = "val_set"  # column: the identity of a point's validation data (validation_id)
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class CompareResult:
     by_source: Mapping[str, PairStats] = field(default_factory=dict)
     by_length: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    dropped: tuple[Mapping[str, Any], ...] = ()   # points left unpaired, each with the reason
 
     @property
     def n_cells_candidate_better(self) -> int:
@@ -112,6 +123,7 @@ class CompareResult:
             "by_source": {k: v.to_dict() for k, v in self.by_source.items()},
             "by_length": [dict(b) for b in self.by_length],
             "notes": list(self.notes),
+            "dropped": [dict(d) for d in self.dropped],
         }
 
     def summary(self) -> str:
@@ -164,24 +176,40 @@ def _cluster_keys(pairs: pd.DataFrame, cluster: str) -> np.ndarray:
     return np.arange(len(pairs))
 
 
-def paired_points(points: pd.DataFrame, reference: str, candidate: str) -> pd.DataFrame:
-    """One row per matched (tier, budget_index, seed): columns tier, budget_index, seed, tokens,
-    reference, candidate, diff, and ``diff/<source>`` for every ``val_loss/<source>`` both carry.
+def validation_id(config: Mapping[str, Any]) -> str | None:
+    """The identity of a run's validation data, from its config.json: corpus key, tokenizer
+    SHA-256, number of held-out windows and their length (``val_windows`` x ``seq_len``).
 
-    ``points``: raw run points (``scaling.fitting.tables.read_runs_dir``) with columns arch, tier,
-    seed, budget_index, loss, D.
+    Two runs with the same identity were evaluated on the same tokens. None when the config does
+    not record it (a table from elsewhere).
     """
-    need = ["arch", *_KEYS, "loss"]
-    missing = [c for c in need if c not in points.columns]
-    if missing:
-        raise UserError(f"the points lack {', '.join(missing)}: a paired comparison needs run folders "
-                        "whose final.json records arch, tier, seed and budget_index")
-    archs = sorted(points["arch"].astype(str).unique())
-    for g in (reference, candidate):
-        if g not in archs:
-            raise UserError(f"no runs of architecture {g!r}; architectures: {', '.join(archs)}")
+    data = config.get("data") if isinstance(config, Mapping) else None
+    if not isinstance(data, Mapping):
+        return None
+    tok = data.get("tokenizer") if isinstance(data.get("tokenizer"), Mapping) else {}
+    resolved = config.get("resolved") if isinstance(config.get("resolved"), Mapping) else {}
+    model = config.get("model") if isinstance(config.get("model"), Mapping) else {}
+    parts = (data.get("key"), tok.get("sha256"), resolved.get("val_windows"), model.get("seq_len"))
+    if all(p is None for p in parts):
+        return None
+    return "|".join("-" if p is None else str(p) for p in parts)
+
+
+def _close(a: np.ndarray, b: np.ndarray, rtol: float) -> np.ndarray:
+    return np.abs(a - b) <= rtol * np.maximum(np.abs(a), np.abs(b))
+
+
+def match_pairs(points: pd.DataFrame, reference: str, candidate: str
+                ) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Reference and candidate points joined on (tier, seed) and the same actual budget.
+
+    Returns the joined rows (columns of both sides, suffixed ``_ref``/``_cand``, plus tier, seed
+    and the reference's budget_index) and the points left out, each a record with arch, run,
+    tier, seed, budget_index, D and the reason: no partner at the same tokens (within
+    ``TOKENS_RTOL``), FLOPs that differ by more than ``FLOPS_RTOL``, or other validation data.
+    """
     sources = [c for c in points.columns if str(c).startswith(SOURCE_PREFIX)]
-    cols = ["loss", "D", *sources]
+    cols = ["loss", "D", *[c for c in ("flops", VAL_SET, "run") if c in points.columns], *sources]
 
     def side(g: str) -> pd.DataFrame:
         sub = points[points["arch"].astype(str) == g]
@@ -190,24 +218,114 @@ def paired_points(points: pd.DataFrame, reference: str, candidate: str) -> pd.Da
             k = sub.loc[dup, list(_KEYS)].iloc[0].to_dict()
             raise UserError(f"two {g} points share tier {k['tier']}, budget index {k['budget_index']} "
                             f"and seed {k['seed']}: a runs folder must hold each run once")
-        return sub.set_index(list(_KEYS))[[c for c in cols if c in sub.columns]]
+        out = sub[["tier", "seed", "budget_index", *[c for c in cols if c in sub.columns]]].copy()
+        out["_row"] = np.arange(len(out))
+        return out
 
     ref, cand = side(reference), side(candidate)
-    joined = ref.merge(cand, how="inner", left_index=True, right_index=True, suffixes=("_ref", "_cand"))
+    j = ref.merge(cand, how="inner", on=["tier", "seed"], suffixes=("_ref", "_cand"))
+    D_r, D_c = j["D_ref"].to_numpy(dtype=float), j["D_cand"].to_numpy(dtype=float)
+    j = j[_close(D_r, D_c, TOKENS_RTOL)]
+    # the same tokens: keep the closest candidate per reference point (and vice versa)
+    j = j.assign(_gap=np.abs(np.log(j["D_cand"].astype(float) / j["D_ref"].astype(float))))
+    j = j.sort_values("_gap", kind="stable").drop_duplicates("_row_ref").drop_duplicates("_row_cand")
+    reasons: dict[tuple[str, int], str] = {}
+    keep = np.ones(len(j), dtype=bool)
+    if "flops_ref" in j and "flops_cand" in j:
+        fr, fc = j["flops_ref"].to_numpy(dtype=float), j["flops_cand"].to_numpy(dtype=float)
+        bad = np.isfinite(fr) & np.isfinite(fc) & ~_close(fr, fc, FLOPS_RTOL)
+        for k in np.flatnonzero(bad & keep):
+            why = (f"training FLOPs {fc[k] / fr[k] - 1:+.1%} off its partner's at the same tokens "
+                   f"(more than {FLOPS_RTOL:.0%}: not compute-matched)")
+            reasons[(reference, int(j["_row_ref"].iloc[k]))] = why
+            reasons[(candidate, int(j["_row_cand"].iloc[k]))] = why
+        keep &= ~bad
+    if f"{VAL_SET}_ref" in j and f"{VAL_SET}_cand" in j:
+        vr, vc = j[f"{VAL_SET}_ref"], j[f"{VAL_SET}_cand"]
+        bad = (vr.notna() & vc.notna() & (vr.astype(str) != vc.astype(str))).to_numpy()
+        for k in np.flatnonzero(bad & keep):
+            why = ("evaluated on other validation data than its partner "
+                   "(corpus, tokenizer or held-out windows)")
+            reasons[(reference, int(j["_row_ref"].iloc[k]))] = why
+            reasons[(candidate, int(j["_row_cand"].iloc[k]))] = why
+        keep &= ~bad
+    j = j[keep]
+    dropped: list[dict[str, Any]] = []
+    for g, frame, other in ((reference, ref, candidate), (candidate, cand, reference)):
+        paired = set(j["_row_ref" if g == reference else "_row_cand"].astype(int))
+        for r in frame.to_dict("records"):
+            row = int(r["_row"])
+            if row in paired:
+                continue
+            why = reasons.get((g, row), f"no {other} point of the same tier and seed at these tokens "
+                                        f"(within {TOKENS_RTOL:.0%})")
+            rec = {"arch": g, "tier": str(r["tier"]), "seed": r["seed"],
+                   "budget_index": int(r["budget_index"]), "D": float(r["D"]), "reason": why}
+            if "run" in r:
+                rec["run"] = str(r["run"])
+            dropped.append(rec)
+    j = j.rename(columns={"budget_index_ref": "budget_index"})
+    return j.drop(columns=["_gap", "_row_ref", "_row_cand", "budget_index_cand"]), dropped
+
+
+def paired_points(points: pd.DataFrame, reference: str, candidate: str,
+                  dropped: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """One row per matched (tier, budget, seed) (module docstring: the same actual tokens, FLOPs
+    and validation data): columns tier, budget_index (the reference's), seed, tokens, reference,
+    candidate, diff, and ``diff/<source>`` for every ``val_loss/<source>`` both carry.
+
+    ``points``: raw run points (``scaling.fitting.tables.read_runs_dir``) with columns arch, tier,
+    seed, budget_index, loss, D (and optionally flops, val_set). The points left unpaired are
+    appended to ``dropped`` when given (:func:`match_pairs`). UserError when nothing pairs.
+    """
+    need = ["arch", *_KEYS, "loss", "D"]
+    missing = [c for c in need if c not in points.columns]
+    if missing:
+        raise UserError(f"the points lack {', '.join(missing)}: a paired comparison needs run folders "
+                        "whose final.json records arch, tier, seed, budget_index and tokens D")
+    archs = sorted(points["arch"].astype(str).unique())
+    for g in (reference, candidate):
+        if g not in archs:
+            raise UserError(f"no runs of architecture {g!r}; architectures: {', '.join(archs)}")
+    sources = [c for c in points.columns if str(c).startswith(SOURCE_PREFIX)]
+    joined, left_out = match_pairs(points, reference, candidate)
+    if dropped is not None:
+        dropped.extend(left_out)
     if joined.empty:
-        raise UserError(f"no (tier, budget, seed) has both a {reference} and a {candidate} run")
+        why = "; ".join(sorted({d["reason"] for d in left_out})) or "no common tier and seed"
+        raise UserError(f"no (tier, budget, seed) has both a {reference} and a {candidate} point at the "
+                        f"same tokens and validation data ({len(left_out)} points unpaired: {why})")
     out = pd.DataFrame({
+        "tier": joined["tier"].to_numpy(), "budget_index": joined["budget_index"].to_numpy(),
+        "seed": joined["seed"].to_numpy(),
         "reference": joined["loss_ref"].to_numpy(dtype=float),
         "candidate": joined["loss_cand"].to_numpy(dtype=float),
-    }, index=joined.index).reset_index()
+    })
     out["diff"] = out["candidate"] - out["reference"]
-    if "D_ref" in joined:
-        out["tokens"] = joined["D_ref"].to_numpy(dtype=float)
+    out["tokens"] = joined["D_ref"].to_numpy(dtype=float)
+    if "flops_ref" in joined:
+        out["flops"] = joined["flops_ref"].to_numpy(dtype=float)
     for s in sources:
         if f"{s}_ref" in joined and f"{s}_cand" in joined:
             out["diff/" + s[len(SOURCE_PREFIX):]] = (joined[f"{s}_cand"].to_numpy(dtype=float)
                                                      - joined[f"{s}_ref"].to_numpy(dtype=float))
     return out.sort_values(list(_KEYS), kind="stable").reset_index(drop=True)
+
+
+def describe_dropped(dropped: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
+    """One line on the points a comparison left unpaired: how many, why, and the first few."""
+    if not dropped:
+        return ""
+    by_reason: dict[str, list[Mapping[str, Any]]] = {}
+    for d in dropped:
+        by_reason.setdefault(str(d["reason"]), []).append(d)
+    parts = []
+    for why, ds in by_reason.items():
+        ex = ", ".join(f"{d['arch']} {d['tier']} seed {d['seed']} at {d['D']:,.0f} tokens"
+                       for d in ds[:limit])
+        more = f" and {len(ds) - limit} more" if len(ds) > limit else ""
+        parts.append(f"{len(ds)} point{'s' if len(ds) > 1 else ''} {why}: {ex}{more}")
+    return f"left out of the comparison ({len(dropped)} unpaired): " + "; ".join(parts)
 
 
 def at_least_tokens(points: pd.DataFrame, tokens: float) -> pd.DataFrame:
@@ -238,12 +356,12 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     """
     if cluster not in CLUSTERS:
         raise UserError(f"unknown clustering {cluster!r}; choose one of: {', '.join(CLUSTERS)}")
-    pairs = paired_points(points, reference, candidate)
-    notes = []
+    dropped: list[dict[str, Any]] = []
+    pairs = paired_points(points, reference, candidate, dropped)
+    notes = [describe_dropped(dropped)] if dropped else []
     by_tier = tuple(pair_stats(g, str(t), cluster) for t, g in pairs.groupby("tier", sort=False))
     by_tier = tuple(sorted(by_tier, key=lambda s: _tier_size(points, s.label)))
-    by_budget = tuple(pair_stats(g, f"budget {int(b)}", cluster)
-                      for b, g in pairs.groupby("budget_index"))
+    by_budget = tuple(pair_stats(g, label, cluster) for label, g in _budget_groups(pairs))
     cells = tuple(pair_stats(g, f"{t} budget {int(b)}", cluster)
                   for (t, b), g in pairs.groupby(["tier", "budget_index"], sort=False))
     overall = pair_stats(pairs, "overall", cluster)
@@ -259,12 +377,60 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     return CompareResult(reference=reference, candidate=candidate, cluster=cluster, overall=overall,
                          by_tier=by_tier, by_budget=by_budget, cells=cells, pairs=pairs,
                          seed_spread=spread, n_seeds=n_seeds, by_source=by_source,
-                         by_length=tuple(lengths), notes=tuple(notes))
+                         by_length=tuple(lengths), notes=tuple(notes), dropped=tuple(dropped))
+
+
+def _clusters(values: np.ndarray, rtol: float = 0.05) -> np.ndarray:
+    """A cluster id per value: sorted values within ``rtol`` of their neighbour share one (whole
+    batches round the same budget to slightly different tokens and FLOPs per size)."""
+    order = np.argsort(values)
+    ids = np.empty(values.size, dtype=int)
+    k = 0
+    for j, i in enumerate(order):
+        if j and values[i] > values[order[j - 1]] * (1 + rtol):
+            k += 1
+        ids[i] = k
+    return ids
+
+
+def _budget_groups(pairs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The pairs grouped by budget: by training compute when the budgets are IsoFLOP sets (fewer
+    distinct computes than token counts, within 5%), by tokens when the budgets are token counts
+    shared across sizes, by budget index when neither is recorded. A budget index alone names
+    different budgets for runs whose budget lists differ."""
+    keys = {}
+    for col in ("flops", "tokens"):
+        if col in pairs and len(pairs) and np.isfinite(pairs[col].to_numpy(dtype=float)).all():
+            keys[col] = _clusters(pairs[col].to_numpy(dtype=float))
+    if not keys:
+        return [(f"budget {int(b)}", g) for b, g in pairs.groupby("budget_index")]
+    by = min(keys, key=lambda k: (len(set(keys[k])), k != "flops"))
+    out = []
+    for k in sorted(set(keys[by])):
+        g = pairs[keys[by] == k]
+        v = float(np.median(g[by].to_numpy(dtype=float)))
+        out.append((f"C {v:.3g} FLOPs" if by == "flops" else f"{v / 1e6:.3g}M tokens", g))
+    return out
 
 
 def _tier_size(points: pd.DataFrame, tier: str) -> float:
     n = points.loc[points["tier"].astype(str) == tier, "N"] if "N" in points else pd.Series([], dtype=float)
     return float(n.max()) if len(n) else math.inf
+
+
+# -- validation identity (I/O edge: reads each run's config.json) ---------------------------------
+def with_validation_ids(root: Path, points: pd.DataFrame) -> pd.DataFrame:
+    """``points`` with a ``val_set`` column: :func:`validation_id` of each run's config.json under
+    ``root`` (None where the run has no readable config)."""
+    if "run" not in points.columns:
+        return points
+    ids: dict[str, str | None] = {}
+    for run in points["run"].astype(str).unique():
+        try:
+            ids[run] = validation_id(read_json(root / run / "config.json", "run config"))
+        except (OSError, ValueError, UserError):
+            ids[run] = None
+    return points.assign(**{VAL_SET: points["run"].astype(str).map(ids)})
 
 
 # -- length buckets (I/O edge: reads the analyses that `smelt-scale analyze lengths` saved) ------------
@@ -287,7 +453,7 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
         if reference not in files or candidate not in files:
             continue
         try:
-            ref, cand = (json.loads(files[g].read_text())["result"]["buckets"]
+            ref, cand = (read_json(files[g])["result"]["buckets"]
                          for g in (reference, candidate))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if warn is not None:

@@ -37,7 +37,6 @@ optimises all resamples together from the distinct optima of the full fit (warm 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 from scaling.fitting.laws import Law, frontier, get_law
 from scaling.fitting.tables import flops_per_param_k, law_inputs, total_flops
 
@@ -58,6 +58,8 @@ CI_LEVEL = 0.95
 ASYM_WEIGHT = 10.0     # the chinchilla library's default w of asymmetric_mae
 EVAL_BLOCK = 1 << 21   # elements (starts x terms x points) of one objective temporary: 16 MB of float64
 SCREEN_POINTS = 1024   # points the start grid is screened on (all of them when fewer)
+REFINE_POINTS = 16384  # larger tables: the best starts are refined on this many points first
+ONE_STEP_POINTS = 20000  # larger tables: one-step (linearised) bootstrap instead of refits
 OBJECTIVES = {
     "huber-log": "Huber(delta) on log loss (Hoffmann et al. 2022; Besiroglu et al. 2024)",
     "sq-log": "squared error on log loss",
@@ -324,9 +326,31 @@ SCREEN_ITERS = 10   # iterations every grid start gets before the best are refin
 N_REFINE = 32       # starts refined to full convergence
 
 
+def _refine_large(obj: Objective, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, H0: np.ndarray,
+                  refine_points: int) -> BatchResult:
+    """Refine starts on a table of more than ``refine_points`` points: to convergence on a fixed random
+    subset of that many points, then only the distinct optima (``distinct_optima``, tol 1e-3) on
+    every point; each start reports its optimum's full-data result. Starts that agree within 1e-3
+    on the subset share one full-data refinement, so the refinement costs (distinct optima) x
+    (points) rather than (starts) x (points); the diagnostics that compare refined starts (spread
+    among those at the best objective, threshold 1e-2) see the same optima."""
+    n = obj.y.size
+    idx = np.sort(np.random.default_rng(1).choice(n, size=refine_points, replace=False))
+    sub = lbfgs_batch(obj.subset(idx), x0, lo, hi, precond=H0)
+    reps = distinct_optima(sub.x, sub.f, tol=1e-3, limit=x0.shape[0])
+    if reps.size == 0:
+        return sub
+    full = lbfgs_batch(obj, sub.x[reps], lo, hi, precond=H0)
+    dist = np.max(np.abs(sub.x[:, None, :] - sub.x[reps][None]) / (1 + np.abs(sub.x[reps][None])), axis=2)
+    near = np.argmin(dist, axis=1)
+    f = np.where(np.isfinite(sub.f), full.f[near], np.inf)
+    return BatchResult(x=full.x[near], f=f, iterations=sub.iterations + full.iterations[near],
+                       converged=full.converged[near])
+
+
 def multistart(obj: Objective, starts: np.ndarray, *, screen_iters: int = SCREEN_ITERS,
                n_refine: int = N_REFINE, bounds: np.ndarray | None = None,
-               screen_points: int = SCREEN_POINTS) -> MultistartResult:
+               screen_points: int = SCREEN_POINTS, refine_points: int | None = None) -> MultistartResult:
     """Screen all starts for a few batched iterations, refine the best, polish the winner with scipy.
 
     Checked against running every grid start to convergence on 14 data sets (Epoch's Chinchilla
@@ -335,7 +359,8 @@ def multistart(obj: Objective, starts: np.ndarray, *, screen_iters: int = SCREEN
     though only ~30% of all 2,700 grid starts reach it on the Chinchilla points. Tables larger
     than ``screen_points`` are screened on a fixed random subset of that many points (weighted
     to the full sum): the screen only ranks starts, the refinement uses every point, so its cost
-    no longer grows with starts x points. ``bounds`` (P, 2) defaults to the law's.
+    no longer grows with starts x points. Tables larger than ``refine_points`` refine the best
+    starts on a subset first (:func:`_refine_large`). ``bounds`` (P, 2) defaults to the law's.
     """
     lo, hi = (obj.law.internal_bounds() if bounds is None else np.asarray(bounds, dtype=float)).T
     H0 = obj.preconditioner()
@@ -349,7 +374,11 @@ def multistart(obj: Objective, starts: np.ndarray, *, screen_iters: int = SCREEN
     if not finite.any():
         raise UserError("the fit diverged from every start (non-finite objective)")
     order = np.argsort(np.where(finite, screen.f, np.inf))[: max(1, n_refine)]
-    ref = lbfgs_batch(obj, screen.x[order], lo, hi, precond=H0)
+    refine_points = REFINE_POINTS if refine_points is None else refine_points
+    if n > refine_points:
+        ref = _refine_large(obj, screen.x[order], lo, hi, H0, refine_points)
+    else:
+        ref = lbfgs_batch(obj, screen.x[order], lo, hi, precond=H0)
     o = np.argsort(ref.f)
     refined_z, refined_f, conv = ref.x[o], ref.f[o], ref.converged[o]
 
@@ -547,25 +576,75 @@ class FitResult:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], group: str | None = None,
                   version: int = FITS_VERSION) -> "FitResult":
-        """An entry of a fits document of schema ``version`` (1: parameters as top-level keys,
-        2: under "params")."""
+        """A fit entry as written by :meth:`to_dict`, every field checked (a fits file is user input: a
+        tampered ``E = NaN`` or ``alpha < 0`` is refused here, not printed as a -99999900% saving).
+        Derived quantities are recomputed from the parameters, never taken from the file. ``version``:
+        the fits schema (1: parameters as top-level keys, 2: under "params")."""
+        where = f"fit entry{f' for group {group!r}' if group else ''}"
         try:
+            if not isinstance(d, Mapping):
+                raise TypeError("not an object")
             law = get_law(str(d["law"]))
             src = d if version == 1 else d["params"]
-            params = {p: float(src[p]) for p in law.params}
-            boot = np.asarray(d.get("bootstrap") or [], dtype=float).reshape(-1, law.n_params)
+            params = {p: _checked_param(law, p, src[p]) for p in law.params}
+            raw_boot = [] if d.get("bootstrap") is None else d["bootstrap"]
+            if not isinstance(raw_boot, list):
+                raise TypeError("bootstrap is not a list")
+            boot = np.asarray([[_num(v) for v in row] for row in raw_boot], dtype=float)
+            boot = boot.reshape(-1, law.n_params)
             order = d.get("bootstrap_params")
             if order is not None and list(order) != list(law.params):
+                if sorted(map(str, order)) != sorted(law.params):
+                    raise ValueError(f"bootstrap_params {list(order)} are not the law's {list(law.params)}")
                 boot = boot[:, [list(order).index(p) for p in law.params]]
-            ci = {k: (_num(v[0]), _num(v[1])) for k, v in (d.get("ci") or {}).items()}
-            return cls(law=law.name, group=str(d.get("group", group or "default")), params=params, ci=ci,
-                       bootstrap=boot, diagnostics=dict(d.get("diagnostics") or {}),
-                       n_points=int(d["n_points"]),
-                       data_summary=dict(d.get("data_summary") or {}),
-                       derived=dict(d.get("derived") or law.derive(params)),
-                       settings=dict(d.get("settings") or {}), cross_checks=dict(d.get("cross_checks") or {}))
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise UserError(f"not a fit entry{f' for group {group!r}' if group else ''}: {exc}") from None
+            lo_b, hi_b = np.array([law.bounds[p] for p in law.params], dtype=float).T
+            finite = np.isfinite(boot)
+            slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
+            if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
+                raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
+            ci_raw = {} if d.get("ci") is None else d["ci"]
+            if not isinstance(ci_raw, Mapping):
+                raise TypeError("ci is not an object")
+            ci = {}
+            for k, v in ci_raw.items():
+                if not isinstance(v, (list, tuple)) or len(v) != 2:
+                    raise ValueError(f"ci of {k} is not [low, high]")
+                lo, hi = _num(v[0]), _num(v[1])
+                if math.isfinite(lo) and math.isfinite(hi) and lo > hi:
+                    raise ValueError(f"ci of {k} has low {lo} > high {hi}")
+                ci[str(k)] = (lo, hi)
+            n_points = d["n_points"]
+            if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 1:
+                raise ValueError(f"n_points must be a positive integer, got {n_points!r}")
+            sections = {}
+            for key in ("diagnostics", "data_summary", "settings", "cross_checks", "derived"):
+                v = d.get(key)
+                v = {} if v is None else v
+                if not isinstance(v, Mapping):
+                    raise TypeError(f"{key} is not an object")
+                sections[key] = dict(v)
+            summary = sections["data_summary"]
+            for key in ("compute_min", "compute_max", "flops_per_param_k", "N_min", "N_max", "D_min", "D_max",
+                        "F_min", "F_max", "loss_min", "loss_max"):
+                if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
+                    raise ValueError(f"data_summary.{key} must be a positive finite number, got "
+                                     f"{summary[key]!r}")
+            theta = law.theta_array(params)
+            derived = law.derive(theta)
+            if "G" in sections["derived"]:           # the allocation: recomputed at the recorded k and S
+                k = float(summary.get("flops_per_param_k", 6.0))
+                sp = summary.get("sparsities") or []
+                S = float(sp[0]) if "S" in law.fixed_inputs and len(sp) == 1 and _is_number(sp[0]) else None
+                if not law.fixed_inputs or S is not None:
+                    derived.update({k_: float(v) for k_, v in allocation(law, theta, k, S).items()})
+            g = d.get("group", group or "default")
+            return cls(law=law.name, group=str(g), params=params, ci=ci, bootstrap=boot,
+                       diagnostics=sections["diagnostics"], n_points=int(n_points), data_summary=summary,
+                       derived=derived, settings=sections["settings"], cross_checks=sections["cross_checks"])
+        except KeyError as exc:
+            raise UserError(f"not a {where}: missing field {exc}") from None
+        except (UserError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            raise UserError(f"not a {where}: {exc}") from None
 
     def save(self, path: str | Path) -> None:
         """Write as a one-group FitSet file (readable by ``FitSet.load`` and ``savings --fits``)."""
@@ -587,8 +666,30 @@ def fits_version(schema: Any) -> int:
                     f"({FITS_SCHEMA}/1 or /{FITS_VERSION}); refit with `smelt-scale fit --out`")
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _num(v: Any) -> float:
-    return math.nan if v is None else float(v)
+    """A number of a fits file: null is NaN (an interval that could not be formed); anything but a
+    number (a string, a boolean, a list) is a TypeError."""
+    if v is None:
+        return math.nan
+    if not _is_number(v):
+        raise TypeError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _checked_param(law: Law, name: str, v: Any) -> float:
+    """A fitted parameter from a file: a finite number within the law's bounds (those every fit obeys)."""
+    if not _is_number(v) or not math.isfinite(float(v)):
+        raise ValueError(f"parameter {name} must be a finite number, got {v!r}")
+    lo, hi = law.bounds[name]
+    slack = 1e-9 * max(abs(lo), abs(hi))
+    if not (lo - slack <= float(v) <= hi + slack):
+        raise ValueError(f"parameter {name} = {v!r} lies outside the {law.name} law's bounds "
+                         f"[{lo:g}, {hi:g}]")
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -638,13 +739,13 @@ class FitSet:
     @classmethod
     def load(cls, path: str | Path) -> "FitSet":
         path = Path(path)
+        if not path.exists():
+            raise UserError(f"no such fits file: {path}")
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"no such fits file: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UserError(f"{path}: not JSON ({exc})") from None
-        return cls.from_dict(data)
+            return cls.from_dict(read_json(path, "fits file"))
+        except UserError as exc:
+            msg = str(exc)
+            raise UserError(msg if str(path) in msg else f"{path}: {msg}") from None
 
     def summary(self) -> str:
         return "\n\n".join(f.summary() for f in self.fits.values())
@@ -676,6 +777,9 @@ class Constraints:
         fixed: dict[str, float] = {}
         for item in fix:
             name, sep, value = str(item).partition("=")
+            if name.strip() in fixed:
+                raise UserError(f"{name.strip()} is fixed twice ({name.strip()}={fixed[name.strip()]:g} and "
+                                f"{item!r}); give one value")
             try:
                 fixed[name.strip()] = float(value)
             except ValueError:
@@ -769,6 +873,9 @@ class ParamMap:
                         M[gi, params.index(p), j] = 1.0
             for p, v in cons.fixed.items():
                 c[gi, params.index(p)] = math.log(v) if is_log[p] else v
+        if U == 0:
+            raise UserError(f"every parameter of the {law.name} law is fixed ({known}): nothing is left to "
+                            "fit; leave at least one free")
         bounds = np.array([[max(lo_all[params.index(p)] for p in m), min(hi_all[params.index(p)] for p in m)]
                            for m in slots]).reshape(U, 2)
         return cls(law=law, groups=groups, M=M, c=c, bounds=bounds, slots=tuple(slots),
@@ -919,6 +1026,76 @@ def bootstrap(law: Law, inputs: Mapping[str, np.ndarray] | None, log_loss: np.nd
     return out, conv
 
 
+def one_step_bootstrap(obj: Objective, u0: np.ndarray, runs: Sequence[np.ndarray], n_resamples: int,
+                       seed: int, bounds: np.ndarray,
+                       progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap over runs by one Gauss-Newton step from the full fit per resample (large tables).
+
+    For resample weights w_b (how often each point's run is drawn; runs resampled within each
+    block of ``runs``, one index across blocks as in a joint fit), u_b = u0 - H^-1 g_b with
+    g_b = sum_i w_bi rho'(r_i) dr_i/du the resample's gradient and H = sum_i rho''(r_i)
+    (dr_i/du)(dr_i/du)^T the full data's Gauss-Newton Hessian, both at the full-data optimum u0:
+    the linearised (one-step) bootstrap of an M-estimator, which agrees with refitting every
+    resample to first order (Shao & Tu 1995, The Jackknife and Bootstrap, sec. 5.4.3; a fixed H
+    rather than each resample's: Huber's rho'' is 1 only inside +-delta, so a resample's own H is
+    noisy). Per-run gradient sums are formed once, so a resample costs (runs) x (parameters), not
+    (points) x (L-BFGS iterations). Checked against refitting (tests/test_fit_large.py: bootstrap
+    standard deviations within 10% on 2,000 points). Returns (samples (K, U), finite (K,)).
+    """
+    T, n, U = obj.G.shape
+    terms = np.einsum("tnu,u->tn", obj.G, u0)
+    if obj.offset is not None:
+        terms = terms + obj.offset
+    top = terms.max(axis=0)
+    ex = np.exp(terms - top)
+    tot = ex.sum(axis=0)
+    lse = top + np.log(tot)
+    J = np.einsum("tn,tnu->nu", ex / tot, obj.G)                   # d log L_hat / du, (n, U)
+    if obj.kind in ("huber-log", "sq-log"):
+        r = obj.y - lse
+        dr = -J
+        d2 = (np.abs(r) < obj.delta).astype(float) if obj.kind == "huber-log" else np.ones(n)
+    elif obj.kind == "sq":
+        lhat = np.exp(lse)
+        r = obj.loss - lhat
+        dr = -lhat[:, None] * J
+        d2 = np.ones(n)
+    else:
+        raise UserError(f"the one-step bootstrap needs a smooth objective, not {obj.kind}")
+    _, drho = obj._rho(r)
+    grad = drho[:, None] * dr                                      # (n, U) per-point gradients
+    H = np.einsum("n,nu,nv->uv", d2, dr, dr)
+    try:
+        Hinv = np.linalg.inv(H)
+    except np.linalg.LinAlgError:
+        return np.full((n_resamples, U), np.nan), np.zeros(n_resamples, dtype=bool)
+    rng = np.random.default_rng(seed)
+    blocks, off = [], 0
+    for rb in runs:
+        rb = np.asarray(rb)
+        ids, inv = np.unique(rb, return_inverse=True)
+        sums = np.stack([np.bincount(inv, weights=grad[off:off + rb.size, c], minlength=ids.size)
+                         for c in range(U)], axis=1)
+        blocks.append((ids.size, sums))
+        off += rb.size
+    out = np.full((n_resamples, U), np.nan)
+    lo, hi = np.asarray(bounds, dtype=float).T
+    chunk = max(1, min(n_resamples, (1 << 22) // max(1, max(R for R, _ in blocks))))
+    for b0 in range(0, n_resamples, chunk):
+        k = min(chunk, n_resamples - b0)
+        g = np.zeros((k, U))
+        for R, sums in blocks:
+            draws = rng.integers(0, R, size=(k, R)) + (np.arange(k) * R)[:, None]
+            counts = np.bincount(draws.ravel(), minlength=k * R).reshape(k, R).astype(float)
+            g += counts @ sums
+        out[b0:b0 + k] = np.clip(u0 - g @ Hinv.T, lo, hi)
+        if progress is not None:
+            progress(b0 + k, n_resamples)
+    ok = np.isfinite(out).all(axis=1)
+    out[~ok] = np.nan
+    return out, ok
+
+
 @dataclass
 class _Block:
     group: str
@@ -969,7 +1146,12 @@ def _fit_blocks(blocks: list[_Block], law: Law, cons: Constraints, *, objective:
     distinct = distinct_optima(opt.refined_z, opt.refined_f)
 
     K = int(n_bootstrap)
-    if K:
+    one_step = bool(K) and n_all > ONE_STEP_POINTS and objective != "asym-abs"
+    if one_step:
+        usamples, bconv = one_step_bootstrap(obj, opt.z, [b.runs for b in blocks], K, seed, pm.bounds,
+                                             progress=progress)
+        u_hit = (usamples - lo <= tol) | (hi - usamples <= tol)
+    elif K:
         W = _joint_weights([b.runs for b in blocks], K, seed)
         usamples, bconv = bootstrap(law, None, y, np.zeros(0), opt.refined_z[distinct], n_resamples=K,
                                     seed=seed, delta=huber_delta, progress=progress, kind=objective,
@@ -1006,6 +1188,10 @@ def _fit_blocks(blocks: list[_Block], law: Law, cons: Constraints, *, objective:
                             "some parameter: a flat direction, the parameters are not identified")
         if not opt.converged:
             warnings.append("the optimiser did not meet its convergence test")
+        if one_step:
+            warnings.append(f"{n_all:,} points (more than {ONE_STEP_POINTS:,}): the bootstrap takes one "
+                            "Gauss-Newton step from the fit per resample instead of refitting it "
+                            "(first-order equivalent; settings bootstrap_method)")
         samples = law.from_internal(pm.z(usamples, gi)) if K else np.zeros((0, law.n_params))
         boot_bound = float(u_hit[:, acts].any(axis=1).mean()) if K else math.nan
         if K and boot_bound > 0.1:
@@ -1072,6 +1258,7 @@ def _fit_blocks(blocks: list[_Block], law: Law, cons: Constraints, *, objective:
             summary["sparsities"] = sorted({round(float(v), 6) for v in b.X["S"]})
         settings = {"objective": objective, "huber_delta": float(huber_delta), "n_bootstrap": K,
                     "seed": int(seed), "ci_level": float(ci_level), "bootstrap_unit": "run",
+                    "bootstrap_method": "one-step" if one_step else "refit",
                     **cons.describe()}
         if joint:
             # row i of every joint group's bootstrap comes from the same resample of runs

@@ -35,7 +35,15 @@ interval. Resamples whose matching compute falls outside the bracket are clamped
 (their savings are bounds); quantiles are unchanged by that unless the quantile touches them.
 
 Rows carry their ``method`` (``law`` here; ``scaling.fitting.envelope`` gives law-free ``envelope``
-rows inside the data). ``withhold_unidentified`` removes the numbers of law rows that extrapolate
+rows inside the data). Which one answers by default (``smelt-scale savings --method auto``):
+a fitted law that is identified and fits (``law_distrust`` is None for both groups) answers at
+every budget, and inside the data the envelope is its cross-check (``disagreements``: the two
+intervals do not overlap). The envelope of a coarse grid of trained sizes is not the
+compute-optimal frontier (it is the best of the sizes trained, an upper bound on the frontier's
+loss), so where the law holds it is the less accurate of the two: measured on a planted saving in
+``benchmarks/savings_accuracy.py``. A law that is not identified or misfits answers only outside
+the data (and is withheld far out, below); inside, the envelope answers.
+``withhold_unidentified`` removes the numbers of law rows that extrapolate
 more than a stated number of decades from a law that is not identified (a parameter of the best fit
 on its bound, or most bootstrap fits on one): such a row keeps only its budget and a ``reason``.
 """
@@ -279,6 +287,7 @@ class SavingsResult:
     warnings: tuple[str, ...] = ()
     laws: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
+    cross_checks: tuple[SavingsRow, ...] = ()   # the other method's rows at the same budgets
 
     @property
     def savings_range(self) -> tuple[float, float] | None:
@@ -293,6 +302,7 @@ class SavingsResult:
             "savings_range": None if self.savings_range is None else list(self.savings_range),
             "ci_level": self.ci_level, "laws": dict(self.laws), "source": self.source,
             "warnings": list(self.warnings),
+            "cross_checks": [r.to_dict() for r in self.cross_checks],
         }
 
     @classmethod
@@ -302,6 +312,7 @@ class SavingsResult:
             rows=tuple(SavingsRow.from_dict(r) for r in d["rows"]),
             ci_level=float(d.get("ci_level", 0.95)), warnings=tuple(d.get("warnings", ())),
             laws=dict(d.get("laws", {})), source=str(d.get("source", "")),
+            cross_checks=tuple(SavingsRow.from_dict(r) for r in d.get("cross_checks", ())),
         )
 
     def summary(self) -> str:
@@ -474,6 +485,45 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
         ci_level=level, warnings=tuple(warnings),
         laws={reference.name: reference.law.name, candidate.name: candidate.law.name}, source=source,
     )
+
+
+def law_distrust(fits: Mapping[str, Any]) -> str | None:
+    """Why fitted laws should not answer inside their data, from each group's
+    ``FitResult.diagnostics`` ({group: diagnostics}): not identified (``unidentified``) or a misfit
+    (systematic residual trend, ``scaling.fitting.fit.goodness_of_fit``). None: every law is
+    identified and fits."""
+    why = []
+    for g, diag in fits.items():
+        diag = diag or {}
+        u = unidentified(diag)
+        if u:
+            why.append(f"{g} not identified ({u})")
+        if diag.get("misfit"):
+            why.append(f"{g} misfits (systematic residual trend)")
+    return "; ".join(why) or None
+
+
+def disagreements(rows: Sequence[SavingsRow], checks: Sequence[SavingsRow]) -> list[str]:
+    """One message per budget where a row and its cross-check (same budget and sparsity) disagree
+    beyond their intervals: the two intervals do not overlap, or, where one has no interval, the
+    other's interval excludes its point estimate."""
+    by = {(c.budget, c.sparsity): c for c in checks if c.savings is not None}
+    out = []
+    for r in rows:
+        c = by.get((r.budget, r.sparsity))
+        if c is None or r.savings is None:
+            continue
+        a = r.savings_ci or (r.savings, r.savings)
+        b = c.savings_ci or (c.savings, c.savings)
+        if r.savings_ci is None and c.savings_ci is None:
+            continue
+        if a[1] < b[0] or b[1] < a[0]:
+            def show(x: SavingsRow) -> str:
+                ci = "" if x.savings_ci is None else (f" [{100 * x.savings_ci[0]:.1f}, "
+                                                      f"{100 * x.savings_ci[1]:.1f}]%")
+                return f"{x.method} {100 * x.savings:.1f}%{ci}"
+            out.append(f"budget {r.budget:.3g}: {show(r)} and {show(c)} disagree beyond their intervals")
+    return out
 
 
 def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate: FittedLaw, *,

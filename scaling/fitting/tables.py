@@ -33,8 +33,9 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
   ``notes`` and can be switched off with the column name ``"none"``. A guessed ``flops`` column
   whose median flops/(N D) lies outside [0.5, 100] is not total compute (a per-token FLOPs column
   gives ~1e-9) and is ignored with a note.
-- Row filters: ``where`` holds pandas query expressions on the table's own column names (applied
-  in order, before anything else); row numbers in messages are those of the file.
+- Row filters: ``where`` holds conditions on the table's own column names in the filter language
+  of :mod:`scaling.common.filter` (comparisons, and/or/not, in [...], arithmetic; nothing that can
+  run code), applied in order before anything else; row numbers in messages are those of the file.
 - A cell that is not a number (``n/a``, ``-``) is an error naming its column, row and value; only
   empty cells are missing values.
 - Runs: without a run column every row is its own run, so the bootstrap treats rows as
@@ -54,7 +55,8 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
-from scaling.common.files import read_jsonl
+from scaling.common.files import check_regular_file, read_json, read_jsonl
+from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, find_run_folders
 
 CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
@@ -174,6 +176,9 @@ def load_points(path: str | Path, columns: Columns = Columns(), *,
 def read_table(path: Path) -> pd.DataFrame:
     """A table file as it is (no renaming); the format follows the suffix."""
     suffix = path.suffix.lower()
+    check_regular_file(path, "table")
+    if suffix in (".csv", ".tsv"):
+        _check_header(path, "\t" if suffix == ".tsv" else ",")
     try:
         if suffix in (".csv", ".tsv"):
             # only empty cells are missing: "n/a", "NA", "-" stay text and are reported as not numeric
@@ -182,7 +187,7 @@ def read_table(path: Path) -> pd.DataFrame:
         if suffix in (".jsonl", ".ndjson"):
             return pd.DataFrame(read_jsonl(path, strict=True).rows)
         if suffix == ".json":
-            return pd.DataFrame(_points_of(json.loads(path.read_text()), str(path)))
+            return pd.DataFrame(_points_of(read_json(path, "table"), str(path)))
         if suffix in (".parquet", ".pq"):
             try:
                 import pyarrow  # noqa: F401
@@ -197,6 +202,23 @@ def read_table(path: Path) -> pd.DataFrame:
         raise UserError(f"cannot read {path}: {' '.join(str(exc).split())}") from None
     raise UserError(f"unknown table format {suffix!r} for {path}; use one of {', '.join(TABLE_SUFFIXES)} "
                     "or a runs directory")
+
+
+def _check_header(path: Path, sep: str) -> None:
+    """A CSV header naming one column twice is refused (pandas would rename the second ``loss.1``
+    and the first would be fitted silently)."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh, delimiter=sep), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return          # read_table reports it
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise UserError(f"{path}: the header names column {name!r} twice; rename one")
+        seen.add(name)
 
 
 def _points_of(obj: object, where: str) -> list[dict]:
@@ -262,6 +284,11 @@ ROLES = {"N": "parameter", "D": "token", "loss": "loss", "C": "compute", "group"
 
 def _numeric(df: pd.DataFrame, col: str, source: str, rows: np.ndarray | None = None) -> np.ndarray:
     s = df[col]
+    # booleans and dates convert to numbers silently (True -> 1, a date -> nanoseconds): refused
+    kind = s.dtype.kind
+    if kind in "bMm" or (kind == "O" and s.map(lambda v: isinstance(v, (bool, np.bool_))).any()):
+        what = "booleans (True/False)" if kind in "bO" else "dates or durations"
+        raise UserError(f"{source}: column {col!r} holds {what}, not numbers")
     num = pd.to_numeric(s, errors="coerce")
     bad = (num.isna() & s.notna()) | ~np.isfinite(num.fillna(0).to_numpy(dtype=float))
     if bad.any():
@@ -279,15 +306,17 @@ def _missing(df: pd.DataFrame, role: str, col: str, source: str, extra: str = ""
 
 
 def _apply_where(raw: pd.DataFrame, where: Iterable[str], source: str) -> pd.DataFrame:
+    """Rows satisfying every filter, in order (:mod:`scaling.common.filter`: a checked grammar evaluated
+    on numpy arrays; never ``DataFrame.query``, whose ``@names`` and method calls run code)."""
     for expr in where:
         try:
-            kept = raw.query(expr, engine="python")
-        except Exception as exc:    # pandas raises many types for a bad expression; all are user input
-            raise UserError(f"{source}: cannot apply the row filter {expr!r}: "
-                            f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
-        if not isinstance(kept, pd.DataFrame):
-            raise UserError(f"{source}: the row filter {expr!r} is not a condition on rows")
-        raw = kept
+            rule = parse_filter(expr)
+            data = {c: raw[c].to_numpy() for c in raw.columns}
+            mask = rule.evaluate(data, len(raw))
+        except UserError as exc:
+            msg = str(exc) if str(exc).startswith("the row filter") else f"the row filter {expr!r}: {exc}"
+            raise UserError(f"{source}: {msg}") from None
+        raw = raw[mask]
     return raw
 
 
@@ -308,6 +337,9 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
     c = columns
     raw = raw.reset_index(drop=True)
     raw.columns = [str(x) for x in raw.columns]
+    dup = raw.columns[raw.columns.duplicated()]
+    if len(dup):
+        raise UserError(f"{source}: column {dup[0]!r} appears twice; rename one")
     rows_read = len(raw)
     raw = _apply_where(raw, c.where, source)
     if raw.empty:
@@ -414,7 +446,22 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
 
     for name in ("N", "D", "loss"):
         check_positive_finite(out[name].to_numpy(), name, source, rows=rownum)
-    notes += plausibility(out["N"].to_numpy(), out["D"].to_numpy())
+    with np.errstate(over="ignore"):
+        nd = k * out["N"].to_numpy() * out["D"].to_numpy()
+    if not np.isfinite(nd).all():
+        i = int(np.flatnonzero(~np.isfinite(nd))[0])
+        raise UserError(f"{source}: {k:g} N D overflows (row {int(rownum[i])}: N = {out['N'].iloc[i]:.3g}, "
+                        f"D = {out['D'].iloc[i]:.3g}); are N and D in the right units?")
+    # runs this trainer marked as CPU proxies are small on purpose: their counts are not in a wrong unit
+    proxies = "proxy" in cols and bool(raw["proxy"].fillna(False).astype(bool).all())
+    if not proxies:
+        notes += plausibility(out["N"].to_numpy(), out["D"].to_numpy())
+    dups = int(out.duplicated(subset=["group", "N", "D", "loss"]).sum())
+    if dups:
+        every = " (every row appears twice or more: was the table concatenated with itself?)" \
+            if dups * 2 >= len(out) else ""
+        notes.append(f"{dups} of {len(out)} rows repeat another row exactly (same group, N, D and "
+                     f"loss){every}; they count as separate points in the fit and the bootstrap")
     order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
     mapping = {key: mapping[key] for key in order if key in mapping}
     # k matters where it derived a column, or stands in for an unrecorded compute

@@ -33,9 +33,11 @@ cannot be read (truncated or corrupt files).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
-import json
+import io
 import logging
+import pickle
 import random
 import shutil
 import warnings
@@ -49,8 +51,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 from scaling.common.serialize import to_json
 from scaling.training import runlog
+from scaling.training.expert_parallel import split_expert_stacks, stacked_checkpoint
 from scaling.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,48 @@ def rng_state() -> dict:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+# Nothing read from a checkpoint may run code (issue 25). ``rng.pt`` is read with torch's weights-only
+# unpickler, allowing numpy's RNG state array besides tensors. DCP reads its ``.metadata`` with plain
+# ``pickle.load``, which runs whatever a tampered file names: it is first unpickled here by an
+# unpickler that resolves only DCP's metadata classes, torch dtypes and sizes, and paths.
+_RNG_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct]
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata",)
+_DCP_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                *(("pathlib", n) for n in ("Path", "PosixPath", "PurePosixPath", "WindowsPath",
+                                           "PureWindowsPath"))}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module in _DCP_MODULES:
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        raise pickle.UnpicklingError(f"its .metadata refers to {module}.{name}, which a checkpoint never "
+                                     "holds")
+
+
+def check_dcp_metadata(path: Path):
+    """Refuse (pickle.UnpicklingError) a DCP folder whose ``.metadata`` names anything but metadata;
+    return the metadata (read through the restricted unpickler)."""
+    return _MetadataUnpickler(io.BytesIO((Path(path) / ".metadata").read_bytes())).load()
+
+
+def load_rng(path: Path) -> dict:
+    """``rng.pt`` through torch's weights-only unpickler (tensors, numpy's state array, plain data)."""
+    try:
+        with torch.serialization.safe_globals(_RNG_GLOBALS):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise pickle.UnpicklingError(f"{Path(path).name} holds objects other than RNG states: refusing to "
+                                     "load it") from None
 
 
 def set_rng_state(state: dict) -> None:
@@ -164,6 +210,8 @@ class Checkpointer:
             tmp.mkdir()
         self._barrier()
         msd, osd = get_state_dict(model, optimizer)
+        # one entry per expert, so that another expert-parallel degree can load it
+        payload = split_expert_stacks({"model": msd, "optim": osd}, model)
         meta = {"format": FORMAT, "name": name, "iter": state.iter, "run_id": self.run_id,
                 "identity_hash": self.hash, "identity": self.identity, "world_size": self.world,
                 "state": state.to_dict()}
@@ -172,22 +220,24 @@ class Checkpointer:
             if self.world > 1 and self._async_group is None:
                 self._async_group = torch.distributed.new_group(backend="gloo")
             with _quiet():
-                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp),
+                future = dcp.async_save(payload, checkpoint_id=str(tmp),
                                         process_group=self._async_group, no_dist=self.world == 1)
             self._pending = (future, tmp, name, meta, rng)
         else:
-            with _quiet():
-                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp), no_dist=self.world == 1)
-            self._finish(tmp, name, meta, rng)
+            with self._failing_save(tmp, name):
+                with _quiet():
+                    dcp.save(payload, checkpoint_id=str(tmp), no_dist=self.world == 1)
+                self._finish(tmp, name, meta, rng)
 
     def wait(self) -> None:
         """Complete an async save in flight (every rank)."""
         if self._pending is not None:
             future, tmp, name, meta, rng = self._pending
             self._pending = None
-            future.result()
-            self._barrier()
-            self._finish(tmp, name, meta, rng)
+            with self._failing_save(tmp, name):
+                future.result()
+                self._barrier()
+                self._finish(tmp, name, meta, rng)
 
     def _finish(self, tmp: Path, name: str, meta: dict, rng: dict) -> None:
         if self.rank == 0:
@@ -204,6 +254,34 @@ class Checkpointer:
                         shutil.rmtree(old, ignore_errors=True)
                 self._prune(TrainState.from_dict(meta["state"]))
         self._barrier()
+
+    @contextlib.contextmanager
+    def _failing_save(self, tmp: Path, name: str):
+        """A save that fails (disk full, file too large, Ctrl-C, any write error) removes its
+        temporary folder and says so in one line; the previous checkpoint was never touched
+        (it is deleted only after the new one is renamed into place)."""
+        try:
+            yield
+        except (Exception, CheckpointException, KeyboardInterrupt) as exc:  # DCP's type is a BaseException
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            inner = _inner_error(exc)
+            if isinstance(inner, KeyboardInterrupt):
+                raise KeyboardInterrupt(f"interrupted while writing checkpoint {name}") from None
+            code = getattr(inner, "errno", None)
+            if code in (errno.ENOSPC, errno.EDQUOT):
+                what, fix = "no space left on device", "free space"
+            elif code == errno.EFBIG:
+                what, fix = "file too large for the file system", "use another folder"
+            elif isinstance(inner, OSError) or isinstance(exc, CheckpointException):
+                first = (str(getattr(inner, "strerror", None) or inner).splitlines() or [""])[0][:200]
+                what, fix = f"cannot write ({first or type(inner).__name__})", "fix it"
+            else:
+                raise
+            previous = self.latest()
+            kept = (f"the previous checkpoint {previous.name} is intact; {fix}, then resume the run"
+                    if previous is not None else f"no earlier checkpoint exists; {fix}, then start again")
+            raise UserError(f"{what} while writing checkpoint {name} in {self.folder}; {kept}") from None
 
     def restore_branch_point(self, i: int, model, optimizer) -> None:
         """Model and optimizer back to the trunk state saved where branch ``i`` started."""
@@ -228,7 +306,7 @@ class Checkpointer:
     def read_meta(self, path: Path) -> dict:
         """meta.json of a checkpoint, checked against this run; UserError if it is not this run's."""
         try:
-            meta = json.loads((path / META).read_text())
+            meta = read_json(path / META, "checkpoint meta.json")
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else None}")
         except (OSError, ValueError) as exc:
@@ -253,9 +331,15 @@ class Checkpointer:
         msd, osd = get_state_dict(model, optimizer)
         sd = {"model": msd, "optim": osd}
         try:
+            metadata = check_dcp_metadata(path)
+            # per-expert entries are views of the live stacks: loading them fills sd in place
+            # (a checkpoint from before per-expert entries holds whole stacks: loaded as they are)
+            payload = sd if stacked_checkpoint(metadata) else split_expert_stacks(sd, model)
             with _quiet():
-                dcp.load(sd, checkpoint_id=str(path), no_dist=self.world == 1)
-            rng = torch.load(path / RNG, weights_only=False) if with_state else None
+                dcp.load(payload, checkpoint_id=str(path), no_dist=self.world == 1)
+            if payload is not sd:  # non-tensor values (param_groups) are replaced, not filled
+                sd["optim"]["param_groups"] = payload["optim"]["param_groups"]
+            rng = load_rng(path / RNG) if with_state else None
         except (Exception, CheckpointException) as exc:  # DCP's own type is a BaseException
             failures = getattr(exc, "failures", None)  # {rank: exception} of a CheckpointException
             inner = next(iter(failures.values())) if failures else exc
@@ -288,6 +372,15 @@ def _quiet():
         yield
 
 
+def _inner_error(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException ({rank: (exc, frames)})."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(exc, CheckpointException) and failures:
+        inner = next(iter(failures.values()))
+        return inner[0] if isinstance(inner, tuple) else inner
+    return exc
+
+
 def _iter_of(path: Path) -> int:
     try:
         return int(path.name.split("-")[1])
@@ -297,7 +390,7 @@ def _iter_of(path: Path) -> int:
 
 def _meta_iter(path: Path) -> int:
     try:
-        return int(json.loads((path / META).read_text())["iter"])
+        return int(read_json(path / META, "checkpoint meta.json")["iter"])
     except (OSError, ValueError, KeyError, TypeError):
         return 1 << 62  # unreadable: treat as stale
 
@@ -311,7 +404,11 @@ def latest_iter(folder: Path) -> int | None:
 def run_identity(model: dict, train: dict, budgets: list[dict], provenance: dict, code: dict) -> dict:
     """The sections a checkpoint must match to be resumed by a run (see the module docstring)."""
     data: dict[str, Any] = {"key": provenance.get("key"), "spec": provenance.get("spec")}
-    data["sources"] = {s.get("name"): s.get("sha256") for s in provenance.get("sources", [])}
+    # built-in corpus sources carry a name, shard-manifest sources a path (keyed by name alone,
+    # every manifest source collapsed into one key: issue 25)
+    data["sources"] = {s.get("name") or s.get("path"): s.get("sha256") for s in provenance.get("sources", [])}
     data["tokenizer"] = (provenance.get("tokenizer") or {}).get("sha256")
+    if provenance.get("manifest_sha256"):  # shards: the manifest fixes every shard's hash and the split
+        data["manifest_sha256"] = provenance["manifest_sha256"]
     return {"model": model, "train": train, "budgets": {"budgets": budgets}, "data": data,
             "code": {"version": code.get("version"), "git_commit": code.get("git_commit")}}

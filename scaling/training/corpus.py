@@ -51,6 +51,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.common.files import read_json
 from scaling.training.runlog import umask_mode
 from scaling.training.shards import window_index
 
@@ -282,12 +283,12 @@ class Corpus:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.provenance: dict = json.loads((self.path / "provenance.json").read_text())
+        self.provenance: dict = read_json(self.path / "provenance.json")
         self.spec = DataSpec.from_dict(self.provenance["spec"])
         self.train_tokens = np.load(self.path / "train.npy", mmap_mode="r")
         self.val_tokens = np.load(self.path / "val.npy", mmap_mode="r")
         self.val_offsets = np.load(self.path / "val_offsets.npy")
-        self.val_names: list[str] = json.loads((self.path / "val_names.json").read_text())
+        self.val_names: list[str] = read_json(self.path / "val_names.json")
 
     @property
     def vocab_size(self) -> int:

@@ -36,10 +36,11 @@ DATA_KEYS = {
     "allow_repeat": "allow more passes over the training split than the limit",
     "max_bytes": "built-in corpus only: a small deterministic subset",
     "val_fraction": "built-in corpus only: fraction of documents held out",
+    "verify": "cheap (default: re-hash shards whose size or mtime changed) or full (hash every shard)",
 }
 # [data] keys -> TrainConfig fields
 DATA_TO_TRAIN = {"path": "data", "tokenizer": "data_tokenizer", "max_bytes": "data_max_bytes",
-                 "val_fraction": "data_val_fraction"}
+                 "val_fraction": "data_val_fraction", "verify": "data_verify"}
 
 
 def expand_path(path: str | os.PathLike) -> Path:
@@ -55,7 +56,7 @@ def open_data(
     val_fraction: float = 0.025,
     cache_dir: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
-    verify: bool = True,
+    verify: bool | str = True,
 ) -> TokenData:
     """The training data of a model with ``vocab_size`` logits.
 
@@ -64,6 +65,11 @@ def open_data(
     shard folder at ``path``; refused (UserError, one line) when the model's vocabulary is
     smaller than the data's, when ``tokenizer`` is given and is not the file the shards were
     made with, or (``verify``) when a shard's SHA-256 differs from its manifest.
+
+    ``verify``: ``"full"`` hashes every shard (and the tokenizer) now; ``"cheap"`` or True skips
+    the files whose (size, mtime) match the last successful full hash of this manifest (kept
+    under ``$SMELT_CACHE/verified``), so a change that keeps size and mtime (bit rot) goes
+    unseen; False checks sizes only.
     """
     if path is None:
         if tokenizer is not None:
@@ -71,7 +77,10 @@ def open_data(
         return load_corpus(DataSpec(vocab_size=vocab_size, max_bytes=max_bytes, val_fraction=val_fraction),
                            cache_dir)
     folder = expand_path(path)
-    shards = load_shards(folder, verify=verify, stamp_dir=cache_root() / "verified")
+    if verify not in (True, False, "cheap", "full"):
+        raise UserError(f"data verification must be cheap or full, got {verify!r}")
+    shards = load_shards(folder, verify=bool(verify), stamp_dir=cache_root() / "verified",
+                         trust_stamps=verify != "full")
     if vocab_size < shards.vocab_size:
         raise UserError(f"model vocabulary {vocab_size:,} is smaller than the vocabulary "
                         f"{shards.vocab_size:,} of the data in {folder}")
@@ -94,19 +103,9 @@ def open_data(
 
 def check_data_table(table: Any, where: str) -> dict[str, Any]:
     """A plan's [data] table, validated (unknown keys and wrong types are errors)."""
-    if not isinstance(table, dict):
-        raise UserError(f"{where}: [data] must be a table")
-    unknown = sorted(set(table) - set(DATA_KEYS))
-    if unknown:
-        raise UserError(f"{where}: unknown [data] keys: {', '.join(unknown)}; valid keys: "
-                        f"{', '.join(DATA_KEYS)}")
-    types = {"path": str, "tokenizer": str, "allow_repeat": bool, "max_bytes": int, "val_fraction": float}
-    for key, value in table.items():
-        ok = isinstance(value, types[key]) and not (types[key] is int and isinstance(value, bool))
-        if types[key] is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok:
-            raise UserError(f"{where}: [data] {key} must be a {types[key].__name__}, got {value!r}")
+    from scaling.training.schema import DATA, check_table
+
+    table = check_table(table, DATA, where, "[data]")
     if "path" in table and ("max_bytes" in table or "val_fraction" in table):
         raise UserError(f"{where}: [data] max_bytes and val_fraction apply to the built-in corpus, "
                         "not to a path")

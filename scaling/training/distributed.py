@@ -16,7 +16,8 @@ group is nccl on CUDA and gloo on the CPU, initialised only when the world has m
 rank. The ``DeviceMesh`` for FSDP2 is 1-D ``("dp_shard",)`` over all ranks; for HSDP it is 2-D
 ``("dp_replicate", "dp_shard")``: replicate across nodes, shard within a node (the replicate
 degree defaults to ``WORLD_SIZE / LOCAL_WORLD_SIZE``, the node count). DDP and one process need
-no mesh.
+no mesh. With expert parallelism (``ep`` > 1) the mesh gains an innermost ``ep`` dimension
+(:mod:`scaling.training.expert_parallel`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class DistEnv:
     device: torch.device = torch.device("cpu")
     mesh: object | None = None  # torch.distributed.device_mesh.DeviceMesh for fsdp/hsdp
     initialized_here: bool = False
+    # scaling.training.expert_parallel.EPMeshes with expert parallelism (then ``mesh`` is its
+    # ``dp`` mesh, for the non-expert parameters); None without
+    ep: object | None = None
 
     @property
     def is_main(self) -> bool:
@@ -112,7 +116,7 @@ def build_mesh(mode: str, world: int, device_type: str, replicate: int | None = 
 
 
 def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
-                      replicate: int | None = None) -> DistEnv:
+                      replicate: int | None = None, ep: int = 1) -> DistEnv:
     """Read the launcher's environment, pick the device, init the process group, build the mesh.
 
     ``mode`` is the parallel mode (none, ddp, fsdp, hsdp); see ``resolve_mode`` for what one rank
@@ -131,12 +135,25 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
     if device.type == "cuda":
         torch.cuda.set_device(device)
     here = False
+    if world > 1:
+        from scaling.training.launcher import watch_launcher
+
+        watch_launcher()  # stop when torchrun dies (parent-death signal), not train on as an orphan
     if world > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         torch.distributed.init_process_group(backend=backend, **kwargs)
         here = True
-    mesh = build_mesh(resolve_mode(mode, world), world, device.type, replicate, local_world)
+    resolved = resolve_mode(mode, world)
+    if ep > 1:  # expert parallelism: its own mesh dimension (scaling.training.expert_parallel)
+        from scaling.training.expert_parallel import build_ep_meshes
+
+        if world % ep:
+            raise UserError(f"expert-parallel degree {ep} does not divide the world size {world}")
+        rep = replicate if replicate is not None else world // max(1, local_world)
+        meshes = build_ep_meshes(resolved, world, ep, device.type, rep if resolved == "hsdp" else 1)
+        return DistEnv(rank, world, local, local_world, device, meshes.dp, here, meshes)
+    mesh = build_mesh(resolved, world, device.type, replicate, local_world)
     return DistEnv(rank, world, local, local_world, device, mesh, here)
 
 

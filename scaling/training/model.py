@@ -16,18 +16,28 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.conf
 * MoE: router ``W_r`` (d -> E), softmax, top-k, the k weights renormalised to sum to 1
   (Mixtral, Jiang et al. 2024); SwiGLU experts stored stacked (``w_gate_up`` [E, d, 2f],
   ``w_down`` [E, f, d]); optional always-on shared SwiGLU expert (no gate).
-  Dispatch is batched and drops nothing: the N*k (token, slot) assignments are stably sorted
-  by expert, the tokens gathered once with ``index_select``, each expert runs on its contiguous
-  slice (``F.grouped_mm`` with int32 offsets: fp32 on CPU, bf16 under CUDA autocast; odd
-  sizes zero-padded to multiples of 4; else a loop over ``split``), the outputs are scaled by
-  their gates and summed back with ``index_add_``. (``x[idx]`` advanced indexing is avoided:
-  its backward was ~50x slower than ``index_select``'s on CPU.)
+  Dispatch is batched, drops nothing and never syncs with the host: a fixed-size histogram
+  (``scatter_add_`` into E bins) counts the assignments on the device, the N*k (token, slot)
+  assignments are stably sorted by expert, the tokens gathered once (``index_select``), each
+  expert runs on its contiguous slice (``F.grouped_mm`` with device int32 offsets: fp32 on CPU,
+  bf16 under CUDA autocast; odd sizes zero-padded to multiples of 4; else a loop over
+  ``split``, the one path that syncs), and each token's k outputs are gathered back through
+  the inverse permutation and summed with their gates (no atomic ``index_add_``; gradients
+  are deterministic). Shapes depend only on N, k, E and d, so ``torch.compile(fullgraph=True)``
+  captures a whole block. (``x[idx]`` advanced indexing is avoided: its backward was ~50x
+  slower than ``index_select``'s on CPU.)
+* Loss: with targets, cross-entropy is computed ``model.ce_chunk`` tokens at a time by
+  ``scaling.training.chunked_ce`` (the [N, V] fp32 logits never exist whole; same loss and
+  gradients as ``F.cross_entropy`` up to summation order); ``model.ce_chunk = 0`` switches to
+  the plain ``F.cross_entropy`` over the whole logits.
 * Auxiliary losses, returned separately and averaged over layer passes (the caller weights
   them): load balance ``E * sum_e f_e * P_e`` (Switch Transformer, Fedus et al. 2021, eq. 4-6,
   with top-k counting as in Hugging Face's Mixtral ``load_balancing_loss_func``: ``f_e`` =
   assignments to expert e / tokens, so sum_e f_e = k and a uniform router gives k;
-  ``P_e`` = mean router probability of e), and router z-loss ``mean_tokens logsumexp(logits)^2``
-  (ST-MoE, Zoph et al. 2022, eq. 5).
+  ``P_e`` = mean router probability of e), computed per sequence and averaged over the
+  sequences (DeepSeek-V3's sequence-wise form, Liu et al. 2024): a fixed partition of the
+  batch, so the objective is the same whatever the micro-batch size or world size; and router
+  z-loss ``mean_tokens logsumexp(logits)^2`` (ST-MoE, Zoph et al. 2022, eq. 5).
 
 The parameter count equals ``scaling.accounting.costs.total_params(cfg)`` exactly (tested).
 
@@ -40,13 +50,14 @@ is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scaling.accounting.config import ModelConfig
+from scaling.training.chunked_ce import chunked_cross_entropy, default_chunk
 
 IGNORE_INDEX = -100
 
@@ -55,7 +66,8 @@ IGNORE_INDEX = -100
 class ModelOutput:
     """What ``MoETransformer.forward`` returns.
 
-    logits          [B, T, V] float
+    logits          [B, T, V] float (a property: with targets and the chunked loss it is formed
+                    from the final hidden states only when read, so training never holds it)
     loss            mean cross-entropy (nats/token) over targets != -100; None without targets
     aux_loss        load-balancing loss, mean over layer passes (scalar; k for a uniform router)
     z_loss          router z-loss, mean over layer passes (scalar)
@@ -66,20 +78,34 @@ class ModelOutput:
                     in execution order (detached statistics; sums to B*T*k per row)
     """
 
-    logits: Tensor
+    _logits: Tensor | None = None
     loss: Tensor | None = None
     aux_loss: Tensor | None = None
     z_loss: Tensor | None = None
     per_token_loss: Tensor | None = None
     attn: list[dict] | None = None
     expert_counts: Tensor | None = None
+    # (final hidden [B, T, d], head weight [V, d]) when the loss was chunked: logits on demand
+    _head: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def logits(self) -> Tensor:
+        """[B, T, V]; under the chunked loss formed only when asked for (then cached)."""
+        if self._logits is None and self._head is not None:
+            object.__setattr__(self, "_logits", F.linear(*self._head))
+        return self._logits
 
 
 # ----- building blocks -------------------------------------------------------------------
 
 
 class RMSNorm(nn.Module):
-    """y = g * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019), computed in fp32."""
+    """y = g * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019), accumulated in fp32.
+
+    ``F.rms_norm`` computes in fp32 (its opmath type) for a bf16 input and rounds once at the
+    output, so no explicit fp32 round trip is made: under FSDP2 bf16 that saved 4 casts of a
+    [B, T, d] tensor per norm and step (forward and backward) and its saved fp32 copy.
+    """
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -87,7 +113,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
 def rope_tables(rotary_dim: int, length: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -136,7 +163,7 @@ class Attention(nn.Module):
         qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, h).transpose(1, 2)  # [B, H+2Hkv, T, h]
         # split, not slicing: a slice's backward zero-fills the whole input per slice
         qk, v = qkv.split([H + Hkv, Hkv], dim=1)
-        cos, sin = cos.to(qk.dtype), sin.to(qk.dtype)  # bf16 under autocast: keep q, k, v alike
+        cos, sin = cos.to(qk.dtype), sin.to(qk.dtype)  # no-op: the model casts them once per forward
         q, k = apply_rope(qk, cos, sin).split([H, Hkv], dim=1)  # q and k rotated in one pass
         probs = None
         if return_probs:
@@ -152,8 +179,8 @@ class Attention(nn.Module):
         return y, probs
 
 
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 if hasattr(F, "grouped_mm"):
@@ -189,12 +216,134 @@ if hasattr(F, "grouped_mm"):
     grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 
 
+# ----- the MoE layer as small functions ----------------------------------------------------
+#
+# route -> sort_by_expert -> dispatch -> (expert compute) -> combine, each a function of
+# tensors whose shapes depend only on (tokens N, top-k k, experts E, width d): N*k routed rows
+# always, the per-expert counts and offsets stay on the device (no .item(), .tolist() or
+# bincount anywhere in forward or backward, so torch.compile captures a block whole and CUDA
+# graphs are possible). Expert parallelism plugs in between dispatch and combine: it receives
+# the expert-sorted rows and the device offsets and returns rows in the same order (see
+# /work/notes/moe-interface.md and ``MoE.expert_fn``).
+
+
+def route(x: Tensor, router_weight: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """x [N, d] -> router logits, probs [N, E] (fp32), top-k expert ids [N, k], gates [N, k] (fp32).
+
+    The router runs in fp32 even under autocast (its weight upcast: under FSDP2 bf16 it is the
+    bf16-rounded master): softmax and top-k over E logits are where bf16 rounding would flip
+    ties between experts. Gates are the top-k probabilities renormalised to sum to 1 (Mixtral).
+    """
+    with torch.autocast(x.device.type, enabled=False):
+        logits = F.linear(x.float(), router_weight.float())
+    probs = logits.softmax(dim=-1)
+    top_p, top_i = probs.topk(top_k, dim=-1)
+    gates = top_p / top_p.sum(dim=-1, keepdim=True)
+    return logits, probs, top_i, gates
+
+
+def expert_histogram(top_i: Tensor, n_experts: int, groups: int = 1) -> Tensor:
+    """Assignments per expert as a fixed-size int64 histogram [groups, E] on the device.
+
+    ``scatter_add_`` of ones into E bins (integer adds: exact and order-free), not ``bincount``,
+    whose output length depends on the data and so breaks a compiled graph. ``top_i`` [N, k] is
+    split into ``groups`` equal consecutive blocks of tokens (one per sequence for the load
+    balance loss); the sum over groups is the layer's histogram.
+    """
+    flat = top_i.reshape(groups, -1)
+    return torch.zeros(groups, n_experts, dtype=torch.int64, device=top_i.device).scatter_add_(
+        1, flat, torch.ones_like(flat))
+
+
+def sort_by_expert(top_i: Tensor, counts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Expert-major order of the N*k (token, slot) assignments a = token*k + slot.
+
+    Returns ``order`` [N*k] (assignment at each sorted position; stable, so ties keep token
+    order), ``inverse`` [N*k] (sorted position of each assignment: order[inverse[a]] = a) and
+    ``offsets`` int32 [E] (end of each expert's rows, the cumulative ``counts`` [E]).
+    """
+    flat_e = top_i.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    offsets = counts.cumsum(0).to(torch.int32)
+    return order, inverse, offsets
+
+
+class _Dispatch(torch.autograd.Function):
+    """xs = x[order // k]: each token copied to its k sorted rows. The backward gathers each
+    token's k row gradients through ``inverse`` and sums them (a fixed-order sum: no atomic
+    ``index_add_``, so gradients are deterministic and each row is written once)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, order: Tensor, inverse: Tensor, k: int) -> Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return x.index_select(0, torch.div(order, k, rounding_mode="floor"))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        g = grad.index_select(0, inverse)
+        return g.view(-1, ctx.k, g.shape[-1]).sum(1), None, None, None
+
+
+class _Unsort(torch.autograd.Function):
+    """ys [N*k, d] in expert order -> token-major order (row token*k + slot): a permutation,
+    whose backward is the inverse permutation (a gather, no scatter)."""
+
+    @staticmethod
+    def forward(ctx, ys: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(order)
+        return ys.index_select(0, inverse)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (order,) = ctx.saved_tensors
+        return grad.index_select(0, order), None, None
+
+
+def dispatch(x: Tensor, order: Tensor, inverse: Tensor, top_k: int) -> Tensor:
+    """x [N, d] -> xs [N*k, d]: the routed rows, sorted by expert (``sort_by_expert``)."""
+    return _Dispatch.apply(x, order, inverse, top_k)
+
+
+def combine(ys: Tensor, order: Tensor, inverse: Tensor, gates: Tensor) -> Tensor:
+    """ys [N*k, d] (expert order) -> y [N, d] = sum_j gates[:, j] * (expert output of slot j).
+
+    Each token's k outputs are gathered through the inverse permutation and summed in slot order:
+    deterministic, and one elementwise kernel under compile (replaces a scatter ``index_add_``).
+    """
+    N, k = gates.shape
+    yk = _Unsort.apply(ys, order, inverse).view(N, k, ys.shape[-1])
+    return (yk * gates.to(yk.dtype).unsqueeze(-1)).sum(1)
+
+
+def load_balance_loss(probs: Tensor, counts: Tensor) -> Tensor:
+    """E * mean_g sum_e f_ge * P_ge over token groups g (Switch Transformer eq. 4-6, top-k counting).
+
+    probs [N, E] fp32, counts [G, E] (``expert_histogram`` with G groups of N/G consecutive
+    tokens): f_ge = counts / (N/G) (sums to k), P_ge = mean probability of e over group g.
+    The model's groups are its sequences (DeepSeek-V3's sequence-wise balance loss, Liu et al.
+    2024, eq. 17-20): statistics over a fixed partition of the batch, so the objective does not
+    depend on the micro-batch size or the number of ranks (a resume on another world size
+    optimises the same function).
+    """
+    G, E = counts.shape
+    P = probs.view(G, -1, E).mean(dim=1)
+    f = counts.to(probs.dtype) / P.new_tensor(probs.shape[0] // G)
+    return E * (f * P).sum(dim=1).mean()
+
+
 class MoE(nn.Module):
     """Top-k routed SwiGLU experts (+ optional shared expert), batched dispatch, no dropped tokens.
 
     Parameters: ``router`` [E, d]; ``w_gate_up`` [E, d, 2f] (columns [gate | up]);
     ``w_down`` [E, f, d]; shared expert ``shared_gate_up`` (d -> 2 f_s), ``shared_down`` (f_s -> d).
     Expert e computes (silu(x W_gate_e) * (x W_up_e)) W_down_e.
+
+    ``expert_fn`` (None: ``self.experts``) is called as ``expert_fn(xs, offsets, counts)`` on the
+    expert-sorted rows and must return their outputs in the same order: the hook expert
+    parallelism replaces (all-to-all out, local experts, all-to-all back).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -209,17 +358,18 @@ class MoE(nn.Module):
             self.shared_gate_up = nn.Linear(d, 2 * cfg.shared_expert_hidden, bias=False)
             self.shared_down = nn.Linear(cfg.shared_expert_hidden, d, bias=False)
         # "grouped_mm" | "loop": how the experts run on their slices. grouped_mm measured
-        # faster on CPU fp32 (benchmarks/train_throughput.py --dispatch); the loop is the
-        # fallback where grouped_mm cannot run (old torch; CUDA without bf16).
+        # faster on CPU fp32 (benchmarks/train_throughput.py --dispatch) and is sync-free; the
+        # loop is the fallback where grouped_mm cannot run (old torch; CUDA without bf16) and
+        # the one place that syncs (its slice sizes come to the host).
         self.dispatch = "grouped_mm" if hasattr(F, "grouped_mm") else "loop"
+        # expert parallelism: the EPGroup (scaling.training.expert_parallel) and the hook that
+        # sends the rows to their experts' ranks; None = all E experts here
+        self.ep = None
+        self.expert_fn = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x [N, d] -> router logits, probs [N, E] (fp32), top-k expert ids [N, k], gates [N, k]."""
-        logits = self.router(x).float()
-        probs = logits.softmax(dim=-1)
-        top_p, top_i = probs.topk(self.top_k, dim=-1)
-        gates = top_p / top_p.sum(dim=-1, keepdim=True)
-        return logits, probs, top_i, gates
+        return route(x, self.router.weight, self.top_k)
 
     def _grouped_dtype(self, xs: Tensor) -> torch.dtype | None:
         """dtype to run F.grouped_mm in, or None to use the loop (CUDA kernels take bf16 only)."""
@@ -233,35 +383,36 @@ class MoE(nn.Module):
         )
         return torch.bfloat16 if autocast_bf16 or xs.dtype == torch.bfloat16 else None
 
-    def _grouped(self, xs: Tensor, counts: Tensor, dtype: torch.dtype) -> Tensor:
-        """Both expert matmuls as F.grouped_mm over the expert-sorted rows of xs.
+    def _grouped(self, xs: Tensor, offsets: Tensor, dtype: torch.dtype) -> Tensor:
+        """Both expert matmuls as F.grouped_mm over the expert-sorted rows of xs (device offsets).
 
-        The kernel needs 16-byte-aligned strides, i.e. sizes % 4 == 0 in fp32; odd d or f
-        (the SMELT twins have them) are zero-padded to multiples of 4: padded rows and columns
-        of the weights are zero, so silu(0) * 0 = 0 and the result is exact.
+        The kernel needs 16-byte-aligned strides, i.e. sizes % 4 == 0 in fp32 and % 8 == 0 in
+        bf16; other d or f (the SMELT twins have them) are zero-padded to those multiples: padded
+        rows and columns of the weights are zero, so silu(0) * 0 = 0 and the result is exact.
         """
         d, f = xs.shape[1], self.hidden
-        d4, f4 = _round4(d), _round4(f)
+        multiple = 16 // torch.empty(0, dtype=dtype).element_size()
+        d4, f4 = _round_up(d, multiple), _round_up(f, multiple)
         w_gu, w_d = self.w_gate_up, self.w_down
         if (d4, f4) != (d, f):
             gate_w, up_w = w_gu.split(f, dim=2)
             w_gu = torch.cat([F.pad(gate_w, (0, f4 - f, 0, d4 - d)), F.pad(up_w, (0, f4 - f, 0, d4 - d))], 2)
             w_d = F.pad(w_d, (0, d4 - d, 0, f4 - f))
             xs = F.pad(xs, (0, d4 - d))
-        offs = counts.cumsum(0).to(torch.int32)
-        hidden = grouped_mm(xs.to(dtype), w_gu.to(dtype), offs)
+        hidden = grouped_mm(xs.to(dtype), w_gu.to(dtype), offsets)
         gate, up = hidden.chunk(2, dim=-1)
-        out = grouped_mm(F.silu(gate) * up, w_d.to(dtype), offs)
+        out = grouped_mm(F.silu(gate) * up, w_d.to(dtype), offsets)
         return out[:, :d] if d4 != d else out
 
-    def experts(self, xs: Tensor, counts: Tensor) -> Tensor:
-        """Run expert e on rows [offs_{e-1}, offs_e) of xs (sorted by expert) -> [S, d]."""
+    def experts(self, xs: Tensor, offsets: Tensor, counts: Tensor) -> Tensor:
+        """Run expert e on rows [offsets[e-1], offsets[e]) of xs (sorted by expert) -> [S, d]."""
         dtype = self._grouped_dtype(xs)
         if dtype is not None:
-            return self._grouped(xs, counts, dtype)
+            return self._grouped(xs, offsets, dtype)
         outs = []
         # unbind once: per-expert w[e] indexing would make autograd build a full-size zero
-        # gradient for every expert (SelectBackward); unbind's backward is one stack
+        # gradient for every expert (SelectBackward); unbind's backward is one stack.
+        # counts.tolist() syncs the device: this fallback is not sync-free (see __init__).
         w_gu, w_d = self.w_gate_up.unbind(0), self.w_down.unbind(0)
         for e, chunk in enumerate(xs.split(counts.tolist())):
             if chunk.shape[0] == 0:
@@ -271,27 +422,26 @@ class MoE(nn.Module):
         return torch.cat(outs) if outs else xs.new_zeros(0, xs.shape[1])
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """x [B, T, d] -> (y [B, T, d], aux_loss, z_loss, expert counts [E])."""
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        N, E, k = x.shape[0], self.n_experts, self.top_k
-        logits, probs, top_i, gates = self.route(x)
+        """x [B, T, d] (or [N, d]) -> (y like x, aux_loss, z_loss, expert counts [E]).
 
-        flat_e = top_i.reshape(-1)  # [N*k], assignment a = token*k + slot
-        order = torch.argsort(flat_e, stable=True)  # stable: ties keep token order
-        token = torch.div(order, k, rounding_mode="floor")
-        counts = torch.bincount(flat_e, minlength=E)
-        xs = x.index_select(0, token)  # gather once: [N*k, d]
-        ys = self.experts(xs, counts)
-        ys = ys * gates.reshape(-1).index_select(0, order).unsqueeze(1).to(ys.dtype)
-        y = torch.zeros_like(x).index_add_(0, token, ys)
+        The load-balance statistics are per sequence (B groups; one group for a 2-D input).
+        """
+        shape = x.shape
+        groups = shape[0] if x.dim() == 3 else 1
+        x = x.reshape(-1, shape[-1])
+        logits, probs, top_i, gates = self.route(x)
+        per_group = expert_histogram(top_i, self.n_experts, groups)
+        counts = per_group.sum(0)
+        order, inverse, offsets = sort_by_expert(top_i, counts)
+        xs = dispatch(x, order, inverse, self.top_k)
+        ys = (self.expert_fn or self.experts)(xs, offsets, counts)
+        y = combine(ys, order, inverse, gates).to(x.dtype)
 
         if self.shared_gate_up is not None:
             g, u = self.shared_gate_up(x).chunk(2, dim=-1)
             y = y + self.shared_down(F.silu(g) * u)
 
-        frac = counts.to(probs.dtype) / N  # f_e: sums to k
-        aux = E * torch.sum(frac * probs.mean(dim=0))
+        aux = load_balance_loss(probs, per_group)
         z = torch.logsumexp(logits, dim=-1).square().mean()
         return y.view(shape), aux, z, counts
 
@@ -329,6 +479,12 @@ class MoETransformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.schedule = cfg.schedule()
+        # expert parallelism: parameter name -> (full shape, first row, end row) of the expert
+        # stacks this rank holds (scaling.training.expert_parallel.localize_experts)
+        self.ep_slices: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        # tokens per chunk of the cross-entropy (scaling.training.chunked_ce); 0 = one plain
+        # F.cross_entropy over the whole [N, V] logits
+        self.ce_chunk = default_chunk(cfg.vocab_size)
         cos, sin = rope_tables(cfg.rotary_dim, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -370,7 +526,10 @@ class MoETransformer(nn.Module):
                 write(p, torch.ones(p.shape))
                 continue
             s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
-            write(p, torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(s))
+            full_shape, lo, hi = self.ep_slices.get(name.replace("_checkpoint_wrapped_module.", ""),
+                                                    (p.shape, None, None))
+            value = torch.randn(full_shape, generator=gen, dtype=torch.float32).mul_(s)
+            write(p, value if lo is None else value[lo:hi])
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables where the model lives (after ``to_empty`` from the meta device:
@@ -396,6 +555,11 @@ class MoETransformer(nn.Module):
         B, T = input_ids.shape
         cos, sin = self._rope(T, input_ids.device)
         x = self.embed(input_ids)
+        dev = input_ids.device.type
+        # q and k are in the compute dtype (autocast's, else the weights'): cast the tables once
+        # per forward, not once per layer pass
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        cos, sin = cos.to(dtype), sin.to(dtype)
         aux_total = z_total = 0.0
         counts, attn = [], [] if return_attn else None
         for layer, pass_ in self.schedule:
@@ -406,21 +570,31 @@ class MoETransformer(nn.Module):
                 attn.append({"layer": layer, "pass": pass_, "probs": probs})
         n = len(self.schedule)
         x = self.norm(x)
-        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+        head_w = self.lm_head.weight if self.lm_head is not None else self.embed.weight
 
-        loss = per_token = None
-        if targets is not None:
-            flat = F.cross_entropy(
-                logits.view(B * T, -1).float(),
-                targets.reshape(B * T),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            )
-            loss = flat.sum() / (targets != IGNORE_INDEX).sum()
-            if return_per_token_loss:
-                per_token = flat.view(B, T)
+        logits = per_token = loss = None
+        # chunked unless switched off, or asked for per-token losses with a graph (they carry none)
+        chunked = targets is not None and self.ce_chunk and not (
+            return_per_token_loss and torch.is_grad_enabled())
+        if chunked:
+            total, flat = chunked_cross_entropy(x.reshape(B * T, -1), head_w, targets.reshape(B * T),
+                                                self.ce_chunk, IGNORE_INDEX)
+            loss = total / (targets != IGNORE_INDEX).sum()
+        else:
+            logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+            if targets is not None:
+                flat = F.cross_entropy(
+                    logits.view(B * T, -1).float(),
+                    targets.reshape(B * T),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="none",
+                )
+                loss = flat.sum() / (targets != IGNORE_INDEX).sum()
+        if targets is not None and return_per_token_loss:
+            per_token = flat.view(B, T)
         return ModelOutput(
-            logits=logits,
+            _logits=logits,
+            _head=(x, head_w) if chunked else None,
             loss=loss,
             aux_loss=aux_total / n,
             z_loss=z_total / n,

@@ -35,7 +35,10 @@ copies used for compute are bf16, gradients are reduced in fp32. On the CPU ever
 The wrapper checkpoints each *call*, so a looped layer stores its input once per pass and
 recomputes each pass in backward: per layer pass, as the memory planner counts.
 **torch.compile** compiles each block in place (``Module.compile(fullgraph=True)``, as
-torchtitan does per block) before sharding, so the FSDP2 hooks stay outside the graphs.
+torchtitan does per block) before sharding, so the FSDP2 hooks stay outside the graphs. The MoE
+layer has static shapes and no host sync (scaling/training/model.py), so each block is one
+graph. The trainer compiles by default on CUDA (``resolve_compile``) and not on the CPU, where
+compiling measured no faster than eager and costs minutes of inductor time per run.
 
 **Meta-device build.** For fsdp/hsdp the model is built under ``torch.device("meta")`` (no
 storage), sharded, then ``to_empty`` allocates only each rank's shards and ``materialize`` fills
@@ -84,6 +87,11 @@ def resolve_grad_sync(grad_sync: str | None, mode: str) -> str:
     return grad_sync
 
 
+def resolve_compile(compile: bool | None, device_type: str) -> bool:
+    """None -> compile the blocks on CUDA, not on the CPU (see the module docstring)."""
+    return device_type == "cuda" if compile is None else bool(compile)
+
+
 def split_batch(batch_size: int, world: int, micro_batch_size: int | None = None) -> tuple[int, int, int]:
     """(rows per rank, micro-batch rows, micro-batches per step) of a global batch of sequences."""
     if batch_size % world:
@@ -114,6 +122,7 @@ def parallelize(
     mixed_precision: bool | None = None,
     activation_checkpointing: bool = False,
     compile: bool = False,
+    ep_meshes=None,
 ) -> nn.Module:
     """Apply activation checkpointing, torch.compile and the data-parallel wrapping of ``mode``.
 
@@ -149,6 +158,11 @@ def parallelize(
             mixed_precision = mesh.device_type == "cuda"
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if mixed_precision else MixedPrecisionPolicy())
+        if ep_meshes is not None:
+            from scaling.training.expert_parallel import shard_with_ep
+
+            shard_with_ep(model, ep_meshes, mp)
+            return model
         for block in layers:  # one group per physical layer; looped ones reshard between passes
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
         fully_shard(model, mesh=mesh, mp_policy=mp)  # root last: embedding, norm, LM head
@@ -216,12 +230,23 @@ def build_model(
 
     if dist.mesh is None:  # with a mesh (even of one rank) fsdp/hsdp are taken as asked
         mode = resolve_mode(mode, dist.world)
+    if dist.ep is not None and mode not in ("fsdp", "hsdp"):
+        raise UserError(f"expert parallelism needs parallel mode fsdp or hsdp, got {mode!r}")
     if mode in ("fsdp", "hsdp"):
         with torch.device("meta"):
             model = MoETransformer(cfg, seed=seed)
+        if dist.ep is not None:
+            from scaling.training.expert_parallel import localize_experts
+
+            localize_experts(model, dist.ep)
         model = parallelize(model, mode, dist.mesh, mixed_precision=mixed_precision,
-                            activation_checkpointing=activation_checkpointing, compile=compile)
+                            activation_checkpointing=activation_checkpointing, compile=compile,
+                            ep_meshes=dist.ep)
         materialize(model, dist.device, seed)
+        if dist.ep is not None:
+            from scaling.training.expert_parallel import tag_expert_params
+
+            tag_expert_params(model)
         return model
     model = MoETransformer(cfg, seed=seed).to(dist.device)
     return parallelize(model, mode, None, activation_checkpointing=activation_checkpointing, compile=compile)
@@ -250,17 +275,52 @@ def gradient_sync(model: nn.Module, is_last: bool, grad_sync: str = "last"):
     yield
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
-    """Global L2 norm of the gradients (all ranks' shards), clipped to ``max_norm`` when > 0."""
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (all ranks' shards), clipped to ``max_norm`` when > 0.
+
+    Returns the norm as a 0-d tensor on the device: reading it (``float``) waits for the device,
+    so the caller does that when it logs, not inside the step.
+    """
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad for p in params if p.grad is not None]
+    with_grad = [p for p in params if p.grad is not None]
+    if any(hasattr(p, "ep_group") for p in with_grad):
+        return _clip_grad_norm_ep(with_grad, max_norm)
+    grads = [p.grad for p in with_grad]
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return float(norm)
+    return norm
+
+
+def _clip_grad_norm_ep(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The global norm with expert parallelism: DTensor gradients live on two meshes (``dp`` and
+    the experts' ``expert_dp``), so the squared norm is summed per mesh; an expert share's norm
+    covers only this EP rank's experts and is summed over the EP group (``p.ep_group``, set by
+    ``expert_parallel.tag_expert_params``). A 0-d device tensor, as ``clip_grad_norm``."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        mesh = p.device_mesh if isinstance(p, DTensor) else None
+        groups.setdefault((id(mesh), id(getattr(p, "ep_group", None))), []).append(p)
+    total = None
+    for members in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        sq = norm.double().square()
+        group = getattr(members[0], "ep_group", None)
+        if group is not None:
+            torch.distributed.all_reduce(sq, group=group)
+        total = sq if total is None else total + sq
+    norm = total.sqrt().float()
+    if max_norm > 0:
+        for members in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(members, max_norm, norm)
+    return norm
 
 
 def train_step(
@@ -276,13 +336,15 @@ def train_step(
     z_coef: float,
     grad_sync: str = "last",
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-) -> tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer update on this rank's rows ``x, y`` [rows, T] split into ``n_micro`` micro-batches.
 
     Objective per micro-batch: ``CE + aux_coef * load_balance + z_coef * router_z``, divided by
     ``n_micro`` so that the accumulated gradient is the mean (ranks are averaged by the
     all-reduce / reduce-scatter). Returns this rank's mean [CE, aux, z] (float64, not yet
-    averaged over ranks) and the global gradient norm before clipping.
+    averaged over ranks) and the global gradient norm before clipping, both device tensors: the
+    step itself never waits for the device (no host sync; benchmarks/gpu_check.py checks it
+    with CUDA's sync debug mode).
     """
     micro = x.shape[0] // n_micro
     sums = torch.zeros(3, dtype=torch.float64, device=x.device)
@@ -326,6 +388,10 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     if not torch.distributed.is_initialized():
         return {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
+    if getattr(unwrap(model), "ep_slices", None):  # expert parallelism: shares over the EP group
+        from scaling.training.expert_parallel import full_state_dict as ep_full_state_dict
+
+        return ep_full_state_dict(unwrap(model))
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if next(model.parameters()).device.type == "cpu":
         # a snapshot: on the CPU a gathered tensor can alias the parameter (a 1-rank shard group)

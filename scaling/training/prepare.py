@@ -34,7 +34,6 @@ same inputs and options the output is byte-identical however often the run was i
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import gzip
 import hashlib
@@ -49,6 +48,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.common.files import check_nesting, check_regular_file, read_config, read_json
 from scaling.training.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
 from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
 from scaling.training.shards import (
@@ -163,6 +163,8 @@ def find_inputs(specs: list[str]) -> list[InputFile]:
                 raise UserError(f"folder {pattern} holds no input files ({', '.join(SUFFIXES)})")
         elif Path(pattern).is_file():
             paths = [Path(pattern)]
+        elif Path(pattern).exists():
+            raise UserError(f"input source {pattern} is not a regular file (a device, FIFO or socket)")
         else:
             raise UserError(f"input source {pattern} does not exist")
         for p in paths:
@@ -229,11 +231,13 @@ def _jsonl_units(f: InputFile, offset: int, opts: PrepareOptions):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = check_nesting(json.loads(line), where)
             except UnicodeDecodeError:
                 raise UserError(f"{where} is not UTF-8 text") from None
             except json.JSONDecodeError as exc:
                 raise UserError(f"{where}: not a JSON line ({exc.msg})") from None
+            except RecursionError:
+                raise UserError(f"{where}: a JSON line nested too deeply to read") from None
             doc = _record_doc(rec, opts, where, f.source)
             if doc is not None:
                 docs.append(doc)
@@ -321,6 +325,7 @@ def _separators(tok, opts: PrepareOptions) -> tuple[int | None, int | None]:
 def _load_tokenizer(path: str):
     from tokenizers import Tokenizer
 
+    check_regular_file(path, "tokenizer file")      # a FIFO or /dev/zero would never finish
     try:
         return Tokenizer.from_file(path)
     except Exception as exc:  # tokenizers raises a bare Exception for a bad file
@@ -396,7 +401,8 @@ def _hash_inputs(files: list[InputFile], work: Path, progress) -> dict[str, str]
     """SHA-256 of each input, remembered under (size, mtime) so a resumed run does not re-read."""
     cache_path = work / "input_hashes.json"
     try:
-        cache = json.loads(cache_path.read_text())
+        cache = read_json(cache_path)
+        cache = cache if isinstance(cache, dict) else {}
     except (OSError, ValueError):
         cache = {}
     out = {}
@@ -448,7 +454,9 @@ def prepare(
     """Prepare ``specs`` (see :func:`find_inputs`) into shards under ``out``; returns the manifest.
 
     Resumes an interrupted run with the same inputs and options; a finished folder with the same
-    inputs and options is returned as is; anything else in ``out`` needs ``overwrite``.
+    inputs and options is returned as is; anything else in ``out`` needs ``overwrite``, which
+    replaces only an earlier preparation's files, and only once the new ones are complete
+    (:func:`_prepare_over`).
     """
     out = Path(out)
     files = find_inputs(specs)
@@ -464,10 +472,8 @@ def prepare(
 
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is not a folder")
-    if overwrite and out.exists():
-        for p in out.iterdir():
-            if p.name in (MANIFEST, TOKENIZER, WORK) or fnmatch.fnmatch(p.name, "*-[0-9]????.bin"):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if overwrite and out.exists() and any(out.iterdir()):
+        return _prepare_over(specs, files, out, opts, progress)
     work = out / WORK
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -477,7 +483,7 @@ def prepare(
     fp = _fingerprint(files, opts, sha)
 
     if (out / MANIFEST).exists():
-        manifest = json.loads((out / MANIFEST).read_text())
+        manifest = read_config(out / MANIFEST, "manifest")
         if manifest.get("fingerprint") != fp:
             what = _differs(manifest.get("fingerprint"), fp)
             raise UserError(f"{out} already holds shards made with {what}; "
@@ -488,7 +494,11 @@ def prepare(
     state_path = work / "state.json"
     state: _State | None = None
     if state_path.exists():
-        state = _State(**json.loads(state_path.read_text()))
+        try:
+            state = _State(**read_config(state_path, "preparation state"))
+        except TypeError:
+            raise UserError(f"{state_path} is not a preparation state; delete {work} to start "
+                            "again") from None
         if state.fingerprint != fp:
             what = _differs(state.fingerprint, fp)
             raise UserError(f"{out} holds an unfinished preparation made with {what}; "
@@ -674,7 +684,86 @@ def prepare(
     return manifest
 
 
+def _owned(out: Path) -> set[str]:
+    """Names in ``out`` that an earlier preparation wrote: what its manifest lists (shards, tokenizer,
+    the manifest itself), or for an unfinished one its work folder, tokenizer and finished shards.
+    UserError when the manifest or state cannot be read: then nothing can be told apart."""
+    owned: set[str] = set()
+    if (out / MANIFEST).exists():
+        m = read_config(out / MANIFEST, "manifest")
+        shards, tok = m.get("shards"), m.get("tokenizer")
+        if not isinstance(shards, list) or not all(isinstance(x, dict) and isinstance(x.get("path"), str)
+                                                   for x in shards):
+            raise UserError(f"{out / MANIFEST} lists no shards; cannot tell the earlier preparation's files "
+                            "from others: clear the folder yourself or choose another")
+        owned |= {MANIFEST, *(x["path"] for x in shards)}
+        if isinstance(tok, dict) and isinstance(tok.get("path"), str):
+            owned.add(tok["path"])
+    state_path = out / WORK / "state.json"
+    if (out / WORK).exists():
+        owned.add(WORK)
+        if state_path.exists():
+            try:
+                st = _State(**read_config(state_path, "preparation state"))
+            except TypeError:
+                raise UserError(f"{state_path} is not a preparation state") from None
+            owned |= {TOKENIZER, *(x["path"] for x in st.train_shards if isinstance(x, dict)),
+                      _shard_name("train", len(st.train_shards))}
+    # names only, never a path outside ``out``
+    return {n for n in owned if n and Path(n).name == n and n not in (".", "..")}
+
+
+def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: PrepareOptions,
+                  progress: Callable[[str, int, int], None] | None) -> dict:
+    """``--overwrite`` of a folder that holds something: validate, prepare into a fresh folder beside
+    ``out``, then replace only the earlier preparation's files (:func:`_owned`) with the new ones,
+    manifest last. Nothing in ``out`` is touched before the new shards are complete; files the
+    earlier preparation did not write (the user's) are never deleted, and a new file whose name
+    one of them holds is refused."""
+    owned = _owned(out)
+    doomed = {(out / n).resolve() for n in owned}
+    for f in files:
+        p = Path(f.path).resolve()
+        if p in doomed or any(p.is_relative_to(d) for d in doomed if d.is_dir()):
+            raise UserError(f"input {f.path} is one of the files --overwrite would replace in {out}; "
+                            "move it out of the output folder first")
+    if opts.tokenizer is not None:
+        _load_tokenizer(opts.tokenizer)       # a bad tokenizer is refused before any work
+    tmp = out.parent / f".{out.name}.overwrite-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        manifest = prepare(specs, tmp, opts, overwrite=False, progress=progress)
+        new = sorted(p.name for p in tmp.iterdir())
+        clash = [n for n in new if (out / n).exists() and n not in owned]
+        if clash:
+            raise UserError(f"{out} holds {', '.join(clash[:3])}, which no earlier preparation wrote and "
+                            "the new one would replace; move it away or choose another folder")
+        for n in sorted(owned):
+            p = out / n
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+        for n in new:
+            if n != MANIFEST:
+                os.replace(tmp / n, out / n)
+        os.replace(tmp / MANIFEST, out / MANIFEST)    # last: the folder is valid again
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
 # ----- existing shards ----------------------------------------------------------------------
+
+
+def _looks_like_uint32(arr: np.ndarray, sample: int = 1 << 20) -> bool:
+    """Whether 16-bit values are the halves of little-endian 32-bit ids below 65536: every odd position
+    0 and the even ones not (checked on the first ``sample`` values; at least 64 needed)."""
+    head = np.asarray(arr[: sample - sample % 2])
+    if head.size < 64:
+        return False
+    odd, even = head[1::2], head[0::2]
+    return not odd.any() and np.count_nonzero(even) > even.size // 2
 
 
 def index_existing(
@@ -725,6 +814,9 @@ def index_existing(
         top = int(arr.max()) if tokens else 0
         if top >= vocab_size:
             raise UserError(f"{p} holds token id {top}, outside the stated vocabulary of {vocab_size}")
+        if dtype == "uint16" and _looks_like_uint32(arr):
+            raise UserError(f"{p} looks like uint32 tokens read as uint16 (every second 16-bit value is 0, "
+                            "the high halves of 32-bit ids); pass --dtype uint32")
         split = "val" if p.name.lower().startswith("val") else "train"
         shards.append({"path": p.name, "split": split, "tokens": tokens, "sha256": sha256_file(p, offset),
                        "offset": offset})

@@ -10,7 +10,6 @@ POSIX: a reader sees the old or the new file, never a mix), and ``checkpoints/``
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -18,9 +17,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
 
+from scaling.common import files
 from scaling.common.serialize import to_json
 
 CONFIG, METRICS, FINAL, WEIGHTS = "config.json", "metrics.jsonl", "final.json", "final_weights.safetensors"
+# weights at the end of each budget: <run>/weights/budget-<i>.safetensors (TrainConfig budget order)
+BUDGET_WEIGHTS_DIR = "weights"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -90,7 +92,8 @@ def write_json(path: Path | str, obj: Any) -> None:
 
 
 def read_json(path: Path | str) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file, bounded (``scaling.common.files.read_json``: regular file, size, nesting)."""
+    return files.read_json(path)
 
 
 def append_jsonl(path: Path | str, record: dict) -> None:
@@ -139,6 +142,11 @@ def environment() -> dict:
 
 
 # ----- final weights ----------------------------------------------------------------------
+
+def budget_weights_path(run_dir: Path | str, index: int) -> Path:
+    """``<run_dir>/weights/budget-<index>.safetensors``: the weights at the end of budget ``index``."""
+    return Path(run_dir) / BUDGET_WEIGHTS_DIR / f"budget-{index}.safetensors"
+
 
 def save_weights(path: Path | str, weights, metadata: dict[str, str] | None = None) -> None:
     """Weights as one safetensors file, written atomically.

@@ -27,7 +27,9 @@ validation stream (or one source's range of it) with stride ``seq_len + 1``, eve
 Integrity: every shard's size must equal ``offset + tokens * itemsize``; SHA-256 hashes are
 checked at open. A successful check is remembered in ``$SMELT_CACHE/verified/`` under the
 manifest hash with each file's (size, mtime), so a 100 GB set is hashed once per change, not
-once per run.
+once per run (the trainer's default, ``data_verify = "cheap"``); a change that keeps a file's
+size and mtime (bit rot, a tool that restores mtimes) is only caught by a full check
+(``data_verify = "full"``, ``train --verify-data full``), which hashes every file again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from scaling.common.errors import UserError
+from scaling.common.files import check_regular_file, parse_json, read_json, read_text
 
 MANIFEST = "manifest.json"
 FORMAT = "smelt-scale token shards"
@@ -144,7 +147,8 @@ class _Stamp:
 
     def load(self) -> dict:
         try:
-            return json.loads(self.path.read_text())
+            stamp = read_json(self.path, "verification stamp")
+            return stamp if isinstance(stamp, dict) else {}
         except (OSError, ValueError):
             return {}
 
@@ -258,7 +262,8 @@ class ShardSet:
             return None
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(resolve(self.path, tok["path"])))
+        path = check_regular_file(resolve(self.path, tok["path"]), "tokenizer file")
+        return Tokenizer.from_file(str(path))
 
     def summary(self) -> str:
         m = self.manifest
@@ -282,12 +287,13 @@ class ShardSet:
             if got != want:
                 raise UserError(f"shard {p} is corrupt: {got} bytes, the manifest says {want}")
 
-    def verify(self, stamp_dir: Path | None = None) -> None:
+    def verify(self, stamp_dir: Path | None = None, trust_stamps: bool = True) -> None:
         """Check sizes and SHA-256 of every shard (and the tokenizer file); UserError on a mismatch.
-        Files whose (size, mtime) match the last successful check in ``stamp_dir`` are skipped."""
+        With ``trust_stamps``, files whose (size, mtime) match the last successful check recorded
+        in ``stamp_dir`` are skipped; without, every file is hashed (and the record renewed)."""
         self.check_sizes()
         stamp = _Stamp(stamp_dir / f"{self.manifest_sha256[:32]}.json") if stamp_dir else None
-        seen = stamp.load() if stamp else {}
+        seen = stamp.load() if stamp and trust_stamps else {}
         ok = {}
         files = [(s["path"], s["sha256"], int(s.get("offset", 0))) for s in self.manifest["shards"]]
         tok = self.manifest.get("tokenizer") or {}
@@ -313,6 +319,10 @@ class ShardSet:
             stamp.save(ok)
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)    # JSON true is not a vocabulary size
+
+
 def _require(cond: bool, path: Path, what: str) -> None:
     if not cond:
         raise UserError(f"{path} is not a valid shard manifest: {what}")
@@ -324,21 +334,23 @@ def read_manifest(folder: Path | str) -> tuple[dict, str]:
     path = folder / MANIFEST
     if not folder.is_dir():
         raise UserError(f"data folder {folder} does not exist or is not a folder")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         raise UserError(
             f"no {MANIFEST} in {folder}: make one with `smelt-scale prepare-data` (which also indexes "
             "existing nanoGPT/OLMo-style shards when told their dtype and vocabulary)"
-        ) from None
-    try:
-        m = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path} is not valid JSON ({exc})") from None
+        )
+    text = read_text(path, "manifest")
+    raw = text.encode("utf-8")
+    m = parse_json(text, str(path))
     _require(isinstance(m, dict) and m.get("format") == FORMAT, path, f"format is not {FORMAT!r}")
     _require(m.get("format_version") == FORMAT_VERSION, path, f"format_version is not {FORMAT_VERSION}")
     _require(m.get("dtype") in DTYPES, path, f"dtype must be one of {', '.join(DTYPES)}")
-    _require(isinstance(m.get("vocab_size"), int) and m["vocab_size"] > 0, path, "vocab_size")
+    _require(_is_int(m.get("vocab_size")) and m["vocab_size"] > 0, path,
+             "vocab_size must be a positive integer")
+    for key in ("bos_id", "eos_id"):
+        v = m.get(key)
+        _require(v is None or (_is_int(v) and 0 <= v < m["vocab_size"]), path,
+                 f"{key} must be null or an id below vocab_size, got {v!r}")
     _require(m["vocab_size"] <= np.iinfo(DTYPES[m["dtype"]]).max + 1, path, "vocab_size exceeds the dtype")
     shards = m.get("shards")
     _require(isinstance(shards, list), path, "shards must be a list")
@@ -346,17 +358,27 @@ def read_manifest(folder: Path | str) -> tuple[dict, str]:
         _require(isinstance(s, dict) and {"path", "split", "tokens", "sha256"} <= set(s), path,
                  "each shard needs path, split, tokens and sha256")
         _require(s["split"] in ("train", "val"), path, f"shard split {s['split']!r} is not train or val")
+        _require(isinstance(s["path"], str) and bool(s["path"]), path, f"shard path {s['path']!r} must be "
+                 "a file name")
+        _require(_is_int(s["tokens"]) and s["tokens"] >= 0, path, f"shard tokens {s['tokens']!r} must be a "
+                 "non-negative integer")
+        _require(isinstance(s["sha256"], str) and len(s["sha256"]) == 64, path, "shard sha256 must be a hex "
+                 "digest")
+        _require(_is_int(s.get("offset", 0)) and s.get("offset", 0) >= 0, path, "shard offset must be a "
+                 "non-negative integer")
     for split in ("train", "val"):
         _require(any(s["split"] == split and s["tokens"] > 0 for s in shards), path, f"no {split} tokens")
     return m, hashlib.sha256(raw).hexdigest()
 
 
-def load_shards(folder: Path | str, verify: bool = True, stamp_dir: Path | None = None) -> ShardSet:
-    """Open a shard folder: manifest checks, file sizes, and (``verify``) SHA-256 of every shard."""
+def load_shards(folder: Path | str, verify: bool = True, stamp_dir: Path | None = None,
+                trust_stamps: bool = True) -> ShardSet:
+    """Open a shard folder: manifest checks, file sizes, and (``verify``) SHA-256 of every shard
+    (see :meth:`ShardSet.verify`)."""
     manifest, digest = read_manifest(folder)
     shards = ShardSet(Path(folder), manifest, digest)
     if verify:
-        shards.verify(stamp_dir)
+        shards.verify(stamp_dir, trust_stamps)
     else:
         shards.check_sizes()
     return shards

@@ -18,23 +18,20 @@ the tasks form one process group and only rank 0 writes the run folder. Runs of 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
-from scaling.training.data import DATA_TO_TRAIN, expand_path
+from scaling.common.files import read_config
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
-# [train] keys that are options of train() rather than TrainConfig fields
-RUN_OPTIONS = {"save_final_weights"}
 
 
 def run_status(runs_dir: Path, name: str) -> str:
@@ -43,36 +40,87 @@ def run_status(runs_dir: Path, name: str) -> str:
     final = folder / "final.json"
     if final.exists():
         try:
-            if json.loads(final.read_text()).get("complete"):
+            if read_config(final, "final").get("complete"):
                 return "done"
-        except (OSError, json.JSONDecodeError, AttributeError):
+        except (OSError, ValueError, AttributeError):
             return "partial"
     return "partial" if (folder / "config.json").exists() else "new"
 
 
-def train_config(run: PlannedRun, threads: int | None = None):
-    from scaling.training.trainer import TrainConfig
+def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
+    """What the run folder's recorded config.json says differently from the plan's run, as
+    ``section.key old -> new`` strings (empty: the same run, or no run there yet). The keys a
+    resume may change (``trainer.RESUME_FREE``: logging, checkpoint cadence, device, threads,
+    parallel layout) are not compared; an unreadable config.json is a difference."""
+    from scaling.training.trainer import RESUME_FREE
 
-    fields = {k: v for k, v in run.train.items() if k not in RUN_OPTIONS}
-    unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown:
-        raise UserError(f"run {run.name}: unknown [train] keys: {', '.join(sorted(unknown))}")
-    for key, name in DATA_TO_TRAIN.items():
-        if key in run.data:
-            if name in fields:
-                raise UserError(f"run {run.name}: {name} is set in [train] and as {key} in [data]; keep one")
-            fields[name] = str(expand_path(run.data[key])) if key in ("path", "tokenizer") else run.data[key]
-    fields.update(tokens=run.budgets, seed=run.seed)
-    # the [parallel] layout that the memory planner checked is the one trained
-    for key, field in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate")):
-        if key in run.parallel:
-            if field in fields and fields[field] != run.parallel[key]:
-                raise UserError(f"run {run.name}: [train] {field} = {fields[field]!r} contradicts "
-                                f"[parallel] {key} = {run.parallel[key]!r}; set it in [parallel] only")
-            fields[field] = run.parallel[key]
-    if threads is not None:
-        fields["threads"] = threads
-    return TrainConfig.from_dict(fields)
+    path = runs_dir / run.name / "config.json"
+    if not path.exists():
+        return []
+    try:
+        old = json.loads(path.read_text())
+        old_train, old_model = dict(old["train"]), dict(old["model"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["config.json unreadable"]
+    new_train, new_model = run.train_config().to_dict(), run.model.to_dict()
+    out = []
+    for section, a, b in (("model", old_model, new_model), ("train", old_train, new_train)):
+        for key in sorted(set(a) | set(b)):
+            if section == "train" and key in RESUME_FREE:
+                continue
+            if key in a and key in b and a[key] != b[key]:
+                out.append(f"{section}.{key} {_short(a[key])} -> {_short(b[key])}")
+            elif (key in a) != (key in b) and section == "model":
+                out.append(f"{section}.{key}")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def missing_outputs(run: PlannedRun, runs_dir: Path) -> list[str]:
+    """Files the plan asks of a finished run that its folder lacks (final weights when
+    [train] save_final_weights)."""
+    folder = runs_dir / run.name
+    wanted = ["final.json"] + (["final_weights.safetensors"] if run.train.get("save_final_weights") else [])
+    return [name for name in wanted if not (folder / name).is_file()]
+
+
+def planned_status(run: PlannedRun, runs_dir: Path) -> str:
+    """'done' only when final.json is complete, the recorded config is the plan's and every output
+    the plan asks for exists; 'partial' (resume it), 'new', or 'differs' (refused: see
+    :func:`check_recorded`)."""
+    status = run_status(runs_dir, run.name)
+    if status == "new":
+        return status
+    if recorded_diff(run, runs_dir):
+        return "differs"
+    if status == "done" and missing_outputs(run, runs_dir):
+        return "partial"  # e.g. killed while writing its final weights: the resume writes them
+    return status
+
+
+def check_recorded(plan: SweepPlan) -> None:
+    """UserError (one line) when a run folder of the plan holds a run trained (or started) with
+    another configuration: skipping it would keep a result of another config, resuming it mixes
+    two; the user decides (remove the folder, or restore the plan)."""
+    bad = [(r, recorded_diff(r, plan.runs_dir)) for r in plan.runs]
+    bad = [(r, d) for r, d in bad if d]
+    if not bad:
+        return
+    run, diff = bad[0]
+    others = [r.name for r, _ in bad[1:]]
+    more = f"; also {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}" if others else ""
+    raise UserError(f"run {run.name} in {plan.runs_dir} was trained with another configuration than the "
+                    f"plan's ({', '.join(diff[:4])}){more}; remove its folder to train it again, or restore "
+                    "the plan")
+
+
+def train_config(run: PlannedRun, threads: int | None = None):
+    """The run's TrainConfig (see :meth:`PlannedRun.train_config`)."""
+    return run.train_config(threads)
 
 
 def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
@@ -82,8 +130,9 @@ def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
 
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
                  run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
-                 resume=run_status(Path(runs_dir), run.name) != "new",
-                 save_final_weights=bool(run.train.get("save_final_weights", False)))
+                 resume=planned_status(run, Path(runs_dir)) != "new",
+                 save_final_weights=bool(run.train.get("save_final_weights", False)),
+                 save_budget_weights=bool(run.train.get("save_budget_weights", False)))
 
 
 def execute_lane(runs: list[PlannedRun], runs_dir: str, threads: int | None = None,
@@ -201,7 +250,7 @@ def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
         else:
             gpu_h = flops / (mfu * peak) / 3600.0
         memory = estimate_memory(run.model, run.layout())
-        out.append(RunEstimate(run, run_status(plan.runs_dir, run.name), tokens, flops, tps, secs, gpu_h,
+        out.append(RunEstimate(run, planned_status(run, plan.runs_dir), tokens, flops, tps, secs, gpu_h,
                                memory))
     return out
 
@@ -318,7 +367,8 @@ def submit_runs(
     A plan whose runs do not fit their gpu_memory_gb is refused (UserError) before anything starts.
     """
     check_memory(estimates if estimates is not None else estimate(plan, probe=False))
-    todo = [r for r in plan.runs if run_status(plan.runs_dir, r.name) != "done"]
+    check_recorded(plan)  # a run of another config is neither skipped nor resumed
+    todo = [r for r in plan.runs if planned_status(r, plan.runs_dir) != "done"]
     skipped = [r.name for r in plan.runs if r not in todo]
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     log_dir = log_dir or plan.runs_dir / ".submitit"
@@ -375,7 +425,7 @@ class RunProgress:
     eta_s: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 def _last_lines(path: Path, n_bytes: int = 65536) -> list[dict]:

@@ -52,6 +52,7 @@ Format (see ``plans/cpu-proxy.toml``)::
     gpu_memory_gb = 141                    # per GPU, GB = 1e9 bytes; runs must fit under it
     grad_sync = "every"                    # "every" micro-batch or only the "last" (default:
                                            # "every" when sharded, "last" otherwise)
+    ep = 8                                 # expert-parallel degree (fsdp/hsdp; default 1)
 
     [tier."1.6B".parallel]                 # per-tier layout overrides
     nodes = 4
@@ -67,7 +68,8 @@ cooldown at each smaller one, so each run yields one (N, D) point per budget.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,13 +80,16 @@ from scaling.accounting.matching import smelt_twin
 from scaling.accounting.memory import Layout
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
-from scaling.training.data import check_data_table
+from scaling.common.files import read_config
+from scaling.training import schema
+from scaling.training.branches import BranchPlan
+from scaling.training.data import DATA_TO_TRAIN, check_data_table, expand_path
+from scaling.training.schema import check_name, check_table
 
-_SWEEP_KEYS = {"name", "tiers", "archs", "seeds", "budgets", "runs_dir", "description"}
 EXECUTORS = ("local", "slurm", "debug")
-_EXECUTOR_KEYS = {"kind", "concurrency", "threads_per_job", "partition",
-                  "cpus_per_job", "time_limit_min", "mfu", "gpu_peak_flops", "mem_gb"}
-_PARALLEL_KEYS = {"mode", "gpus_per_node", "nodes", "replicate", "gpu_memory_gb", "grad_sync"}
+TABLES = ("sweep", "train", "data", "parallel", "executor", "tier", "model")
+# [train] keys that are options of train() rather than TrainConfig fields, and their types
+RUN_OPTIONS = {"save_final_weights": bool, "save_budget_weights": bool}
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,17 @@ class PlannedRun:
             activation_checkpointing=bool(self.train.get("activation_checkpointing", False)),
         )
 
+    def train_config(self, threads: int | None = None):
+        """The TrainConfig this run trains with: [train] + [tier] keys, [data], its seed and budgets,
+        and the [parallel] mode (UserError for contradictions and for what TrainConfig refuses)."""
+        from scaling.training.trainer import TrainConfig
+
+        fields = train_fields(self.train, self.data, self.parallel, f"run {self.name}")
+        fields.update(tokens=self.budgets, seed=self.seed)
+        if threads is not None:
+            fields["threads"] = threads
+        return TrainConfig(**fields)
+
     def tokens_trained(self, decay_fraction: float) -> float:
         """Trunk to the largest budget plus one cooldown of decay_fraction*D_i per smaller budget."""
         return self.budgets[-1] + decay_fraction * sum(self.budgets[:-1])
@@ -141,6 +157,54 @@ class PlannedRun:
     def flops(self, decay_fraction: float) -> float:
         """Total training FLOPs of the run (branches included)."""
         return costs(self.model).flops_per_token * self.tokens_trained(decay_fraction)
+
+
+def train_fields(train: dict[str, Any], data: dict[str, Any], parallel: dict[str, Any],
+                 what: str) -> dict[str, Any]:
+    """TrainConfig fields from checked [train], [data] and [parallel] tables, the one rule shared by
+    plans and ``train --config``: [data] keys map to their ``data_*`` fields, [parallel] mode /
+    grad_sync / replicate to ``parallel`` / ``grad_sync`` / ``replicate``; a key set in two tables
+    is an error (UserError naming ``what``)."""
+    from scaling.training.trainer import TrainConfig
+
+    fields = {k: v for k, v in train.items() if k not in RUN_OPTIONS}
+    unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise UserError(f"{what}: unknown [train] keys: {', '.join(sorted(unknown))}")
+    for key, name in DATA_TO_TRAIN.items():
+        if key in data:
+            if name in fields:
+                raise UserError(f"{what}: {name} is set in [train] and as {key} in [data]; keep one")
+            value = data[key]
+            fields[name] = str(expand_path(value)) if key in ("path", "tokenizer") else value
+    # the [parallel] layout that the memory planner checked is the one trained
+    for key, name in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate"),
+                      ("ep", "ep")):
+        if key in parallel:
+            if name in fields and fields[name] != parallel[key]:
+                raise UserError(f"{what}: [train] {name} = {fields[name]!r} contradicts "
+                                f"[parallel] {key} = {parallel[key]!r}; set it in [parallel] only")
+            fields[name] = parallel[key]
+    return fields
+
+
+def read_train_file(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``train --config FILE``: (TrainConfig fields, train() options) from its [train], [data] and
+    [parallel] tables, checked by the plan's schema. A plan file may be given: its sweep-only
+    tables ([sweep], [executor], [tier], [model]) are not read by ``train`` and [train] may also
+    hold ``tokens`` and ``seed`` (a plan takes them from [sweep])."""
+    path = Path(path)
+    where = str(path)
+    doc = read_toml(path, "config")
+    unknown = sorted(set(doc) - set(TABLES))
+    if unknown:
+        raise UserError(f"{where}: unknown tables: {', '.join(unknown)}; `train --config` reads [train], "
+                        "[data] and [parallel]")
+    train = check_table(doc.get("train", {}), _train_schema(), where, "[train]")
+    data = check_data_table(doc.get("data", {}), where)
+    parallel = check_table(doc.get("parallel", {}), schema.PARALLEL, where, "[parallel]")
+    options = {k: train[k] for k in RUN_OPTIONS if k in train}
+    return train_fields(train, data, parallel, where), options
 
 
 @dataclass(frozen=True)
@@ -158,8 +222,8 @@ def _as_budgets(values: Any, where: str) -> tuple[int, ...]:
         raise UserError(f"{where}: budgets must be a non-empty list of token counts")
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise UserError(f"{where}: budget {v!r} is not a positive number of tokens")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise UserError(f"{where}: budget {v!r} is not a positive finite number of tokens")
         out.append(int(v))
     if len(set(out)) != len(out):
         raise UserError(f"{where}: budgets repeat")
@@ -170,20 +234,44 @@ def run_name(tier: str, arch: str, seed: int) -> str:
     return f"{tier}-{arch}-s{seed}"
 
 
+def _unique(values: list, what: str, where: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise UserError(f"{where}: [sweep] {what} lists {v!r} twice; each (tier, arch, seed) is one run "
+                            "folder, which one training writes")
+        seen.add(v)
+
+
 def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
-    """Validate a plan dict (as read from TOML) into a SweepPlan; UserError on any problem."""
+    """Validate a plan dict (as read from TOML) into a SweepPlan; UserError on any problem.
+
+    Everything a run would refuse when it starts is refused here (types and ranges through
+    :mod:`scaling.training.schema` and the TrainConfig each run will use, the budget schedule,
+    the layout), so ``sweep --dry-run`` and ``sweep`` refuse the same plans.
+    """
     where = str(path) if path else "plan"
-    sweep = data.get("sweep")
-    if not isinstance(sweep, dict):
+    if not isinstance(data.get("sweep"), dict):
         raise UserError(f"{where}: missing [sweep] table")
-    unknown = set(sweep) - _SWEEP_KEYS
+    unknown = sorted(set(data) - set(TABLES))
     if unknown:
-        raise UserError(f"{where}: unknown [sweep] keys: {', '.join(sorted(unknown))}")
-    tiers = sweep.get("tiers")
-    if not isinstance(tiers, list) or not tiers:
+        raise UserError(f"{where}: unknown tables: {', '.join(unknown)}; valid tables: {', '.join(TABLES)}")
+    sweep = check_table(data["sweep"], schema.SWEEP, where, "[sweep]")
+    if "tiers" not in sweep:
         raise UserError(f"{where}: [sweep] tiers must be a non-empty list")
-    custom = {name: _custom_tier(name, spec, where) for name, spec in data.get("model", {}).items()}
+    tiers = sweep["tiers"]
+    models = data.get("model", {})
+    if not isinstance(models, dict):
+        raise UserError(f"{where}: [model] must hold one table per custom tier")
+    custom = {}
+    for name, spec in models.items():
+        check_name(name, f"{where}: custom tier")
+        if name in TIERS:
+            raise UserError(f"{where}: [model.\"{name}\"] would shadow the built-in tier {name}; "
+                            "give the custom tier another name")
+        custom[name] = _custom_tier(name, spec, where)
     for t in tiers:
+        check_name(t, f"{where}: tier")
         if t not in TIERS and t not in custom:
             raise UserError(f"{where}: unknown tier {t!r}; known tiers: {', '.join([*TIERS, *custom])}")
     archs = sweep.get("archs", list(ARCHS))
@@ -191,29 +279,34 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         if a not in ARCHS:
             raise UserError(f"{where}: unknown arch {a!r}; choose from {', '.join(ARCHS)}")
     seeds = sweep.get("seeds", [0])
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise UserError(f"{where}: seeds must be a list of integers")
-    train = dict(data.get("train", {}))
+    for what, values in (("tiers", tiers), ("archs", archs), ("seeds", seeds)):
+        _unique(values, what, where)
+    train = check_table(data.get("train", {}), _train_schema(), where, "[train]")
+    for key, by in (("seed", "[sweep] seeds"), ("tokens", "[sweep] budgets")):
+        if key in train:
+            raise UserError(f"{where}: [train] {key} is set by {by}; remove it from [train]")
     data_spec = check_data_table(data.get("data", {}), where)
     per_tier = data.get("tier", {})
+    if not isinstance(per_tier, dict) or not all(isinstance(v, dict) for v in per_tier.values()):
+        raise UserError(f'{where}: [tier] must hold one table per tier, e.g. [tier."proxy-l"]')
     unknown_tiers = set(per_tier) - set(tiers)
     if unknown_tiers:
         raise UserError(f"{where}: [tier.*] overrides for tiers not in the sweep: "
-                        f"{', '.join(sorted(unknown_tiers))}")
-    executor = dict(data.get("executor", {}))
-    unknown = set(executor) - _EXECUTOR_KEYS
-    if unknown:
-        raise UserError(f"{where}: unknown [executor] keys: {', '.join(sorted(unknown))}; valid keys: "
-                        f"{', '.join(sorted(_EXECUTOR_KEYS))}")
+                        f"{', '.join(sorted(unknown_tiers, key=str))}")
+    executor = check_table(data.get("executor", {}), schema.EXECUTOR, where, "[executor]")
     _check_executor(executor, where)
-    parallel = _parallel_table(data.get("parallel", {}), f"{where} [parallel]")
+    parallel = _parallel_table(data.get("parallel", {}), where, "[parallel]")
     runs_dir = Path(sweep.get("runs_dir", "runs"))  # relative paths are relative to the working dir
     runs = []
     for tier in tiers:
         override = dict(per_tier.get(tier, {}))
         budgets = _as_budgets(override.pop("budgets", sweep.get("budgets")), f"{where} [{tier}]")
-        tier_parallel = {**parallel, **_parallel_table(override.pop("parallel", {}),
-                                                       f'{where} [tier."{tier}".parallel]')}
+        tier_parallel = {**parallel, **_parallel_table(override.pop("parallel", {}), where,
+                                                       f'[tier."{tier}".parallel]')}
+        override = check_table(override, _train_schema(), where, f'[tier."{tier}"]')
+        for key in ("seed", "tokens"):
+            if key in override:
+                raise UserError(f'{where}: [tier."{tier}"] {key} is set by [sweep]; remove it')
         for arch in archs:
             if tier in custom:
                 model, proxy = custom[tier][arch], custom[tier]["proxy"]
@@ -234,11 +327,13 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
                         parallel=tier_parallel,
                     )
                 )
-    for run in runs:  # a layout that cannot exist is an error of the plan, found before any work
+    for run in runs:  # what a run refuses when it starts is an error of the plan, found before any work
         try:
+            cfg = run.train_config()  # types and ranges first: layout() divides by batch sizes
             run.layout()
+            BranchPlan.build(cfg.tokens, cfg.batch_size * run.model.seq_len, cfg.schedule, cfg.decay_fraction)
         except UserError as exc:
-            raise UserError(f"{where} [{run.tier}]: {exc}") from None
+            raise UserError(f"{where} [{run.tier}] run {run.name}: {exc}") from None
     return SweepPlan(
         name=str(sweep.get("name", path.stem if path else "sweep")),
         path=path,
@@ -249,28 +344,26 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     )
 
 
+@functools.cache
+def _train_schema() -> dict[str, schema.Key]:
+    """The [train] / [tier."x"] keys: TrainConfig's fields, typed by its annotations, + RUN_OPTIONS."""
+    from scaling.training.trainer import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    out = {f.name: schema.Key(hints[f.name], "TrainConfig field") for f in dataclasses.fields(TrainConfig)}
+    out.update({k: schema.Key(t, "train() option") for k, t in RUN_OPTIONS.items()})
+    return out
+
+
 def _check_executor(executor: dict[str, Any], where: str) -> None:
     kind = executor.get("kind", "local")
     if kind not in EXECUTORS:
         raise UserError(f"{where}: [executor] kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-    for key in ("concurrency", "threads_per_job", "cpus_per_job", "time_limit_min"):
-        v = executor.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise UserError(f"{where}: [executor] {key} must be a positive integer, got {v!r}")
 
 
-def _parallel_table(table: Any, where: str) -> dict[str, Any]:
-    """A [parallel] table (or a tier's override of it), its keys checked; values checked by Layout."""
-    if not isinstance(table, dict):
-        raise UserError(f"{where} must be a table")
-    unknown = set(table) - _PARALLEL_KEYS
-    if unknown:
-        raise UserError(f"{where}: unknown keys {', '.join(sorted(unknown))}; valid keys: "
-                        f"{', '.join(sorted(_PARALLEL_KEYS))}")
-    gb = table.get("gpu_memory_gb")
-    if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
-        raise UserError(f"{where}: gpu_memory_gb must be a positive number of GB, got {gb!r}")
-    return dict(table)
+def _parallel_table(table: Any, where: str, name: str) -> dict[str, Any]:
+    """A [parallel] table (or a tier's override of it), its keys and types checked; values by Layout."""
+    return check_table(table, schema.PARALLEL, where, name)
 
 
 def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
@@ -278,7 +371,9 @@ def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise UserError(f"{where}: [model.{name}] must be a table of ModelConfig keys")
     spec = dict(spec)
-    proxy = bool(spec.pop("proxy", True))
+    proxy = spec.pop("proxy", True)
+    if not isinstance(proxy, bool):
+        raise UserError(f"{where}: [model.{name}] proxy must be true or false, got {proxy!r}")
     options = {k: spec.pop(k) for k in ("width_multiple", "width_ratio", "tolerance", "n_loops") if k in spec}
     base = ModelConfig.from_dict({**spec, "name": name})
     match = smelt_twin(base, **options)
@@ -287,13 +382,7 @@ def _custom_tier(name: str, spec: Any, where: str) -> dict[str, Any]:
 
 def read_toml(path: Path | str, what: str = "plan") -> dict[str, Any]:
     """A TOML file as a dict; UserError (one line) when missing or malformed."""
-    path = Path(path)
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{what} file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
+    return read_config(path, what, fmt="toml")
 
 
 def load_plan(path: Path | str) -> SweepPlan:

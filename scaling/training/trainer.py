@@ -58,6 +58,8 @@ from scaling.training.corpus import DataSpec
 from scaling.training.data import open_data
 from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
 from scaling.training.evaluate import Evaluator, autocast
+from scaling.training.launcher import stop_requested
+from scaling.training.lock import RunLock, check_free
 from scaling.training.metrics import (
     MetricsSink,
     check_log_to,
@@ -71,12 +73,14 @@ from scaling.training.parallel import (
     build_model,
     full_state_dict,
     reshard,
+    resolve_compile,
     resolve_grad_sync,
     split_batch,
     train_step,
 )
 from scaling.training.progress import Progress
 from scaling.training.schedule import lr_at
+from scaling.training.schema import check_fields, check_value
 from scaling.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -113,16 +117,22 @@ class TrainConfig:
     data              folder of token shards (``smelt-scale prepare-data``); None: built-in corpus
     data_tokenizer    tokenizer.json the shards must have been made with (None: not checked)
     data_max_bytes    None: full corpus; else the DataSpec test subset (built-in corpus only)
+    data_verify       shard check at start: "cheap" (hash only the shards whose size or mtime
+                      changed since their last full check) or "full" (hash every shard)
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
     parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
                       (scaling.training.parallel)
     activation_checkpointing, compile   passed to parallelize (recompute each layer pass in the
-                      backward; torch.compile the blocks)
+                      backward; torch.compile the blocks: None = on CUDA, off on the CPU; on
+                      CUDA the first step then takes ~1-2 minutes of compilation per
+                      architecture, an estimate until a GPU check measures it)
     grad_sync         "last": reduce gradients on the last micro-batch only; "every": after each
                       (FSDP: keeps gradients sharded between micro-batches); None: "every" under
                       fsdp/hsdp, "last" otherwise (the memory planner's rule)
     replicate         HSDP replicate degree (None: the number of nodes)
+    ep                expert-parallel degree (fsdp/hsdp only; 1: every rank holds every expert's
+                      shard): scaling.training.expert_parallel
     """
 
     tokens: tuple[float, ...]
@@ -155,23 +165,30 @@ class TrainConfig:
     data_tokenizer: str | None = None
     data_max_bytes: int | None = None
     data_val_fraction: float = 0.025
+    data_verify: str = "cheap"
     device: str = "auto"
     threads: int | None = None
     parallel: str = "none"
     activation_checkpointing: bool = False
-    compile: bool = False
+    compile: bool | None = None
     grad_sync: str | None = None
     replicate: int | None = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        try:
-            tokens = tuple(float(t) for t in self.tokens)
-        except (TypeError, ValueError):
-            raise UserError(f"tokens must be numbers, got {self.tokens!r}") from None
+        # types first (the schema shared with plans and `train --config`), then ranges
+        check_value("tokens", self.tokens, tuple[float, ...])
+        check_value("log_to", self.log_to, tuple[str, ...])
+        tokens = tuple(float(t) for t in self.tokens)
         if not tokens or not all(0 < t < float("inf") for t in tokens):
             raise UserError(f"token budgets must be positive finite numbers, got {list(self.tokens)}")
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "log_to", tuple(self.log_to))
+        check_fields(self)
+        for name, ok, text in _RANGES:
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise UserError(f"{name} must be {text}, got {value!r}")
         for name in ("batch_size", "eval_batch_size", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -192,6 +209,11 @@ class TrainConfig:
         if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):
             raise UserError(f"replicate must be a positive HSDP replicate degree, got {self.replicate!r} "
                             f"with parallel {self.parallel!r}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer, got {self.ep!r}")
+        if self.ep > 1 and self.parallel not in ("fsdp", "hsdp"):
+            raise UserError(f"expert parallelism (ep = {self.ep}) needs parallel fsdp or hsdp, "
+                            f"got {self.parallel!r}")
         check_log_to(self.log_to)
         resolve_peak_flops(self.peak_flops)
         if self.mfu and self.peak_flops is None:
@@ -213,11 +235,30 @@ class TrainConfig:
                         val_fraction=self.data_val_fraction)
 
 
+# Range rules of TrainConfig fields (types come from the annotations: scaling.training.schema).
+_RANGES = (
+    ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
+    ("decay_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("eps", lambda v: v > 0, "> 0"),
+    ("grad_clip", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("aux_coef", lambda v: v >= 0, ">= 0"),
+    ("z_coef", lambda v: v >= 0, ">= 0"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("val_windows", lambda v: v >= 1, ">= 1 (or absent: the whole split)"),
+    ("data_max_bytes", lambda v: v >= 1, ">= 1"),
+    ("data_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("data_verify", lambda v: v in ("cheap", "full"), "cheap or full"),
+)
+
 # Fields that may differ between a run and its resumption: they do not change the maths, except
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate"}
+               "grad_sync", "replicate", "ep", "data_verify"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
@@ -292,12 +333,46 @@ def _config_diff(old: dict, new: dict) -> list[str]:
     return identity_diff(sections["a"], sections["b"])
 
 
-def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
+def _check_ids(batch, vocab_size: int, what: str) -> None:
+    """UserError when a batch ``(inputs, targets)`` (windows shifted by one) holds an id
+    the model has no embedding for: a manifest whose vocab_size or dtype is wrong would otherwise
+    fail inside the embedding (CPU) or as a device-side assert (CUDA)."""
+    x, y = batch
+    if not y.size:
+        return
+    top, low = max(int(y.max()), int(x[:, 0].max())), min(int(y.min()), int(x[:, 0].min()))
+    if top >= vocab_size or low < 0:
+        raise UserError(f"{what} holds token id {top:,}, outside the model's vocabulary of {vocab_size:,} "
+                        "ids (data made with another tokenizer, or indexed with the wrong vocab size or "
+                        "dtype?)")
+
+
+def _check_same_data(run: str, old: dict | None, new: dict) -> None:
+    """UserError naming what changed when a resumed run would read other data than it started on
+    (the manifest's hash, token counts, tokenizer, ...): a resume must never mix two data sets."""
+    if not isinstance(old, dict):
+        return  # a run folder older than the data identity: the checkpoint identity still checks
+    # keys both record (a key added by a later version is not a change of the data)
+    changed = [k for k in sorted(old) if k in new and old[k] != new[k]]
+    if not changed:
+        return
+
+    def show(v):
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)[:16]
+
+    what = ", ".join(f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in changed[:4])
+    raise UserError(f"run {run} was started on other data ({what}); resuming would mix two data sets: "
+                    "point it at the data it started on, or overwrite it")
+
+
+def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool, locked: bool = False) -> bool:
     """Whether the run folder holds a run to resume; UserError for what cannot go on. No side effects."""
     if resume and overwrite:
         raise UserError("resume and overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run folder {run_dir} is a file")
+    if run_dir.is_dir() and not locked:
+        check_free(run_dir)  # another training writes it: refuse now, before reading anything
     exists = (run_dir / runlog.CONFIG).exists() or (run_dir / runlog.METRICS).exists()
     if exists and not (resume or overwrite):
         raise UserError(f"run folder {run_dir} already holds a run; resume it or overwrite it")
@@ -310,7 +385,11 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     return exists and resume
 
 
-def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> None:
+def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None, lock: RunLock,
+                    unchanged: Callable[[], bool]) -> None:
+    """Create the folder and take its lock before any write; then delete what --overwrite replaces.
+    ``unchanged()`` re-checks, under the lock, that no other training made or finished a run there
+    since this one looked."""
     created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -321,12 +400,17 @@ def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None) -> No
         if created and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise UserError(f"run folder {run_dir} is not writable: {exc.strerror or exc}") from None
+    lock.acquire(run_dir)
+    if not unchanged():
+        raise UserError(f"run folder {run_dir} changed while this training started (another training "
+                        "wrote it); start again")
     if overwrite:
         for name in (runlog.CONFIG, runlog.METRICS, runlog.FINAL, runlog.WEIGHTS):
             (run_dir / name).unlink(missing_ok=True)
-        if old_ckpt is not None and old_ckpt.is_dir():
-            import shutil
+        import shutil
 
+        shutil.rmtree(run_dir / runlog.BUDGET_WEIGHTS_DIR, ignore_errors=True)
+        if old_ckpt is not None and old_ckpt.is_dir():
             shutil.rmtree(old_ckpt)
 
 
@@ -338,9 +422,12 @@ class Trainer:
     def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, dist: DistEnv, *, tier: str,
                  proxy: bool | None,
                  run_name: str | None, runs_dir: Path, ckpt_dir: Path | None, resume: bool, overwrite: bool,
-                 progress: Callable[[Progress], None] | None, data_cache):
+                 progress: Callable[[Progress], None] | None, data_cache, save_budget_weights: bool = False,
+                 lock: RunLock | None = None):
 
         self.model_cfg, self.cfg, self.dist = model_cfg, cfg, dist
+        self.save_budget_weights = save_budget_weights
+        self.lock = lock if lock is not None else RunLock()  # rank 0 takes it when it creates the folder
         self.tier = tier
         self.proxy = tier.startswith("proxy") if proxy is None else proxy
         self.progress = progress if dist.is_main else None
@@ -367,7 +454,8 @@ class Trainer:
         def open_():
             return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
                              val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
-                             tokenizer=cfg.data_tokenizer)
+                             tokenizer=cfg.data_tokenizer,
+                             verify=cfg.data_verify if dist.is_main else "cheap")  # rank 0 checked it
 
         if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
             self.corpus = open_()
@@ -377,6 +465,11 @@ class Trainer:
         windows = {"": self.corpus.val_windows(T, cfg.val_windows)}
         if cfg.val_by_source:
             windows.update(self.corpus.val_windows_by_source(T, cfg.val_windows))
+        # ids the model has no embedding for: refused here, before the run folder exists (and
+        # every batch is checked again in train_step)
+        _check_ids(windows[""], model_cfg.vocab_size, "the validation split")
+        _check_ids(self.corpus.train_batch(cfg.seed, 0, cfg.batch_size, T), model_cfg.vocab_size,
+                   "the first training batch")
         self.evaluator = Evaluator(windows, cfg.eval_batch_size, device, dist.rank, dist.world)
 
         code = runlog.code_version()
@@ -399,7 +492,8 @@ class Trainer:
                                          every=cfg.ckpt_every, async_save=cfg.async_ckpt)
 
         def create():
-            _create_run_dir(run_dir, overwrite, old_ckpt)
+            _create_run_dir(run_dir, overwrite, old_ckpt, self.lock,
+                            lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
             if not existed:
                 self.checkpointer.check_empty()
                 runlog.write_json(run_dir / runlog.CONFIG, meta)
@@ -411,7 +505,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.grad_sync = resolve_grad_sync(cfg.grad_sync, resolve_mode(cfg.parallel, dist.world))
         self.model = build_model(model_cfg, cfg.seed, dist, cfg.parallel,
-                                 activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile)
+                                 activation_checkpointing=cfg.activation_checkpointing,
+                                 compile=resolve_compile(cfg.compile, device.type))
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")
@@ -464,6 +559,7 @@ class Trainer:
                 return {}
             raise UserError(f"{path} is unreadable; cannot resume this run") from None
         if existed:
+            _check_same_data(self.run_name, old.get("data_identity"), meta["data_identity"])
             diff = _config_diff(old, meta)
             if diff:
                 raise UserError(f"run {self.run_name} exists with a different configuration "
@@ -493,6 +589,7 @@ class Trainer:
         t0 = time.perf_counter()
         x_np, y_np = self.corpus.train_batch(cfg.seed, step, cfg.batch_size, self.model_cfg.seq_len,
                                              self.dist.rank, self.dist.world)
+        _check_ids((x_np, y_np), self.model_cfg.vocab_size, f"the training batch of step {step + 1}")
         x_all = torch.from_numpy(x_np).to(device, non_blocking=True)
         y_all = torch.from_numpy(y_np).to(device, non_blocking=True)
         data_wait = time.perf_counter() - t0
@@ -541,6 +638,10 @@ class Trainer:
                 self.save()
         try:
             while not s.done:
+                reason = stop_requested()  # a safe point: nothing of update s.iter + 1 is written yet
+                if reason is not None:
+                    raise UserError(f"{reason}: stopped before update {s.iter + 1} without writing more; "
+                                    "resume the run with --resume")
                 t0 = time.perf_counter()
                 record, data_wait = self.train_step(s.position)
                 timer["train"] += time.perf_counter() - t0
@@ -560,6 +661,8 @@ class Trainer:
                     s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg,
                                            plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
                                            record["train_loss"], cfg.seed, s.wall_s))
+                    if self.save_budget_weights:  # before the branch closes and the trunk returns
+                        self.save_weights(runlog.budget_weights_path(self.run_dir, up.budget_end))
                 if up.closed is not None:  # back to the trunk at the branch point
                     self.checkpointer.restore_branch_point(up.closed, self.model, self.optimizer)
                 if up.opened is not None:
@@ -588,11 +691,13 @@ class Trainer:
             self.metrics.close()
         return self.write_final()
 
-    def save_weights(self) -> None:
-        """Gather the full weights and write one safetensors file (rank 0)."""
+    def save_weights(self, path: Path | None = None) -> None:
+        """Gather the full weights and write one safetensors file (rank 0; default: the final weights)."""
         full = full_state_dict(self.model)
         if self.dist.is_main:
-            runlog.save_weights(self.run_dir / runlog.WEIGHTS, full,
+            path = self.run_dir / runlog.WEIGHTS if path is None else path
+            path.parent.mkdir(exist_ok=True)
+            runlog.save_weights(path, full,
                                 {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier})
         self.dist.barrier()
 
@@ -600,24 +705,31 @@ class Trainer:
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom", proxy: bool | None = None,
           run_name: str | None = None, runs_dir: str | Path = "runs", ckpt_dir: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, save_final_weights: bool = False,
-          progress: Callable[[Progress], None] | None = None, data_cache: str | Path | None = None) -> dict:
+          save_budget_weights: bool = False, progress: Callable[[Progress], None] | None = None,
+          data_cache: str | Path | None = None) -> dict:
     """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
 
     ``resume=True`` continues an existing run from its last checkpoint (a complete run returns its
     final.json at once) and refuses a run folder that holds no run. ``ckpt_dir`` is a parent folder
-    for checkpoints (default: ``<run_dir>/checkpoints``). ``progress`` is called after every
+    for checkpoints (default: ``<run_dir>/checkpoints``). ``save_budget_weights`` writes each budget's
+    final weights to ``<run_dir>/weights/budget-<i>.safetensors`` as its cooldown branch ends
+    (a resumed run rewrites the ones after its checkpoint). ``progress`` is called after every
     update with a :class:`Progress`. Raises UserError for bad input (an existing run without
     resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
     ...), before creating any folder where it can.
     """
-    dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate)
+    dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate,
+                             ep=train_cfg.ep)
+    lock = RunLock()
     try:
         trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
                           runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
-                          progress=progress, data_cache=data_cache)
+                          progress=progress, data_cache=data_cache, save_budget_weights=save_budget_weights,
+                          lock=lock)
         doc = trainer.train()
         if save_final_weights:
             trainer.save_weights()
         return {**doc, "run_dir": str(trainer.run_dir), "ckpt_dir": str(trainer.ckpt_dir)}
     finally:
+        lock.release()
         dist.close()

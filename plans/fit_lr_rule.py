@@ -1,0 +1,87 @@
+"""Fit the per-width learning-rate rule of the IsoFLOP proxy study from the lr sweep (issue 26).
+
+    python plans/fit_lr_rule.py [runs-lr] [--budget-index 1] [--json]
+
+For each width (d_model), the validation loss at one budget of the lr sweep (plans/lr-sweep.toml)
+against log10(peak lr): a parabola through the best lr and its two neighbours on the grid gives the
+optimum lr*(d) (its vertex; when the best lr is at the edge of the grid the optimum is only bounded,
+and said so). Two widths give the power law lr*(d) = lr*(6) (d / 6)^-gamma,
+gamma = -log(lr*(d2) / lr*(d1)) / log(d2 / d1). muP (Yang et al. 2022, "Tensor Programs V") has
+gamma = 1 for Adam on the hidden matrices; the fitted gamma is compared with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+
+def load(root: Path, budget_index: int) -> dict[int, list[tuple[float, float, float]]]:
+    """{d_model: [(lr, tokens, loss), ...]} of the finished lr-sweep runs under ``root``."""
+    out: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
+    for final in sorted(root.glob("*/final.json")):
+        doc = json.loads(final.read_text())
+        cfg = json.loads((final.parent / "config.json").read_text())
+        if not doc.get("complete"):
+            continue
+        pts = [p for p in doc["points"] if p["budget_index"] == budget_index]
+        if pts:
+            out[int(cfg["model"]["d_model"])].append((float(cfg["train"]["lr"]), float(pts[0]["D"]),
+                                                      float(pts[0]["loss"])))
+    return {d: sorted(v) for d, v in sorted(out.items())}
+
+
+def optimum(rows: list[tuple[float, float, float]]) -> dict:
+    """Vertex of the parabola in log10(lr) through the best grid point and its neighbours."""
+    lrs = [r[0] for r in rows]
+    losses = [r[2] for r in rows]
+    i = min(range(len(rows)), key=losses.__getitem__)
+    if i in (0, len(rows) - 1):
+        side = "below" if i == 0 else "above"
+        return {"lr": lrs[i], "bracketed": False, "loss": losses[i],
+                "note": f"best lr at the grid's edge: the optimum is at or {side} {lrs[i]:g}"}
+    x = [math.log10(lrs[k]) for k in (i - 1, i, i + 1)]
+    y = [losses[k] for k in (i - 1, i, i + 1)]
+    # parabola through three points: vertex from the divided differences
+    d1 = (y[1] - y[0]) / (x[1] - x[0])
+    d2 = ((y[2] - y[1]) / (x[2] - x[1]) - d1) / (x[2] - x[0])
+    xv = 0.5 * (x[0] + x[1]) - d1 / (2 * d2)
+    return {"lr": 10 ** xv, "bracketed": True, "loss": losses[i], "grid_best": lrs[i], "note": ""}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="?", default="runs-lr", help="the lr sweep's runs folder")
+    ap.add_argument("--budget-index", type=int, default=1,
+                    help="which budget of the sweep (0: 0.1M, 1: 0.3M)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    a = ap.parse_args()
+    b = a.budget_index
+    data = load(Path(a.runs), b)
+    opt = {d: optimum(rows) for d, rows in data.items()}
+    widths = sorted(opt)
+    rule = None
+    if len(widths) >= 2:
+        d1, d2 = widths[0], widths[-1]
+        gamma = -math.log(opt[d2]["lr"] / opt[d1]["lr"]) / math.log(d2 / d1)
+        rule = {"lr_at": d1, "lr": opt[d1]["lr"], "gamma": gamma,
+                "both_bracketed": opt[d1]["bracketed"] and opt[d2]["bracketed"]}
+    if a.json:
+        print(json.dumps({"budget_index": b, "points": {str(d): r for d, r in data.items()},
+                          "optimum": {str(d): o for d, o in opt.items()}, "rule": rule}, indent=2))
+        return
+    for d, rows in data.items():
+        print(f"d_model {d}: " + "  ".join(f"lr {lr:g}: {loss:.4f}" for lr, _, loss in rows)
+              + f"  (at {rows[0][1]:,.0f} tokens)")
+        o = opt[d]
+        print(f"  optimum lr {o['lr']:.3g}" + (f"  ({o['note']})" if o["note"] else " (parabola vertex)"))
+    if rule:
+        print(f"rule: lr(d) = {rule['lr']:.3g} * (d/{rule['lr_at']})^-{rule['gamma']:.2f}"
+              + ("" if rule["both_bracketed"] else "  (an optimum at a grid edge: the exponent is a bound)"))
+
+
+if __name__ == "__main__":
+    main()

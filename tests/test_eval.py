@@ -1,0 +1,417 @@
+"""Export and downstream evaluation (issue 28): weights at every budget, the exact unrolled-Mixtral
+export, the native lm-eval model against lm-eval's hf backend, offline tasks end to end, local
+pass@k and the loss->accuracy calibration.
+
+Two proxy-tiny runs (Baseline and SMELT, two budgets each, ~100 kB corpus) are trained once for
+the module. lm-eval, transformers and accelerate are test dependencies, so nothing here skips.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from scaling.accounting.tiers import get_config
+from scaling.cli import app
+from scaling.common.errors import UserError
+from scaling.evaluation.code_eval import pass_at_k, pass_at_k_estimate, run_program
+from scaling.evaluation.export import export_run, write_hf_folder
+from scaling.evaluation.weights import available_budgets, load_weights, resolve_weights
+from scaling.fitting.calibration import acc_sigmoid, calibrate, fit_acc_sigmoid
+from scaling.training import runlog
+from scaling.training.trainer import TrainConfig, train
+
+STEP = 8 * 64  # batch 8 x seq_len 64 of proxy-tiny
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{arch: run folder} of two tiny runs with weights at both budgets (the SMELT one also with
+    its final weights)."""
+    import os
+
+    root = tmp_path_factory.mktemp("eval")
+    old_cache, old_threads = os.environ.get("SMELT_CACHE"), torch.get_num_threads()
+    os.environ["SMELT_CACHE"] = str(tmp_path_factory.getbasetemp() / "smelt-cache")
+    try:
+        out = {}
+        for arch in ("baseline", "smelt"):
+            cfg = TrainConfig(
+                tokens=(4 * STEP, 8 * STEP),
+                batch_size=8,
+                data_max_bytes=100_000,
+                eval_every=0,
+                ckpt_every=100,
+                threads=1,
+                val_windows=8,
+                warmup=2,
+            )
+            train(
+                get_config("proxy-tiny", arch),
+                cfg,
+                tier="proxy-tiny",
+                run_name=arch,
+                runs_dir=root,
+                save_budget_weights=True,
+                save_final_weights=arch == "smelt",
+            )
+            out[arch] = root / arch
+        torch.set_num_threads(1)  # tiny tensors: more threads only contend (2 shared cores)
+        yield out
+    finally:
+        torch.set_num_threads(old_threads)
+        if old_cache is None:
+            os.environ.pop("SMELT_CACHE", None)
+        else:
+            os.environ["SMELT_CACHE"] = old_cache
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Hand-written items in the Hub layouts: ARC (multiple choice), HumanEval (generation) and a
+    text task (one document longer than the 64-token context, so rolling windows are exercised)."""
+    d = tmp_path_factory.mktemp("tasks")
+    arc = [
+        {
+            "id": "q1",
+            "question": "Which of these is a colour?",
+            "choices": {"text": ["red", "seven", "quickly"], "label": ["A", "B", "C"]},
+            "answerKey": "A",
+        },
+        {
+            "id": "q2",
+            "question": "What do plants need to grow?",
+            "choices": {"text": ["plastic", "sunlight", "noise", "iron"], "label": ["A", "B", "C", "D"]},
+            "answerKey": "B",
+        },
+        {
+            "id": "q3",
+            "question": "How many legs has a spider?",
+            "choices": {"text": ["two", "six", "eight"], "label": ["1", "2", "3"]},
+            "answerKey": "3",
+        },
+    ]
+    humaneval = [
+        {
+            "task_id": "t/0",
+            "prompt": "def add(a, b):\n",
+            "canonical_solution": "    return a + b\n",
+            "test": "def check(f):\n    assert f(2, 3) == 5\n",
+            "entry_point": "add",
+        },
+        {
+            "task_id": "t/1",
+            "prompt": "def double(x):\n",
+            "canonical_solution": "    return 2 * x\n",
+            "test": "def check(f):\n    assert f(4) == 8\n",
+            "entry_point": "double",
+        },
+    ]
+    prose = [
+        {
+            "text": "To be, or not to be, that is the question: whether 'tis nobler in the mind to "
+            "suffer the slings and arrows of outrageous fortune, or to take arms against a sea "
+            "of troubles, and by opposing end them."
+        },
+        {"text": "def add(a, b):\n    return a + b\n"},
+    ]
+    for name, rows in (("arc_easy", arc), ("humaneval", humaneval), ("prose", prose)):
+        (d / name).mkdir()
+        (d / name / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+# ----- weights at every budget --------------------------------------------------------------
+
+
+def test_budget_weights_are_written_and_resolved(runs):
+    smelt = runs["smelt"]
+    assert available_budgets(smelt) == [0, 1]
+    b0, b1 = (load_weights(resolve_weights(smelt, i)) for i in (0, 1))
+    final = (smelt / runlog.WEIGHTS).read_bytes()
+    from safetensors.torch import load
+
+    # the largest budget's weights are the final weights; the smaller budget's differ
+    for k, v in load(final).items():
+        assert torch.equal(b1.model.state_dict()[k], v)
+    assert not torch.equal(b0.model.layers[0].attn.wqkv.weight, b1.model.layers[0].attn.wqkv.weight)
+    points = {p["budget_index"]: p for p in json.loads((smelt / runlog.FINAL).read_text())["points"]}
+    assert b0.facts()["D"] == points[0]["D"] and b0.facts()["val_loss"] == points[0]["loss"]
+    with pytest.raises(UserError, match="budgets 0..1"):
+        resolve_weights(smelt, 2)
+
+
+# ----- export -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["baseline", "smelt"])
+def test_export_reloads_as_plain_mixtral(runs, tmp_path, arch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "hf"
+    block = export_run(runs[arch], out, budget=0)
+    cfg = json.loads((out / "config.json").read_text())
+    ours = load_weights(resolve_weights(runs[arch], 0))
+    assert cfg["model_type"] == "mixtral" and cfg["num_hidden_layers"] == ours.config.n_layer_passes
+    assert (
+        cfg["smelt_scale"]["arch"] == arch and cfg["smelt_scale"]["source_weights"]["sha256"] == ours.sha256
+    )
+    assert cfg.get("experts_implementation") == ("eager" if arch == "smelt" else None)  # d=27 vs d=32
+    assert block["loop"]["n_loops"] == ours.config.n_loops
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 1, 2)
+    ids = torch.tensor([tok("def add(a, b):\n    return a + b  # the sum")["input_ids"]])
+    assert ids.shape[1] > 8
+    with torch.no_grad():
+        a, b = ours.model(ids).logits, model(ids).logits
+    assert a.abs().max() > 0.1
+    assert (a - b).abs().max() <= 1e-5
+    # the same model with large random weights (routing and attention far from uniform, logits ~10)
+    gen = torch.Generator().manual_seed(5)
+    state = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in ours.model.state_dict().items()}
+    ours.model.load_state_dict(state)
+    write_hf_folder(tmp_path / "rand", ours.config, state, tokenizer_json=None)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "rand", dtype=torch.float32).eval()
+    with torch.no_grad():
+        a, b = ours.model(ids).logits, model(ids).logits
+    assert a.abs().max() > 2.0
+    assert (a - b).abs().max() <= 5e-6 * a.abs().max()  # fp32 rounding, relative to logits of this size
+
+
+def test_export_from_a_checkpoint_and_bf16(runs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    ckpt = sorted((runs["smelt"] / "checkpoints").glob("iter-*"))[-1]
+    block = export_run(runs["smelt"], tmp_path / "c", checkpoint=ckpt)
+    assert block["source_weights"]["kind"] == "checkpoint" and block["D"] == 8 * STEP
+    export_run(runs["smelt"], tmp_path / "f")
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "c" / "model.safetensors"), load_file(tmp_path / "f" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    export_run(runs["smelt"], tmp_path / "h", dtype="bf16")
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "h")
+    assert m.dtype == torch.bfloat16
+
+
+def test_export_refuses_odd_heads_and_bad_input_in_one_line(runs, tmp_path):
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    meta = json.loads((runs["baseline"] / runlog.CONFIG).read_text())
+    meta["model"]["head_dim"] = 15  # the paper's SMELT twins have odd heads: partial rotary
+    (odd / runlog.CONFIG).write_text(json.dumps(meta))
+    res = runner.invoke(app, ["export", str(odd), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "eval --backend native" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    res = runner.invoke(
+        app, ["export", str(runs["baseline"]), "--out", str(tmp_path / "y"), "--budget", "7"]
+    )
+    assert res.exit_code == 2 and "budgets 0..1" in res.stderr
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "keep").write_text("x")
+    res = runner.invoke(app, ["export", str(runs["baseline"]), "--out", str(tmp_path / "z")])
+    assert res.exit_code == 2 and (tmp_path / "z" / "keep").exists()
+
+
+# ----- evaluation -------------------------------------------------------------------------
+
+
+def _rows(rows, **match):
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def test_native_and_hf_backends_agree_on_bits_per_byte(runs, data):
+    from scaling.evaluation.run import EvalSettings, evaluate_runs
+
+    got = {}
+    for backend in ("native", "hf"):
+        s = EvalSettings(tasks=("prose",), data=data, backend=backend, budgets=(0,), device="cpu")
+        got[backend] = {r["metric"]: r["value"] for r in evaluate_runs([runs["smelt"]], s)}
+    bpb = got["native"]["bits_per_byte"]
+    assert 1.0 < bpb < 20.0
+    assert abs(bpb - got["hf"]["bits_per_byte"]) <= 1e-6
+    assert abs(got["native"]["bpb_gold"] - bpb) <= 1e-9  # the gold answer of a text task is its text
+
+
+def test_eval_cli_multiple_choice_and_generation_offline(runs, data, tmp_path):
+    out = tmp_path / "table.csv"
+    args = [
+        "eval",
+        str(runs["baseline"]),
+        str(runs["smelt"]),
+        "--tasks",
+        "arc_easy,humaneval",
+        "--data",
+        str(data),
+        "--budget",
+        "all",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    res = runner.invoke(app, args[:-3])  # without --allow-code-execution: refused before any work
+    assert res.exit_code == 2 and "--allow-code-execution" in res.stderr
+    res = runner.invoke(app, [*args, "--allow-code-execution"])
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)
+    import pandas as pd
+
+    table = pd.read_csv(out)
+    assert len(table) == len(rows)
+    for arch, run in runs.items():
+        points = {p["budget_index"]: p for p in json.loads((run / runlog.FINAL).read_text())["points"]}
+        for b in (0, 1):
+            mine = _rows(rows, run=arch, budget_index=b)
+            metrics = {(r["task"], r["metric"]) for r in mine}
+            assert metrics == {
+                ("arc_easy", "acc"),
+                ("arc_easy", "acc_norm"),
+                ("arc_easy", "bpb_gold"),
+                ("humaneval", "pass@1"),
+                ("humaneval", "bpb_gold"),
+            }
+            for r in mine:
+                assert (r["N"], r["D"], r["loss"]) == (points[b]["N"], points[b]["D"], points[b]["loss"])
+                assert r["n"] == (3 if r["task"] == "arc_easy" else 2)
+            assert _rows(mine, metric="pass@1")[0]["value"] == 0.0  # a 100-step proxy writes no programs
+    # the gold answer's bits per byte, recomputed here from the model's own forward
+    loaded = load_weights(resolve_weights(runs["smelt"], 1))
+    from tokenizers import Tokenizer
+
+    from scaling.evaluation.weights import tokenizer_file
+
+    tok = Tokenizer.from_file(str(tokenizer_file(runs["smelt"], loaded.meta, loaded.model)))
+    items = [
+        ("Which of these is a colour?", "red"),
+        ("What do plants need to grow?", "sunlight"),
+        ("How many legs has a spider?", "eight"),
+    ]
+    bits = nbytes = 0.0
+    for q, a in items:
+        ctx = tok.encode(f"Question: {q}\nAnswer:").ids
+        whole = tok.encode(f"Question: {q}\nAnswer: {a}").ids
+        cont = whole[len(ctx) :]
+        with torch.no_grad():
+            logp = torch.log_softmax(loaded.model(torch.tensor([whole[:-1]])).logits[0].float(), -1)
+        bits -= sum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont)) / math.log(2)
+        nbytes += len(f" {a}".encode())
+    got = _rows(rows, run="smelt", budget_index=1, task="arc_easy", metric="bpb_gold")[0]["value"]
+    assert abs(got - bits / nbytes) < 1e-5
+
+
+def test_eval_errors_are_one_line(runs, data, tmp_path):
+    base = ["eval", str(runs["smelt"]), "--data", str(data), "--device", "cpu"]
+    for extra, message in (
+        (["--tasks", "nope"], "no folder"),
+        (["--tasks", "prose", "--backend", "x"], "backend"),
+        (["--tasks", "prose", "--budget", "a,b"], "--budget"),
+        (["--tasks", "prose", "--out", str(tmp_path / "t.txt")], ".csv"),
+    ):
+        res = runner.invoke(app, base + extra)
+        assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_eval_and_export_help_import_no_lm_eval():
+    probe = (
+        "import sys\nfrom scaling.cli import app\n"
+        "for args in (['eval', '--help'], ['export', '--help'], ['calibrate', '--help']):\n"
+        "    try:\n        app(args)\n    except SystemExit:\n        pass\n"
+        "heavy = ('lm_eval', 'transformers', 'datasets', 'torch')\n"
+        "print('imported:', *[m for m in heavy if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "imported:"
+
+
+# ----- pass@k -----------------------------------------------------------------------------
+
+
+def test_pass_at_k_on_known_programs():
+    assert pass_at_k_estimate(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k_estimate(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k_estimate(3, 3, 2) == 1.0
+    good, bad = "def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a - b\n"
+    test = "assert add(2, 3) == 5"
+    assert run_program(good + test) and not run_program(bad + test)
+    assert not run_program("while True:\n    pass\n", timeout=1.0)  # killed at its timeout
+    assert not run_program("import sys\nsys.exit(3)\n")
+    res = pass_at_k([test, test], [[good, bad], [bad, bad]], k=(1, 2))
+    assert res == {"pass@1": pytest.approx((0.5 + 0.0) / 2), "pass@2": pytest.approx((1.0 + 0.0) / 2)}
+
+
+# ----- calibration ------------------------------------------------------------------------
+
+
+def test_acc_sigmoid_recovers_a_known_sigmoid():
+    rng = np.random.default_rng(0)
+    L = np.linspace(2.0, 5.0, 24)
+    truth = dict(floor=0.25, k=3.0, L0=3.2)
+    acc = acc_sigmoid(L, **truth) + rng.normal(0, 0.003, L.size)
+    fixed = fit_acc_sigmoid(L, acc, floor=0.25)
+    assert (
+        fixed.identified
+        and fixed.k == pytest.approx(3.0, rel=0.05)
+        and fixed.L0 == pytest.approx(3.2, abs=0.02)
+    )
+    free = fit_acc_sigmoid(L, acc)
+    assert free.floor == pytest.approx(0.25, abs=0.01) and free.k == pytest.approx(3.0, rel=0.08)
+    # a candidate 0.04 above the curve at its own losses: the residual and an interval around it
+    Lc = np.linspace(2.3, 4.5, 10)
+    res = calibrate(
+        L, acc, Lc, acc_sigmoid(Lc, **truth) + 0.04 + rng.normal(0, 0.003, Lc.size), floor=0.25, n_boot=200
+    )
+    assert res.residual == pytest.approx(0.04, abs=0.005) and res.residual_lo < 0.04 < res.residual_hi
+    assert res.residual_lo > 0.02
+    # everything at chance (a proxy): said to be unidentified
+    flat = calibrate(L, np.full(L.size, 0.25), Lc, np.full(Lc.size, 0.25), floor=0.25, n_boot=20)
+    assert not flat.fit.identified and flat.notes
+
+
+def test_calibrate_cli_reads_an_eval_table(tmp_path):
+    L = np.linspace(2.7, 5.0, 12)  # accuracies below 0.9, so +0.02 stays an accuracy
+    rows = [
+        {
+            "run": f"b{i}",
+            "arch": "baseline",
+            "budget_index": 0,
+            "loss": x,
+            "task": "mmlu_x",
+            "metric": "acc",
+            "value": float(acc_sigmoid(x, 0.25, 3.0, 3.2)),
+        }
+        for i, x in enumerate(L)
+    ]
+    rows += [
+        {
+            "run": f"s{i}",
+            "arch": "smelt",
+            "budget_index": 0,
+            "loss": x,
+            "task": "mmlu_x",
+            "metric": "acc",
+            "value": float(acc_sigmoid(x, 0.25, 3.0, 3.2)) + 0.02,
+        }
+        for i, x in enumerate(L[::3])
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = runner.invoke(
+        app, ["calibrate", str(path), "--task", "mmlu_x", "--floor", "0.25", "--bootstrap", "50", "--json"]
+    )
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["residual"] == pytest.approx(0.02, abs=1e-4) and doc["fit"]["identified"]
+    res = runner.invoke(app, ["calibrate", str(path), "--task", "nope"])
+    assert res.exit_code == 2 and "no rows" in res.stderr

@@ -1,0 +1,122 @@
+"""`prepare-data --overwrite` checks before it deletes, builds beside the target, and replaces only the
+earlier preparation's files (issue 25, data loss 4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from scaling.cli import app
+from scaling.training.shards import load_shards
+
+runner = CliRunner()
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+
+
+def _inputs(tmp: Path, n: int = 60) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    p = tmp / "docs.jsonl"
+    with open(p, "w") as fh:
+        for i in range(n):
+            text = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(40 + i % 13))
+            fh.write(json.dumps({"id": f"d{i}", "text": text}) + "\n")
+    return p
+
+
+def _prep(src, out, *extra):
+    return runner.invoke(app, ["prepare-data", str(src), "--out", str(out), "--val-fraction", "0.2",
+                               "--quiet", *extra])
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def prepared(tmp_path):
+    src = _inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    res = _prep(src, out, "--vocab-size", "300", "--shard-tokens", "400")
+    assert res.exit_code == 0, res.output
+    (out / "notes.txt").write_text("mine")
+    (out / "mine-00001.bin").write_bytes(b"\x00\x01")      # looks like a shard; not the preparation's
+    return src, out
+
+
+def _one_line(res, pattern):
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and pattern in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("bad, pattern", [
+    (["--tokenizer", "NOPE"], "tokenizer"),
+    (["--tokenizer", "BROKEN"], "tokenizer"),
+    (["INPUT-MISSING"], "does not exist"),
+    (["INPUT-BAD"], "not a JSON line"),
+])
+def test_a_refused_overwrite_changes_nothing(prepared, tmp_path, bad, pattern):
+    src, out = prepared
+    before = _snapshot(out)
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
+    args = {"NOPE": str(tmp_path / "nope.json"), "BROKEN": str(tmp_path / "broken.json")}
+    sources = [str(src)]
+    extra = []
+    for b in bad:
+        if b == "INPUT-MISSING":
+            sources = [str(tmp_path / "missing.jsonl")]
+        elif b == "INPUT-BAD":
+            sources = [str(tmp_path / "bad.jsonl")]
+        else:
+            extra.append(args.get(b, b))
+    if "--tokenizer" not in extra:
+        extra += ["--vocab-size", "300"]
+    _one_line(runner.invoke(app, ["prepare-data", *sources, "--out", str(out), "--quiet", "--overwrite",
+                                  *extra]), pattern)
+    assert _snapshot(out) == before
+    assert not list(tmp_path.glob(".out.overwrite-*"))
+
+
+def test_overwrite_replaces_only_the_earlier_preparation(prepared):
+    src, out = prepared
+    old = json.loads((out / "manifest.json").read_text())
+    res = _prep(src, out, "--vocab-size", "300", "--shard-tokens", "700", "--overwrite")
+    assert res.exit_code == 0, res.output
+    new = json.loads((out / "manifest.json").read_text())
+    assert new["shard_tokens"] == 700 and old["shard_tokens"] == 400
+    bins = {p.name for p in out.glob("*.bin")}
+    assert bins == {s["path"] for s in new["shards"]} | {"mine-00001.bin"}   # stale shards gone
+    assert (out / "notes.txt").read_text() == "mine" and (out / "mine-00001.bin").read_bytes() == b"\x00\x01"
+    assert not (out / ".prepare").exists() and not list(out.parent.glob(".out.overwrite-*"))
+    load_shards(out)                                     # the folder verifies
+
+
+def test_overwrite_keeps_its_own_input_tokenizer(prepared):
+    src, out = prepared
+    tok = out / "tokenizer.json"
+    before = tok.read_bytes()
+    res = _prep(src, out, "--tokenizer", str(tok), "--shard-tokens", "700", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert tok.read_bytes() == before
+    load_shards(out)
+
+
+def test_overwrite_refuses_to_replace_a_user_file_of_the_same_name(tmp_path):
+    src = _inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train-00000.bin").write_bytes(b"user data")
+    _one_line(_prep(src, out, "--vocab-size", "300", "--overwrite"), "no earlier preparation wrote")
+    assert (out / "train-00000.bin").read_bytes() == b"user data"
+    assert sorted(p.name for p in out.iterdir()) == ["train-00000.bin"]
+
+
+def test_an_input_inside_the_replaced_files_is_refused(prepared):
+    src, out = prepared
+    shard = json.loads((out / "manifest.json").read_text())["shards"][0]["path"]
+    _one_line(runner.invoke(app, ["prepare-data", str(out / shard), "--out", str(out), "--quiet",
+                                  "--vocab-size", "300", "--overwrite"]), "would replace")

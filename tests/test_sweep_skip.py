@@ -1,0 +1,56 @@
+"""Issue 25, "a sweep skips a finished run by final.json alone": a run is skipped only when its
+recorded config is the plan's and every output the plan asks for exists; a run killed while
+writing its final weights is resumed (and gets them), a run of another config is refused, by the
+dry run and the real sweep alike."""
+
+from __future__ import annotations
+
+import json
+
+from test_sweep import MINI
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.training.sweep import planned_status
+from scaling.training.sweep_plan import load_plan
+
+runner = CliRunner()
+
+
+def _plan(tmp_path, lr="3e-3"):
+    text = (MINI.replace('"tiny-a", "tiny-b"', '"tiny-a"').replace('["baseline", "smelt"]', '["baseline"]')
+            .replace("budgets = [1024, 2048, 4096]", "budgets = [1024]")
+            .replace("lr = 3e-3", f"lr = {lr}\nsave_final_weights = true")
+            .replace('kind = "local"', 'kind = "debug"'))
+    path = tmp_path / "plan.toml"
+    path.write_text(text.format(runs=tmp_path / "runs"))
+    return path
+
+
+def test_skip_only_the_same_finished_run_with_its_outputs(tmp_path, env):
+    plan = _plan(tmp_path)
+    res = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
+    assert res.exit_code == 0, res.output
+    folder = tmp_path / "runs" / "tiny-a-baseline-s0"
+    weights = folder / "final_weights.safetensors"
+    assert json.loads(res.stdout)["status"] == {"tiny-a-baseline-s0": "done"} and weights.is_file()
+    # killed while writing its final weights: final.json is complete, the weights are not there
+    weights.unlink()
+    run = load_plan(plan).runs[0]
+    assert planned_status(run, tmp_path / "runs") == "partial"
+    res = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["skipped"] == [] and weights.is_file(), res.output
+    res = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
+    assert json.loads(res.stdout)["skipped"] == ["tiny-a-baseline-s0"]  # now it is finished
+    # the same folder under a plan with another [train] config: refused, dry run and real run alike
+    other = _plan(tmp_path, lr="1e-3")
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
+    errors = []
+    for extra in (["--dry-run"], []):
+        res = runner.invoke(app, ["sweep", str(other), "--no-probe", *extra])
+        assert res.exit_code == 2, res.output
+        errors.append(res.stderr)
+    assert errors[0] == errors[1] and errors[0].count("\n") == 1
+    assert "run tiny-a-baseline-s0" in errors[0] and "another configuration" in errors[0]
+    assert "train.lr 0.003 -> 0.001" in errors[0]
+    assert before == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
