@@ -276,15 +276,20 @@ def test_savings_figure_withholds_what_the_command_withholds(tmp_path):
                                    "--bootstrap", "0", "--json"])
     assert res.exit_code == 0, res.output
     withheld = {r["budget"] for r in json.loads(res.stdout)["rows"] if r["savings"] is None}
-    assert 1e21 in {round(b, -19) for b in withheld} or any(np.isclose(b, 1e21) for b in withheld)
+    assert any(np.isclose(b, 1e21) for b in withheld)
     ctx = _Context(ROOT / "runs", 0, 0, None, budgets, "baseline", "smelt", "chinchilla")
     result, data_range = ctx.savings()
     drawn_far = {r.budget for r in result.rows if r.extrapolated}
-    assert {round(np.log10(b), 6) for b in drawn_far} == {round(np.log10(b), 6) for b in withheld}
+    key = lambda bs: {round(np.log10(b), 6) for b in bs}  # noqa: E731
+    shown = {r.budget for r in result.rows if not r.extrapolated and r.savings is not None}
+    # drawn dashed only where the command withholds; drawn as a result nowhere it withholds (a budget
+    # no law answers is left out of the figure and withheld by the command)
+    assert key(drawn_far) <= key(withheld) and not key(shown) & key(withheld)
     fig = plots.savings(result, data_range=data_range)
     FigureCanvasAgg(fig).draw()
     ax = fig.axes[0]
-    assert "withheld" in " ".join(t.get_text() for t in ax.texts)
+    if any(np.isclose(b, 1e21) for b in drawn_far):
+        assert "withheld" in " ".join(t.get_text() for t in ax.texts)
     assert not any("%" in t.get_text() for t in ax.texts)  # no number at the withheld 1e21
     for line in ax.lines:
         xs = np.asarray(line.get_xdata(), dtype=float)
@@ -312,7 +317,8 @@ def test_compare_figure_names_seeds_and_its_error_bars():
     left, right = fig.axes[:2]
     labels = [t.get_text() for t in left.get_legend().get_texts()]
     assert {"seed 0", "seed 1"} <= set(labels)
-    tier_colours = {ln.get_color() for ln in left.lines if ln.get_label().startswith("proxy")}
+    tiers = {s.label for s in res.by_tier}
+    tier_colours = {ln.get_color() for ln in left.lines if ln.get_label() in tiers}
     assert len(tier_colours) == len(res.by_tier)
     assert "± 1 s.e." in right.get_title() and "± 1 s.e." in right.get_xlabel()
     for a in (left, right):

@@ -114,7 +114,7 @@ def test_error_exits(tmp_path):
     src = grid_table(tmp_path / "pts.csv")
     one_line_error(runner.invoke(app, ["fit", str(src), "--loss-col", "val_loss"]),
                    "no loss column 'val_loss'")
-    one_line_error(runner.invoke(app, ["fit", str(src), "--law", "kaplan"]), "unknown law")
+    one_line_error(runner.invoke(app, ["fit", str(src), "--law", "kaplan"]), "'kaplan' is not one of")
     df = pd.read_csv(src)
     bad = tmp_path / "bad.csv"
     df.assign(loss=df["loss"].where(df.index != 3, np.nan)).to_csv(bad, index=False)

@@ -20,9 +20,10 @@ FAST = {
     "match": (["schema", "tiers"], ["match", "--tier", "proxy-xs"]),
     "compare": (["schema", "reference", "candidate", "difference", "cluster", "overall",
                  "cells_candidate_better", "n_cells", "seed_spread", "n_seeds", "by_tier", "by_budget",
-                 "cells", "by_source", "by_length", "notes"], ["compare", RUNS]),
+                 "cells", "by_source", "by_length", "notes", "dropped"], ["compare", RUNS]),
     "savings": (["schema", "reference", "candidate", "convention", "rows", "savings_range", "ci_level",
-                 "laws", "source", "warnings"], ["savings", RUNS, "--budget", "1e12", "--bootstrap", "0"]),
+                 "laws", "source", "warnings", "cross_checks"],
+                ["savings", RUNS, "--budget", "1e12", "--bootstrap", "0"]),
 }
 SLOW = {
     "fit": (["schema", "fits"], ["fit", RUNS, "--bootstrap", "0"]),
