@@ -1,5 +1,6 @@
 """Approach-3 fitter: optimiser, recovery of known laws, Epoch's Chinchilla fit, result objects."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -211,8 +212,9 @@ def test_fit_result_round_trip_predict_optimal(tmp_path):
     N, D = grid_design()
     fit = fit_law(frame(N, D, noisy(CHIN, TRUE, 0.003, 3, N=N, D=D)), n_bootstrap=20, seed=0)
     d = fit.to_dict()
-    for key in ("law", *CHIN.params, "n_points", "ci", "diagnostics", "bootstrap", "data_summary"):
+    for key in ("law", "params", "n_points", "ci", "diagnostics", "bootstrap", "data_summary"):
         assert key in d
+    assert list(d["params"]) == list(CHIN.params)
     back = FitResult.from_dict(d)
     assert back.params == fit.params and back.ci == fit.ci
     np.testing.assert_array_equal(back.bootstrap, fit.bootstrap)
@@ -249,6 +251,25 @@ def test_fitset_rejects_bad_files(tmp_path):
     p.write_text('{"fits": {"g": {"law": "chinchilla", "E": 1}}}')
     with pytest.raises(UserError, match="not a fit entry"):
         FitSet.load(p)
+    p.write_text('{"schema": "smelt-scale.fit/9", "fits": {"g": {"law": "chinchilla", "E": 1}}}')
+    with pytest.raises(UserError, match="not one this version"):
+        FitSet.load(p)
+
+
+def test_fitset_reads_unversioned_files_as_version_1(tmp_path):
+    """A fits file written before schemas (parameters as top-level keys) still loads; a saved file is
+    version 2 (parameters under "params") and loads back equal."""
+    entry = {"law": "chinchilla", "E": 1.7, "A": 400.0, "alpha": 0.34, "B": 410.0, "beta": 0.28,
+             "n_points": 9}
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"fits": {"g": entry}}))
+    fs = FitSet.load(p)
+    assert fs["g"].params == {k: entry[k] for k in ("E", "A", "alpha", "B", "beta")}
+    fs.save(tmp_path / "new.json")
+    doc = json.loads((tmp_path / "new.json").read_text())
+    assert doc["schema"] == "smelt-scale.fit/2" and doc["fits"]["g"]["params"]["beta"] == 0.28
+    assert "beta" not in doc["fits"]["g"]
+    assert FitSet.load(tmp_path / "new.json")["g"].params == fs["g"].params
 
 
 def test_fit_groups_and_cross_checks():

@@ -42,11 +42,12 @@ def test_json_shape_and_out_round_trip(tmp_path):
     res = runner.invoke(app, ["fit", str(src), "--json", "--bootstrap", "10", "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)                  # exactly one JSON document on stdout
-    assert list(data) == ["fits"] and sorted(data["fits"]) == ["baseline", "smelt"]
+    assert list(data) == ["schema", "fits"] and sorted(data["fits"]) == ["baseline", "smelt"]
+    assert data["schema"] == "smelt-scale.fit/2"
     for entry in data["fits"].values():
         assert entry["law"] == "chinchilla"
         for k in ("E", "A", "alpha", "B", "beta"):
-            assert isinstance(entry[k], float)
+            assert isinstance(entry["params"][k], float)
             lo, hi = entry["ci"][k]
             assert isinstance(lo, float) and lo <= hi
         assert entry["n_points"] == 25 and isinstance(entry["n_points"], int)
@@ -78,8 +79,9 @@ def test_human_table_and_smelt_law(tmp_path):
     assert res.exit_code == 0, res.output
     entry = json.loads(res.stdout)["fits"]["default"]
     assert entry["law"] == "smelt"
-    assert set(get_law("smelt").params) <= set(entry)
-    assert abs(entry["c"] - TRUE_SMELT["c"]) < 1e-4 and abs(entry["b"] - TRUE_SMELT["b"]) < 1e-4
+    assert set(get_law("smelt").params) == set(entry["params"])
+    p = entry["params"]
+    assert abs(p["c"] - TRUE_SMELT["c"]) < 1e-4 and abs(p["b"] - TRUE_SMELT["b"]) < 1e-4
     assert entry["ci"]["E"] == [None, None]          # no bootstrap: NaN intervals as JSON null
 
 
@@ -112,7 +114,7 @@ def test_error_exits(tmp_path):
     src = grid_table(tmp_path / "pts.csv")
     one_line_error(runner.invoke(app, ["fit", str(src), "--loss-col", "val_loss"]),
                    "no loss column 'val_loss'")
-    one_line_error(runner.invoke(app, ["fit", str(src), "--law", "kaplan"]), "unknown law")
+    one_line_error(runner.invoke(app, ["fit", str(src), "--law", "kaplan"]), "'kaplan' is not one of")
     df = pd.read_csv(src)
     bad = tmp_path / "bad.csv"
     df.assign(loss=df["loss"].where(df.index != 3, np.nan)).to_csv(bad, index=False)

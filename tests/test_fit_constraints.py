@@ -232,7 +232,8 @@ def test_cli_constraints_objective_at_and_errors(tmp_path):
     data = json.loads(r.stdout)
     base = data["fits"]["base"]
     assert base["settings"]["shared"] == ["E"] and base["settings"]["objective"] == "sq-log"
-    assert base["alpha"] == base["beta"] and base["E"] == data["fits"]["loop"]["E"]
+    p = base["params"]
+    assert p["alpha"] == p["beta"] and p["E"] == data["fits"]["loop"]["params"]["E"]
     assert {"C", "N", "D", "loss", "N_ci"} <= set(base["at_budget"])
     r = runner.invoke(app, ["fit", str(path), "--bootstrap", "0", "--at", "1e22"])
     assert r.exit_code == 0 and "at C = 1e+22 FLOPs: N* =" in r.output
@@ -240,7 +241,7 @@ def test_cli_constraints_objective_at_and_errors(tmp_path):
     for args, msg in [(["--fix", "Q=1"], "'Q' is not a parameter"),
                       (["--tie", "alpha"], "a tie is NAME=NAME"),
                       (["--share", "E,zeta"], "'zeta' is not a parameter"),
-                      (["--objective", "l1"], "unknown objective"), (["--fix", "E=abc"], "NAME=VALUE")]:
+                      (["--objective", "l1"], "'l1' is not one of"), (["--fix", "E=abc"], "NAME=VALUE")]:
         r = runner.invoke(app, ["fit", str(path), "--bootstrap", "0", *args])
         assert r.exit_code == 2, (args, r.output)
         assert msg in r.output and len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output

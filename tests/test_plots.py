@@ -336,7 +336,7 @@ def test_cli_all_writes_figures_and_skips_missing_analyses(runs, tmp_path):
                               "--budgets", "1e12:1e21:4", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert set(data) == {"figures", "skipped"}
+    assert set(data) == {"schema", "figures", "skipped"} and data["schema"] == "smelt-scale.plot/1"
     kinds = {f["kind"] for f in data["figures"]}
     assert kinds == {"loss-curves", "fits", "isoflop", "residuals", "params", "frontier", "savings"}
     assert {s["kind"] for s in data["skipped"]} == {"sink", "lengths", "icl"}
@@ -359,8 +359,8 @@ def test_cli_mechanism_kinds(runs, tmp_path):
 
 
 @pytest.mark.parametrize("args, pattern", [
-    (["plot", "bogus"], "unknown plot kind"),
-    (["plot", "fits", "--format", "jpg"], "--format must be"),
+    (["plot", "bogus"], "'bogus' is not one of"),
+    (["plot", "fits", "--format", "jpg"], "'jpg' is not one of 'png', 'pdf', 'svg'"),
     (["plot", "fits", "--budgets", "1e20:x"], "--budgets"),
     (["plot", "fits", "--runs", "/nonexistent/runs"], "no such runs folder"),
 ])

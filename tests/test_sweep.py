@@ -163,7 +163,7 @@ def test_mini_plan_end_to_end(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("edit, args, message", [
     (None, ["--runs-dir", "{tmp}/afile"], "is a file, not a folder"),
-    (None, ["--executor", "bogus"], "--executor must be one of local, slurm, debug"),
+    (None, ["--executor", "bogus"], "'bogus' is not one of 'local', 'slurm', 'debug'"),
     (None, ["--concurrency", "0"], "Invalid value for '--concurrency'"),
     (("lr = ", "lrr = "), [], "unknown [train] keys: lrr"),
     (('kind = "local"', 'kind = "bogus"'), [], "[executor] kind must be one of"),

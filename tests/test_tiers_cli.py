@@ -13,7 +13,7 @@ def test_tiers_json_shape():
     res = runner.invoke(app, ["tiers", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert list(data) == ["tiers"]
+    assert list(data) == ["schema", "tiers"] and data["schema"] == "smelt-scale.tiers/1"
     names = [t["name"] for t in data["tiers"]]
     assert names[:4] == ["100M", "200M", "600M", "1.6B"]
     assert any(t["proxy"] for t in data["tiers"]) and not data["tiers"][0]["proxy"]

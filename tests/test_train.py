@@ -146,8 +146,8 @@ def test_param_groups_skip_embedding_and_gains():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tier", "proxy-huge", "--arch", "smelt", "--tokens", "1e4"], "unknown tier"),
-    (["--tier", TIER, "--arch", "dense", "--tokens", "1e4"], "unknown arch"),
+    (["--tier", "proxy-huge", "--arch", "smelt", "--tokens", "1e4"], "'proxy-huge' is not one of"),
+    (["--tier", TIER, "--arch", "dense", "--tokens", "1e4"], "'dense' is not one of 'baseline', 'smelt'"),
     (["--tier", TIER, "--arch", "smelt", "--tokens", "100"], "below one optimizer step"),
     (["--tier", TIER, "--arch", "smelt", "--tokens", "1e4", "--runs-dir", "/proc/nope"], "not writable"),
     (["--tier", TIER, "--arch", "smelt", "--tokens", "1e4,x"], "comma-separated"),

@@ -28,21 +28,18 @@ from scaling.training.corpus import BOS_ID
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (Wilson 1927; Agresti & Coull 1998):
-    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z the normal quantile."""
-    from statistics import NormalDist
+    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z the normal quantile; computed by
+    ``scipy.stats.binomtest(successes, n).proportion_ci(confidence, method="wilson")``."""
+    from scipy.stats import binomtest
 
     if n <= 0:
         return (math.nan, math.nan)
     if not 0 <= successes <= n:
         raise ValueError(f"successes {successes} outside 0..{n}")
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
     # At p = 0 (p = 1) the lower (upper) end is exactly 0 (1); rounding would leave 1e-17.
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)
-    hi = 1.0 if successes == n else min(1.0, centre + half)
+    lo = 0.0 if successes == 0 else max(0.0, float(ci.low))
+    hi = 1.0 if successes == n else min(1.0, float(ci.high))
     return lo, hi
 
 

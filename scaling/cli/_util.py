@@ -33,8 +33,33 @@ stdout = Console(soft_wrap=True, width=_WIDTH, emoji=False)
 stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200, emoji=False)
 
 
+# Version of each command's --json document (docs/json.md); bump one when a key is renamed or moved.
+# fit/2: a law's parameters moved under "params" (fit/1 had them as top-level keys of each entry).
+SCHEMA_VERSIONS: dict[str, int] = {"fit": 2}
+
+
+def schema_name(command: str) -> str:
+    """``"smelt-scale.<command>/<n>"``, the "schema" of a command's JSON ("analyze sink": analyze-sink)."""
+    command = "-".join(command.split())
+    return f"smelt-scale.{command}/{SCHEMA_VERSIONS.get(command, 1)}"
+
+
+def _current_command() -> str | None:
+    from scaling.cli._click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return None
+    parts = ctx.command_path.split()[1:]  # without the program name
+    return " ".join(parts) or None
+
+
 def emit_json(obj: Any) -> None:
-    """Print one JSON document on stdout."""
+    """Print one JSON document on stdout, its first key ``"schema": "smelt-scale.<command>/<n>"``
+    (unless the document names its schema itself, as a fits document does)."""
+    command = _current_command()
+    if isinstance(obj, dict) and "schema" not in obj and command is not None:
+        obj = {"schema": schema_name(command), **obj}
     sys.stdout.write(to_json(obj) + "\n")
     sys.stdout.flush()
 
@@ -70,6 +95,27 @@ def run_cli(fn: Callable) -> Callable:
             fail("interrupted", code=130)
 
     return wrapper
+
+
+def setup_logging(level: int | None = None) -> None:
+    """Send the library's ``logging`` records (logger ``scaling``: progress lines, warnings) to stderr
+    as ``2026-01-31 12:00:00 message`` lines, unless the user or a host program configured logging
+    already (a handler on the root or the ``scaling`` logger)."""
+    import logging
+
+    lib = logging.getLogger("scaling")
+    if logging.getLogger().handlers or lib.handlers:
+        return
+    class _Stderr(logging.StreamHandler):
+        # whatever sys.stderr is when a record comes (a test runner or notebook swaps it)
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr
+            super().emit(record)
+
+    handler = _Stderr(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+    lib.addHandler(handler)
+    lib.setLevel(logging.INFO if level is None else level)
 
 
 def show_progress(json_mode: bool = False, quiet: bool = False) -> bool:
@@ -136,6 +182,13 @@ def check_output_file(path: Path | str, what: str = "output file", *, force: boo
         if not os.access(path, os.W_OK):
             fail(f"{what} {path} is not writable")
     return path
+
+
+def one_path(positional: Optional[Path], option: Optional[Path], flag: str = "--runs") -> Optional[Path]:
+    """A path given positionally or with ``flag`` (the same path twice is fine; two different are not)."""
+    if positional is not None and option is not None and Path(positional) != Path(option):
+        raise UserError(f"give the runs path once: {positional} and {flag} {option} differ")
+    return positional if positional is not None else option
 
 
 def check_output_folder(path: Path | str, what: str = "output folder", *, force: bool = False,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
+from scaling.cli._util import emit_json, run_cli, schema_name, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
 from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
@@ -36,6 +36,9 @@ ROLE_FLAGS = {"parameter column": "--n-col", "token column": "--d-col", "loss co
               "row filter": "--where", "unit": "--n-col/--d-col/--c-col NAME:UNIT",
               "FLOPs per parameter per token": "--flops-per-nd", "holdout": "--holdout",
               "IsoFLOP": "--isoflop-estimator/--isoflop-window"}
+
+LawName = Literal[tuple(LAWS)]  # choices: listed in --help and completed
+ObjectiveName = Literal[tuple(OBJECTIVES)]
 
 
 def with_flags(exc: Exception) -> str:
@@ -132,7 +135,13 @@ def print_fit(fit: FitResult) -> None:
     if "G" in fit.derived and ea in fit.derived:
         x = law.size_input
         kk = f"{fit.k:.3g} " if law.budget_uses_k else ""
-        stdout.print(f"  allocation (approach 3, C = {kk}{x} D): {x}* = G C^{ea} = {fit.derived['G']:.4g} "
+        # k is measured, not Kaplan's 6: say so where it is printed (issue 29)
+        why = ""
+        if law.budget_uses_k and abs(fit.k - 6) > 0.05:
+            why = (f"; k = {fit.k:.3g} = median FLOPs/({x} D) of the data, above the 6 of C = 6 N D "
+                   "where attention and the output layer cost much next to N")
+        stdout.print(f"  allocation (approach 3, C = {kk}{x} D{why}): "
+                     f"{x}* = G C^{ea} = {fit.derived['G']:.4g} "
                      f"C^{fit.derived[ea]:.4f}, "
                      f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
                      f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
@@ -244,7 +253,7 @@ def register(app: typer.Typer) -> None:
     def fit(
         path: Path = typer.Argument(..., help="A runs directory (runs/<run>/final.json) or a CSV, JSONL, "
                                               "JSON or Parquet table of points."),
-        law: str = typer.Option("chinchilla", "--law", help=f"Law form: {', '.join(LAWS)}."),
+        law: LawName = typer.Option("chinchilla", "--law", help="Law form."),
         n_col: str = typer.Option("N", help="Column of parameters N (non-embedding, active), as NAME or "
                                             "NAME:UNIT (params:M = millions; units K, M, B, T or a number)."),
         d_col: str = typer.Option("D", help="Column of training tokens D, as NAME or NAME:UNIT (tokens:B)."),
@@ -267,7 +276,7 @@ def register(app: typer.Typer) -> None:
                                           help="Huber delta on log-loss residuals (objective huber-log; "
                                                "least squares: --objective sq-log)."),
         # -- fitcore options ---------------------------------------------------------------------
-        objective: str = typer.Option(DEFAULT_OBJECTIVE, "--objective",
+        objective: ObjectiveName = typer.Option(DEFAULT_OBJECTIVE, "--objective",
                                       help="Objective: "
                                       + "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()) + "."),
         fix: list[str] = typer.Option([], "--fix", help="Pin a parameter exactly, NAME=VALUE (e.g. E=1.7); "
@@ -380,7 +389,8 @@ def register(app: typer.Typer) -> None:
                 from scaling import plots
 
                 plots.save(plots.holdout(result), holdout_figure)
-            payload = {**result.to_dict(), "table": table.settings}
+            # its "fits" are fit/2 entries: the file loads as a fits file too
+            payload = {"schema": schema_name("fit"), **result.to_dict(), "table": table.settings}
             if out is not None:
                 from scaling.common.serialize import to_json
 

@@ -18,6 +18,7 @@ from scaling.cli._util import (
     check_output_file,
     emit_json,
     fail,
+    one_path,
     parse_budgets,
     parse_sparsities,
     run_cli,
@@ -248,6 +249,9 @@ def register(app: typer.Typer) -> None:
         budgets: Optional[str] = typer.Option(
             None, "--budgets", help="Several budgets: 1e19,1e20 or lo:hi:n."
         ),
+        runs_arg: Optional[Path] = typer.Argument(
+            None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
+        ),
         runs: Optional[Path] = typer.Option(
             None, "--runs", help="Runs folder or table to fit (default: the shipped runs/ folder)."
         ),
@@ -315,6 +319,7 @@ def register(app: typer.Typer) -> None:
 
         Expected losses carry the fits' bootstrap intervals. Run the plan with `smelt-scale sweep PLAN`.
         """
+        runs = one_path(runs_arg, runs)
         C = parse_budgets(budget, budgets)
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])

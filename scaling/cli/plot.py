@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import typer
 from rich.table import Table
 
-from scaling.cli._util import check_output_folder, emit_json, parse_budgets, run_cli, stderr, stdout, warn
+from scaling.cli._util import (
+    check_output_folder,
+    emit_json,
+    one_path,
+    parse_budgets,
+    run_cli,
+    stderr,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
 from scaling.fitting.sources import DEFAULT_RUNS, default_sparsity
 
 KINDS = ("loss-curves", "fits", "isoflop", "residuals", "params", "frontier", "savings", "sink", "lengths",
          "icl")
 FORMATS = ("png", "pdf", "svg")
+KindName = Literal[(*KINDS, "all")]  # choices: listed in --help and completed
+FormatName = Literal[FORMATS]
 
 
 class _Context:
@@ -73,7 +84,7 @@ class _Context:
 
     def savings(self):
         def make():
-            from scaling.fitting.savings import FittedLaw
+            from scaling.fitting.savings import FittedLaw, withhold_unidentified
             from scaling.fitting.savings_sweep import savings_over
 
             ref_fit, cand_fit = self.pair()
@@ -88,6 +99,8 @@ class _Context:
             S = self.sparsity()
             kw = {} if S is None else {"sparsities": (S,)}
             res, skipped = savings_over(ref, cand, budgets, **kw)
+            # what `smelt-scale savings` withholds, the figure marks as such (dashed, no number)
+            res = withhold_unidentified(res, ref, cand, extrapolate=True)
             if skipped:
                 warn(f"savings left out at {len(skipped)} budget(s) from {skipped[0][0]:.3g} to "
                      f"{skipped[-1][0]:.3g}: {skipped[0][1]}")
@@ -166,13 +179,16 @@ def register(app: typer.Typer) -> None:
     @app.command("plot")
     @run_cli
     def plot_cmd(
-        kind: str = typer.Argument(..., help=f"Figure: {', '.join(KINDS)}, or all."),
+        kind: KindName = typer.Argument(..., help="Figure, or all."),
         out: Path = typer.Option(..., "--out", help="Folder to write the figures into (created)."),
+        runs_arg: Optional[Path] = typer.Argument(
+            None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
+        ),
         runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder (default: the shipped runs/)."),
-        fmt: str = typer.Option("png", "--format", help="File format: png, pdf or svg."),
+        fmt: FormatName = typer.Option("png", "--format", help="File format."),
         fits_file: Optional[Path] = typer.Option(None, "--fits", help="Fits file from `smelt-scale fit "
                                                  "--out` instead of fitting the runs (same groups)."),
-        law: str = typer.Option("chinchilla", "--law",
+        law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form when fitting the runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(100, "--bootstrap", help="Bootstrap resamples when fitting (0: no "
                                         "intervals)."),
@@ -196,6 +212,7 @@ def register(app: typer.Typer) -> None:
 
         With `all`, kinds whose inputs are missing (e.g. no saved analyses) are skipped with a warning.
         """
+        runs = one_path(runs_arg, runs)
         fmt = fmt.lower().lstrip(".")
         if fmt not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import pandas as pd
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, parse_budgets, parse_sparsities, run_cli, stdout, warn
+from scaling.cli._util import emit_json, one_path, parse_budgets, parse_sparsities, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.common.format import number
 from scaling.fitting.envelope import envelope_points, envelope_savings
@@ -30,6 +30,8 @@ from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
 from scaling.fitting.tables import read_runs_dir
 
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
+
+LawSetName = Literal[tuple(LAW_SETS)]  # choices: listed in --help and completed
 
 
 def print_result(res: SavingsResult) -> None:
@@ -128,30 +130,34 @@ def register(app: typer.Typer) -> None:
         budget: Optional[str] = typer.Option(None, "--budget", help="Training budget C in FLOPs, e.g. 1e21."),
         budgets: Optional[str] = typer.Option(None, "--budgets", help="Several budgets: 1e19,1e20,1e21 "
                                               "or lo:hi:n log-spaced (1e18:1e24:7)."),
+        runs_arg: Optional[Path] = typer.Argument(
+            None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
+        ),
         runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder or table to fit on the fly "
                                             "(default: the shipped runs/ folder)."),
         fits: Optional[Path] = typer.Option(None, "--fits",
                                             help="Fits file written by `smelt-scale fit --out`."),
-        law_set: Optional[str] = typer.Option(None, "--law-set",
+        law_set: Optional[LawSetName] = typer.Option(None, "--law-set",
                                               help=f"Published laws instead of fits: {', '.join(LAW_SETS)}."),
         reference: str = typer.Option("baseline", "--reference", help="Group whose compute is saved on."),
         candidate: str = typer.Option("smelt", "--candidate", help="Group that saves compute."),
-        at: str = typer.Option("candidate", "--at", help="Whose budget C is: candidate (the paper's "
-                               "convention) or reference."),
+        at: Literal["candidate", "reference"] = typer.Option(
+            "candidate", "--at", help="Whose budget C is: candidate (the paper's convention) or reference."),
         sparsity: Optional[list[str]] = typer.Option(
             None, "--sparsity", help="Sparsity S in [0, 1) for smelt-form laws (repeatable or "
             "comma-separated; default: those of the law set or the fitted data)."),
-        law: str = typer.Option("chinchilla", "--law",
+        law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form for fitting --runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", help="Bootstrap resamples when "
                                         "fitting --runs (0: no interval)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
-        method: str = typer.Option("auto", "--method", help="auto: the fitted laws where both are "
-                                   "identified and fit (the envelope inside the data is their cross-check); "
-                                   "otherwise the envelope (observed frontiers, no law) inside the data and "
-                                   "the laws outside; envelope: only the envelope (other budgets refused); "
-                                   "law: only laws."),
+        method: Literal["auto", "envelope", "law"] = typer.Option(
+            "auto", "--method", help="auto: the fitted laws where both are "
+            "identified and fit (the envelope inside the data is their cross-check); "
+            "otherwise the envelope (observed frontiers, no law) inside the data and "
+            "the laws outside; envelope: only the envelope (other budgets refused); "
+            "law: only laws."),
         max_extrapolation: float = typer.Option(WITHHOLD_DECADES, "--max-extrapolation",
                                                 help="Decades beyond the fitted compute past which an "
                                                 "unidentified law gives no point estimate."),
@@ -181,6 +187,7 @@ def register(app: typer.Typer) -> None:
         no number more than --max-extrapolation decades beyond its data: the row says why
         (savings null and a reason in --json), unless --extrapolate.
         """
+        runs = one_path(runs_arg, runs)
         if method not in ("auto", "envelope", "law"):
             raise UserError(f"--method must be auto, envelope or law, got {method!r}")
         if not (np.isfinite(max_extrapolation) and max_extrapolation >= 0):

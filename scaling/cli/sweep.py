@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.table import Table
 
-from scaling.cli._util import check_output_dir, emit_json, run_cli, show_progress, stderr, stdout, warn
+from scaling.cli._util import (
+    check_output_dir,
+    emit_json,
+    run_cli,
+    setup_logging,
+    show_progress,
+    stderr,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
-from scaling.common.format import duration
+from scaling.common.format import duration, number, si
 from scaling.training.data import check_data_use, plan_data_use
-from scaling.training.sweep import check_memory, check_recorded, estimate, run_status, submit, train_config
+from scaling.training.progress import eta_text
+from scaling.training.sweep import (
+    check_memory,
+    check_recorded,
+    estimate,
+    run_status,
+    submit_runs,
+    train_config,
+)
 from scaling.training.sweep_plan import EXECUTORS, load_plan
+
+POLL_S = 1.0  # how often a waiting sweep looks at its jobs (a failure is reported within this)
+WATCH_INTERVAL_S = 60.0  # --watch: how often the runs' folders are read
 
 
 def _memory_cells(row: dict) -> list[str]:
@@ -47,7 +68,9 @@ def register(app: typer.Typer) -> None:
         probe: bool = typer.Option(
             True, "--probe/--no-probe", help="Measure tokens/s with a short probe (dry run)."
         ),
-        executor: Optional[str] = typer.Option(None, help="local | slurm | debug (default: the plan's)."),
+        executor: Optional[Literal[EXECUTORS]] = typer.Option(
+            None, help="Where the runs go (default: the plan's)."
+        ),
         concurrency: Optional[int] = typer.Option(
             None, min=1, help="Local: trainings at once (default: the plan's)."
         ),
@@ -55,7 +78,22 @@ def register(app: typer.Typer) -> None:
             None, min=1, help="Torch CPU threads per training (default: the plan's)."
         ),
         runs_dir: Optional[Path] = typer.Option(None, help="Override the plan's runs folder."),
-        wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for local jobs to finish."),
+        wait: Optional[bool] = typer.Option(
+            None, "--wait/--no-wait", help="Follow the jobs until they end: per-run progress, a line per "
+            "failed run at once [default: wait for local and debug jobs; return after submitting to Slurm, "
+            "then follow with --watch or --status]."
+        ),
+        fail_fast: bool = typer.Option(
+            False, "--fail-fast", help="On the first failed run, cancel the other jobs (while waiting)."
+        ),
+        status_only: bool = typer.Option(
+            False, "--status", help="Print each run's progress from its folder (tokens, loss, ETA); "
+            "submit nothing."
+        ),
+        watch: bool = typer.Option(
+            False, "--watch", help="Follow the runs' progress from their folders until all are done (a sweep "
+            "submitted earlier, e.g. to Slurm); submit nothing."
+        ),
         max_epochs: float = typer.Option(
             4.0, help="Refuse runs reading more passes over their training split (unless [data] "
             "allow_repeat)."
@@ -73,6 +111,9 @@ def register(app: typer.Typer) -> None:
             train_config(run)
         if not max_epochs > 0:
             raise UserError(f"--max-epochs must be > 0, got {max_epochs}")
+        if status_only or watch:
+            _follow_folders(plan, watch, json_out)
+            return
         # data first: a sweep without usable data stops here, before anything starts
         uses = plan_data_use(plan.runs)
         allow_repeat = any(bool(r.data.get("allow_repeat")) for r in plan.runs)
@@ -168,21 +209,14 @@ def register(app: typer.Typer) -> None:
         est = None
         if (executor or plan.executor.get("kind", "local")) == "local" and probe:
             est = estimate(plan, probe=True)
-        jobs, skipped = submit(plan, kind=executor, concurrency=concurrency, threads=threads, estimates=est)
+        kind = executor or plan.executor.get("kind", "local")
+        submitted, skipped = submit_runs(plan, kind=executor, concurrency=concurrency, threads=threads,
+                                         estimates=est)
         if skipped and not json_out:
             stderr.print(f"skipping {len(skipped)} finished run(s): {', '.join(skipped)}", highlight=False)
-        if wait:
-            names = [r.name for r in plan.runs]
-            if show_progress(json_out):
-                from rich.progress import Progress
-
-                with Progress(console=stderr) as bar:
-                    task = bar.add_task("runs finished", total=len(names))
-                    while not all(j.done() for j in jobs):
-                        bar.update(task, completed=sum(run_status(plan.runs_dir, n) == "done" for n in names))
-                        time.sleep(5)
-            for j in jobs:
-                j.result()  # re-raises a failed job's error
+        if wait is None:
+            wait = kind != "slurm"  # a Slurm sweep runs for days: the submitting shell must not block
+        failed = _follow_jobs(plan, submitted, kind, fail_fast, json_out) if wait else {}
         status = {r.name: run_status(plan.runs_dir, r.name) for r in plan.runs}
         if json_out:
             emit_json(
@@ -190,14 +224,137 @@ def register(app: typer.Typer) -> None:
                     "plan": plan.name,
                     "runs_dir": str(plan.runs_dir),
                     "skipped": skipped,
-                    "jobs": [str(j.job_id) for j in jobs],
+                    "jobs": [str(s.job.job_id) for s in submitted],
+                    "waited": wait,
                     "status": status,
+                    "failed": failed,
                 }
             )
         else:
             done = sum(v == "done" for v in status.values())
             stdout.print(
                 f"{done}/{len(status)} runs finished in {plan.runs_dir}"
-                + ("" if wait else f"; submitted jobs {', '.join(str(j.job_id) for j in jobs)}"),
+                + ("" if wait else f"; submitted jobs {', '.join(str(s.job.job_id) for s in submitted)}; "
+                   f"follow with `smelt-scale sweep {plan_file} --watch`"),
                 highlight=False,
             )
+        if failed:  # the work failed (not the input): exit 1, after the status above
+            _exit_failed(failed)
+
+
+def _exit_failed(failed: dict) -> None:
+    stderr.print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", highlight=False, markup=False)
+    raise typer.Exit(1)
+
+
+def _progress_row(p) -> list[str]:
+    frac = p.tokens_done / p.tokens_total if p.tokens_total else 0.0
+    return [p.run, p.status, f"{si(p.tokens_done)}/{si(p.tokens_total)} ({frac:.0%})",
+            number(p.train_loss, ".3f"), number(p.val_loss, ".3f"), eta_text(p.eta_s)]
+
+
+def _progress_lines(plan, rows) -> None:
+    log = logging.getLogger("scaling.progress")
+    for p in rows:
+        if p.status != "done":
+            log.info("%s", " ".join(f"{k} {v}" for k, v in zip(
+                ("run", "status", "tokens", "loss", "val", "eta"), _progress_row(p))))
+
+
+def _follow_folders(plan, watch: bool, json_out: bool) -> None:
+    """--status / --watch: every run's progress from its folder (no job handles needed)."""
+    from scaling.training.sweep import run_progress
+
+    setup_logging()
+    while True:
+        rows = [run_progress(plan, r) for r in plan.runs]
+        if not watch or all(p.status == "done" for p in rows):
+            break
+        if show_progress(json_out):
+            stderr.print(_status_table(plan, rows))
+        elif not json_out:
+            _progress_lines(plan, rows)
+        time.sleep(WATCH_INTERVAL_S)
+    if json_out:
+        emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": [p.to_dict() for p in rows]})
+    else:
+        stdout.print(_status_table(plan, rows))
+
+
+def _status_table(plan, rows) -> Table:
+    t = Table(title=f"plan {plan.name}: {sum(p.status == 'done' for p in rows)}/{len(rows)} runs done",
+              title_justify="left")
+    for col in ("run", "status", "tokens", "loss", "val", "ETA"):
+        t.add_column(col, justify="left" if col in ("run", "status") else "right")
+    for p in rows:
+        t.add_row(*_progress_row(p))
+    return t
+
+
+def _follow_jobs(plan, submitted, kind: str, fail_fast: bool, json_out: bool) -> dict:
+    """Wait for the jobs: a line per failed run the moment its job fails (with its log), per-run
+    progress (a bar per run on a terminal, a log line per run every minute otherwise), and with
+    ``fail_fast`` the other jobs cancelled at the first failure. Returns {run: {reason, log}}."""
+    from scaling.training.sweep import failed_run, failure_reason, run_progress
+
+    setup_logging()
+    failed: dict[str, dict] = {}
+    by_name = {r.name: r for r in plan.runs}
+    names = [n for s in submitted for n in s.runs]
+
+    def report(sub) -> None:
+        try:
+            exc = sub.job.exception()
+        except Exception as err:  # noqa: BLE001 - submitit raises when a job vanished; report it
+            exc = err
+        if exc is None:
+            return
+        name = failed_run(sub, plan.runs_dir)
+        failed[name] = {"reason": failure_reason(exc), "log": str(sub.log)}
+        stderr.print(f"failed: run {name}: {failed[name]['reason']} (log: {sub.log})", highlight=False,
+                     markup=False)
+
+    if kind == "debug":  # in-process: a job runs when its result is asked for
+        for sub in submitted:
+            report(sub)
+            if failed and fail_fast:
+                break
+        return failed
+    bar = tasks = None
+    if show_progress(json_out):
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20),
+                       TextColumn("{task.percentage:>3.0f}% loss {task.fields[loss]} ETA {task.fields[eta]}"),
+                       console=stderr)
+        tasks = {n: bar.add_task(n, total=1.0, loss="-", eta="-") for n in names}
+        bar.start()
+    pending = list(submitted)
+    last_lines = time.monotonic()
+    try:
+        while pending:
+            for sub in [s for s in pending if s.job.done()]:
+                pending.remove(sub)
+                report(sub)
+            if failed and fail_fast and pending:
+                for sub in pending:
+                    sub.job.cancel(check=False)
+                    stderr.print(f"cancelled: {', '.join(sub.runs)} (--fail-fast)", highlight=False,
+                                 markup=False)
+                pending = []
+                break
+            rows = [run_progress(plan, by_name[n]) for n in names]
+            if bar is not None:
+                for p in rows:
+                    frac = p.tokens_done / p.tokens_total if p.tokens_total else 0.0
+                    bar.update(tasks[p.run], completed=frac, loss=number(p.train_loss, ".3f"),
+                               eta=eta_text(p.eta_s))
+            elif not json_out and time.monotonic() - last_lines >= 60:
+                _progress_lines(plan, rows)
+                last_lines = time.monotonic()
+            if pending:
+                time.sleep(POLL_S)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return failed

@@ -11,7 +11,7 @@ from rich.table import Table
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.matching import Match, smelt_twin
-from scaling.accounting.tiers import TIERS, get_match, tier_names
+from scaling.accounting.tiers import TIERS, get_config, get_match, is_proxy, tier_names
 from scaling.cli._util import emit_json, run_cli, stdout
 from scaling.common.files import read_config
 from scaling.common.format import si
@@ -106,6 +106,10 @@ def register(app: typer.Typer) -> None:
         config: Optional[Path] = typer.Argument(
             None, help="Baseline config as JSON or TOML (keys of ModelConfig)."
         ),
+        tier: Optional[str] = typer.Option(
+            None, "--tier", help="Start from this tier's Baseline (see `smelt-scale tiers`); the config "
+            "file and the options below override its fields."
+        ),
         vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size."),
         d_model: Optional[int] = typer.Option(None, help="Residual width."),
         n_layers: Optional[int] = typer.Option(None, help="Physical layers."),
@@ -131,7 +135,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
         """Derive the compute-matched SMELT twin of a Baseline config (file and/or options)."""
-        data = _load_config_file(config) if config else {}
+        data = get_config(tier, "baseline").to_dict() if tier else {}
+        data.update(_load_config_file(config) if config else {})
         options = dict(
             vocab_size=vocab_size,
             d_model=d_model,
@@ -151,7 +156,7 @@ def register(app: typer.Typer) -> None:
         result = smelt_twin(
             base, n_loops=n_loops, width_multiple=width_multiple, width_ratio=width_ratio, tolerance=tolerance
         )
-        entry = match_entry(base.name or "custom", result, proxy=False)
+        entry = match_entry(base.name or tier or "custom", result, proxy=is_proxy(tier) if tier else False)
         if json_out:
             emit_json({"tiers": [entry]})
         else:

@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.markup import escape
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout
+from scaling.accounting.tiers import ARCHS, TIERS
+from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
+
+# Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
+# Spelled out, not imported: the library's tuples live in torch modules, which --help must not
+# load; tests/test_cluster_use.py keeps them equal to training.branches.SCHEDULES,
+# distributed.PARALLEL_MODES and parallel.GRAD_SYNC.
+SCHEDULES = ("wsd", "cosine")
+PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
+GRAD_SYNC = ("last", "every")
+TierName = Literal[tuple(TIERS)]
+ArchName = Literal[ARCHS]
+ScheduleName = Literal[SCHEDULES]
+ParallelMode = Literal[PARALLEL_MODES]
+GradSync = Literal[GRAD_SYNC]
+
+# Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra
+# run in it changes their answers (issue 29).
+DEFAULT_RUNS_DIR = "runs-mine"
 
 
 def parse_tokens(text: str) -> tuple[float, ...]:
@@ -61,7 +79,9 @@ class _Bar:
                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=stderr)
             self.task = self.bar.add_task(escape(p.run), total=p.tokens_total, tps="-", loss="-", val="-")
             self.bar.start()
-        fields = {}
+        # which budget and which part of the WSD walk (trunk or a cooldown branch) runs now
+        where = f"budget {p.budget + 1}/{p.n_budgets} {p.phase}" if p.budget is not None else ""
+        fields = {"description": escape(f"{p.run} {where}".strip())}
         if p.tokens_per_s is not None:
             fields["tps"] = f"{p.tokens_per_s:,.0f}"
         if p.train_loss is not None:
@@ -92,8 +112,8 @@ def register(app: typer.Typer) -> None:
     @run_cli
     def train_cmd(
         ctx: typer.Context,
-        tier: str = typer.Option(..., help="Model tier, e.g. proxy-xs (see `smelt-scale tiers`)."),
-        arch: str = typer.Option(..., help="baseline or smelt."),
+        tier: TierName = typer.Option(..., help="Model tier (see `smelt-scale tiers`)."),
+        arch: ArchName = typer.Option(..., help="Baseline MoE or its compute-matched looped twin."),
         tokens: Optional[str] = typer.Option(
             None, help="Token budget(s), comma-separated, e.g. 2e5,4e5: one point each (required unless "
             "--config sets [train] tokens)."
@@ -107,7 +127,10 @@ def register(app: typer.Typer) -> None:
         run_name: Optional[str] = typer.Option(
             None, help="Run folder name [default: <tier>-<arch>-<D_max>-s<seed>]."
         ),
-        runs_dir: Path = typer.Option(Path("runs"), help="Parent folder of run folders."),
+        runs_dir: Path = typer.Option(
+            Path(DEFAULT_RUNS_DIR), help="Parent folder of run folders (not runs/: that holds the shipped "
+            "study, which fit, compare and savings read by default)."
+        ),
         batch_size: int = typer.Option(16, help="Global batch in sequences of seq_len tokens."),
         micro_batch_size: Optional[int] = typer.Option(
             None, help="Sequences per forward on one rank (gradient accumulation) [default: whole batch]."
@@ -116,7 +139,7 @@ def register(app: typer.Typer) -> None:
         warmup: Optional[int] = typer.Option(
             None, help="Warmup steps [default: 10% of the smallest budget's steps, at most 1000]."
         ),
-        schedule: str = typer.Option(
+        schedule: ScheduleName = typer.Option(
             "wsd", help="wsd (branches a cooldown at every budget) or cosine (one budget)."
         ),
         decay_fraction: float = typer.Option(0.2, help="WSD cooldown length as a fraction of each budget."),
@@ -138,6 +161,10 @@ def register(app: typer.Typer) -> None:
             False, "--async-ckpt", help="Write periodic checkpoints in the background."
         ),
         log_every: int = typer.Option(1, help="Metrics line every this many updates."),
+        progress_every: int = typer.Option(
+            100, min=1, help="When stderr is not a terminal (Slurm, nohup, CI): a progress line every this "
+            "many updates, and at least every 60 s (logger scaling.progress)."
+        ),
         log_to: str = typer.Option(
             "jsonl", help="Comma-separated: jsonl plus tensorboard and/or wandb mirrors (extra [track])."
         ),
@@ -148,7 +175,7 @@ def register(app: typer.Typer) -> None:
         val_by_source: bool = typer.Option(
             False, "--val-by-source", help="Also log val_loss/<source> per data source."
         ),
-        parallel: str = typer.Option(
+        parallel: ParallelMode = typer.Option(
             "none", help="none (DDP under torchrun), ddp, fsdp or hsdp."
         ),
         activation_checkpointing: bool = typer.Option(
@@ -158,7 +185,7 @@ def register(app: typer.Typer) -> None:
             None, "--compile/--no-compile",
             help="torch.compile the model's blocks [default: on CUDA, off on the CPU].",
         ),
-        grad_sync: Optional[str] = typer.Option(
+        grad_sync: Optional[GradSync] = typer.Option(
             None, help="Reduce gradients on the last micro-batch only (last) or after each (every: FSDP "
             "keeps them sharded) [default: every under fsdp/hsdp, else last]."
         ),
@@ -267,6 +294,12 @@ def register(app: typer.Typer) -> None:
         cfg = TrainConfig(**fields)
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
         bar = _Bar() if show_progress(json_out, quiet) else None
+        progress = bar
+        if bar is None and not quiet:
+            from scaling.training.progress import ProgressLog
+
+            setup_logging()
+            progress = ProgressLog(every=progress_every)
         try:
             doc = train(
                 model_cfg,
@@ -280,7 +313,7 @@ def register(app: typer.Typer) -> None:
                 overwrite=overwrite,
                 save_final_weights=save_final_weights,
                 save_budget_weights=save_budget_weights,
-                progress=bar,
+                progress=progress,
             )
         finally:
             if bar is not None:

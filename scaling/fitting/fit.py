@@ -68,6 +68,9 @@ OBJECTIVES = {
                 "(chinchilla library's asymmetric_mae)",
 }
 
+FITS_SCHEMA = "smelt-scale.fit"
+FITS_VERSION = 2  # 2: parameters under "params"; 1 (no "schema" key): parameters as top-level keys
+
 
 # -- objective ----------------------------------------------------------------------------
 class Objective:
@@ -553,10 +556,11 @@ class FitResult:
         return lmfit.fit_report(self.to_lmfit())
 
     def to_dict(self) -> dict[str, Any]:
-        """The FitSet entry: law, the parameters as top-level keys, n_points, ci, diagnostics, extras."""
+        """The FitSet entry (schema smelt-scale.fit/2): law, params {name: value}, n_points, ci,
+        diagnostics, extras."""
         return {
             "law": self.law,
-            **{k: float(v) for k, v in self.params.items()},
+            "params": {k: float(v) for k, v in self.params.items()},
             "n_points": int(self.n_points),
             "ci": {k: [float(lo), float(hi)] for k, (lo, hi) in self.ci.items()},
             "diagnostics": self.diagnostics,
@@ -570,16 +574,19 @@ class FitResult:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], group: str | None = None) -> "FitResult":
+    def from_dict(cls, d: Mapping[str, Any], group: str | None = None,
+                  version: int = FITS_VERSION) -> "FitResult":
         """A fit entry as written by :meth:`to_dict`, every field checked (a fits file is user input: a
         tampered ``E = NaN`` or ``alpha < 0`` is refused here, not printed as a -99999900% saving).
-        Derived quantities are recomputed from the parameters, never taken from the file."""
+        Derived quantities are recomputed from the parameters, never taken from the file. ``version``:
+        the fits schema (1: parameters as top-level keys, 2: under "params")."""
         where = f"fit entry{f' for group {group!r}' if group else ''}"
         try:
             if not isinstance(d, Mapping):
                 raise TypeError("not an object")
             law = get_law(str(d["law"]))
-            params = {p: _checked_param(law, p, d[p]) for p in law.params}
+            src = d if version == 1 else d["params"]
+            params = {p: _checked_param(law, p, src[p]) for p in law.params}
             raw_boot = [] if d.get("bootstrap") is None else d["bootstrap"]
             if not isinstance(raw_boot, list):
                 raise TypeError("bootstrap is not a list")
@@ -648,6 +655,17 @@ class FitResult:
         return FitSet.load(path).get(group)
 
 
+def fits_version(schema: Any) -> int:
+    """The version of a fits document's "schema" (None: 1); UserError for one this code cannot read."""
+    if schema is None:
+        return 1
+    name, _, version = str(schema).rpartition("/")
+    if name == FITS_SCHEMA and version in ("1", "2"):
+        return int(version)
+    raise UserError(f"fits schema {schema!r} is not one this version of smelt-scale reads "
+                    f"({FITS_SCHEMA}/1 or /{FITS_VERSION}); refit with `smelt-scale fit --out`")
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -699,13 +717,19 @@ class FitSet:
         return self.fits[group]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fits": {g: f.to_dict() for g, f in self.fits.items()}}
+        return {"schema": f"{FITS_SCHEMA}/{FITS_VERSION}",
+                "fits": {g: f.to_dict() for g, f in self.fits.items()}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FitSet":
+        """A fits document: schema smelt-scale.fit/2, or a file without "schema" (written before
+        schemas existed: read as version 1, parameters as top-level keys of each entry). Any other
+        schema is refused: a renamed field must not be dropped silently."""
         if not isinstance(d, Mapping) or not isinstance(d.get("fits"), Mapping) or not d["fits"]:
             raise UserError('not a fits file: expected {"fits": {"<group>": {...}}}')
-        return cls({str(g): FitResult.from_dict(e, group=str(g)) for g, e in d["fits"].items()})
+        version = fits_version(d.get("schema"))
+        return cls({str(g): FitResult.from_dict(e, group=str(g), version=version)
+                    for g, e in d["fits"].items()})
 
     def save(self, path: str | Path) -> None:
         from scaling.common.serialize import to_json

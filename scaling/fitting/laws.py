@@ -40,10 +40,14 @@ def two_term_optimum(E: np.ndarray, P: np.ndarray, p: np.ndarray, Q: np.ndarray,
     Returns (x*, y*, L*). Arrays broadcast.
     """
     E, P, p, Q, q, budget = (np.asarray(v, dtype=float) for v in (E, P, p, Q, q, budget))
-    G = (p * P / (q * Q)) ** (1.0 / (p + q))
-    x = G * budget ** (q / (p + q))
-    y = budget / x
-    return x, y, E + P * x ** (-p) + Q * y ** (-q)
+    # A bootstrap fit of noisy data can reach extreme exponents: the optimum then over- or
+    # underflows to inf/0 (or nan), which every caller already treats as "no finite optimum";
+    # numpy's RuntimeWarnings about it would only reach the user as noise (issue 29).
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+        G = (p * P / (q * Q)) ** (1.0 / (p + q))
+        x = G * budget ** (q / (p + q))
+        y = budget / x
+        return x, y, E + P * x ** (-p) + Q * y ** (-q)
 
 
 @dataclass(frozen=True, eq=False)
@@ -322,7 +326,8 @@ def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | 
     E, P, p, Q, q = law.frontier_terms(t, _fixed(law, S))
     budget = C / np.asarray(k, dtype=float) if law.budget_uses_k else C
     x, y, L = two_term_optimum(E, P, p, Q, q, budget)
-    return Frontier(law.size_input, C, x, y, L, y / law.params_per_size(x))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):  # as above
+        return Frontier(law.size_input, C, x, y, L, y / law.params_per_size(x))
 
 
 def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float, *,

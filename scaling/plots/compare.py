@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -33,7 +34,11 @@ def compare(result: Any) -> Figure:
     pairs = result.pairs
     c_cand = ARCH_COLOURS.get(result.candidate, EXTRA[0])
     tiers = [s.label for s in result.by_tier]
-    colours = dict(zip(tiers, shades(c_cand, len(tiers))))
+    # tiers in size order along viridis (colour-blind safe, ordered, and far apart): shades of one
+    # colour were hard to tell apart beyond three tiers
+    cmap = mpl.colormaps["viridis"]
+    colours = {t: mpl.colors.to_hex(cmap(0.85 * i / max(1, len(tiers) - 1))) for i, t in enumerate(tiers)}
+    colours = colours if len(tiers) > 1 else dict(zip(tiers, shades(c_cand, len(tiers))))
     fig, axes = figure(1, 2, 8.4, 3.2, gridspec_kw={"width_ratios": [1.3, 1.0]})
     ax, ax2 = axes[0]
     seeds = sorted(pairs["seed"].unique(), key=str)
@@ -54,6 +59,8 @@ def compare(result: Any) -> Figure:
         ax.set_xlabel("budget index")
     ax.set_ylabel(f"{group_label(result.candidate)} − {group_label(result.reference)} loss (nats/token)")
     ax.set_title("Paired differences (markers: seeds; lines: cell means)")
+    for j, s in enumerate(seeds):  # which marker is which seed
+        ax.plot([], [], ls="none", marker=MARKERS[j % len(MARKERS)], ms=3.5, color="0.4", label=f"seed {s}")
     legend(ax, fontsize=6, ncol=2)
     rows = [result.overall, *result.by_tier, *result.by_budget]
     labels = [r.label if r.tokens is None or not r.label.startswith("budget")
@@ -66,5 +73,5 @@ def compare(result: Any) -> Figure:
     ax2.axvline(0, color="0.2", lw=0.8)
     ax2.set_yticks(y, labels, fontsize=7)
     ax2.set_xlabel("mean difference ± 1 s.e. (nats/token)")
-    ax2.set_title(f"s.e. clustered by {result.cluster}")
+    ax2.set_title(f"mean ± 1 s.e. (not a 95% interval), s.e. clustered by {result.cluster}", fontsize=8)
     return fig

@@ -90,8 +90,16 @@ def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5) -> 
                 mpl.lines.Line2D([], [], color="0.4", alpha=0.35, label="train loss, WSD trunk"),
                 mpl.lines.Line2D([], [], color="0.4", label="train loss, cooldown branch")]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7)
+    # shared axes hide the inner panels' tick labels: a reader of one panel needs its own numbers
+    for ax in axes.flat:
+        ax.tick_params(labelbottom=True, labelleft=True)
+    # from half the first budget: before it the curves are warm-up (loss ~ ln V), not the comparison
+    ends = curves[curves["budget_index"].notna() & curves["val_loss"].notna()][x]
+    if len(ends) and np.isfinite(ends.min()) and ends.min() > 0:
+        ax0.set_xlim(left=0.5 * float(ends.min()))
+    shown = curves[curves[x] >= 0.5 * float(ends.min())] if len(ends) else curves
     lo = curves["val_loss"].min()
-    hi = curves["train_loss"].quantile(0.995) if curves["train_loss"].notna().any() else None
+    hi = shown["train_loss"].quantile(0.995) if shown["train_loss"].notna().any() else None
     if np.isfinite(lo) and hi is not None and np.isfinite(hi):
         ax0.set_ylim(lo - 0.2, hi + 0.1)
     return fig

@@ -68,8 +68,26 @@ def _param_text(fit: Any) -> str:
     else:
         head = fit.law_obj.formula + ": " + ", ".join(f"{k}={v:.3g}" for k, v in p.items())
     d = fit.diagnostics
+    # say what `smelt-scale fit` warns about, in its words: a misfit, a parameter on its bound
+    gof = d.get("goodness_of_fit") or {}
+    flags = []
+    if gof.get("misfit"):
+        flags.append(f"MISFIT (trend in the residuals, p = {gof['p_value']:.1g})")
+    if d.get("on_bound"):
+        flags.append(f"{', '.join(d['on_bound'])} on its bound")
+    if not d.get("identified", True):
+        flags.append("not identified")
     return (f"{head}\n{fit.n_points} points, RMSE(log L) {d['rmse_log']:.3f}"
-            + ("" if d.get("identified", True) else ", not identified"))
+            + ("" if not flags else "\n" + "; ".join(flags)))
+
+
+def _plot_law(ax: Any, x: np.ndarray, y: np.ndarray, lo: float, hi: float, colour: Any) -> None:
+    """The law solid inside the data's range [lo, hi] and dotted beyond it (an extrapolation)."""
+    inside = (x >= lo) & (x <= hi)
+    ax.plot(x[inside], y[inside], color=colour, lw=1.2)
+    for part in (x <= lo, x >= hi):
+        if part.sum() > 1:
+            ax.plot(x[part], y[part], color=colour, lw=1.0, ls=":")
 
 
 @styled
@@ -98,7 +116,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
             one = sub[m].iloc[[0]]
             X = {k: np.full_like(dgrid, v[0]) for k, v in _inputs(fit, one).items()}
             X["D"] = dgrid
-            ax.plot(dgrid, fit.predict(**X), color=cN[i], lw=1.2)
+            _plot_law(ax, dgrid, fit.predict(**X), Ds[0], Ds[-1], cN[i])
             ax.plot(sub.loc[m, "D"], sub.loc[m, "loss"], ls="none", marker=MARKERS[i % len(MARKERS)],
                     color=cN[i], mec="0.15", mew=0.4, label=f"N = {si(N)}")
         log_axis(ax, "x")
@@ -111,7 +129,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         for j, D in enumerate(Ds):
             m = di == j
             if fit.law_obj.inputs == ("N", "D"):
-                ax.plot(ngrid, fit.predict(N=ngrid, D=np.full_like(ngrid, D)), color=cD[j], lw=1.2)
+                _plot_law(ax, ngrid, fit.predict(N=ngrid, D=np.full_like(ngrid, D)), Ns[0], Ns[-1], cD[j])
             else:
                 at = sub[m].sort_values("N")
                 ax.plot(at["N"], fit.predict(**_inputs(fit, at)), color=cD[j], lw=1.2)
@@ -121,7 +139,8 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         ax.set_xlabel("active non-embedding parameters N")
         ax.set_ylabel("validation loss (nats/token)")
         legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="tokens", title_fontsize=7)
-    fig.suptitle("Scaling-law fits (approach 3, Huber on log loss): data and fitted law", fontsize=10)
+    fig.suptitle("Scaling-law fits (approach 3, Huber on log loss): data and fitted law "
+                 "(dotted: beyond the data)", fontsize=10)
     return fig
 
 

@@ -38,14 +38,29 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
     sparsities = sorted({r.sparsity for r in result.rows}, key=lambda s: -1 if s is None else s)
     styles = ["-", "--", ":", "-."]
     for k, S in enumerate(sparsities):
-        rs = sorted([r for r in result.rows if r.sparsity == S], key=lambda r: r.budget)
+        every = sorted([r for r in result.rows if r.sparsity == S], key=lambda r: r.budget)
+        # what `smelt-scale savings` withholds (an unidentified law far beyond its data: rows marked
+        # extrapolated, or refused) is never drawn as a result: at most a dashed, marker-free line
+        far = [r for r in every if r.extrapolated and r.savings is not None]
+        rs = [r for r in every if not r.extrapolated and r.savings is not None]
+        lab = f"{group_label(result.candidate)} vs {group_label(result.reference)}" + (
+            "" if S is None else f", S = {S:g}")
+        if far:
+            # join the dashed part to the last shown point so the eye follows one curve
+            link = ([rs[-1]] if rs and rs[-1].budget < far[0].budget else []) + far
+            fb = [r.budget for r in link]
+            ax.plot(fb, [100 * r.savings for r in link], color=c_cand, ls=(0, (3, 3)), lw=1.0, alpha=0.7,
+                    label=f"{lab}: unidentified laws beyond the data (withheld by `savings`)")
+            ax2.plot(fb, [r.loss_gap for r in link], color=c_cand, ls=(0, (3, 3)), lw=1.0, alpha=0.7)
+        if not rs:
+            continue
         b = np.array([r.budget for r in rs])
         s = 100 * np.array([r.savings for r in rs])
         gap = np.array([r.loss_gap for r in rs])
-        lab = f"{group_label(result.candidate)} vs {group_label(result.reference)}" + (
-            "" if S is None else f", S = {S:g}")
-        ax.plot(b, s, color=c_cand, marker="o", ms=3, ls=styles[k % 4], label=lab)
-        ax2.plot(b, gap, color=c_cand, marker="o", ms=3, ls=styles[k % 4], label=lab)
+        # markers only where a number rests on measurements (the envelope); law rows are curves
+        mk = "o" if all(r.method == "envelope" for r in rs) else None
+        ax.plot(b, s, color=c_cand, marker=mk, ms=3, ls=styles[k % 4], label=lab)
+        ax2.plot(b, gap, color=c_cand, marker=mk, ms=3, ls=styles[k % 4], label=lab)
         if all(r.savings_ci is not None for r in rs):
             ax.fill_between(b, [100 * r.savings_ci[0] for r in rs], [100 * r.savings_ci[1] for r in rs],
                             color=c_cand, alpha=0.18, lw=0,
@@ -55,6 +70,14 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
                              alpha=0.18, lw=0)
         if mark is not None and S == sparsities[0]:
             hit = [r for r in rs if np.isclose(r.budget, mark, rtol=1e-6)]
+            withheld = [r for r in every if np.isclose(r.budget, mark, rtol=1e-6) and r not in rs]
+            if withheld and not hit:
+                r = withheld[0]
+                far_txt = ("" if r.extrapolation_decades is None
+                           else f", {r.extrapolation_decades:.1f} decades beyond the data")
+                ax.text(0.98, 0.04, f"at {mark:.0e} FLOPs: withheld (laws not identified{far_txt})",
+                        transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+                        bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5})
             if hit:
                 r = hit[0]
                 ci = "" if r.savings_ci is None else (
@@ -77,8 +100,9 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
             ax2.plot(b, [r.loss_gap for r in rs], color=greys[k % 4], lw=1.0, ls="--", label=lab)
     # The y range follows the point estimates (and the reference): far from the data a bootstrap
     # interval can run to -1e5 % (resamples clamped at the 6-decade bracket); it is cut at the axes.
-    shown = [100 * r.savings for r in result.rows] + (
-        [100 * r.savings for r in reference.rows] if reference is not None else [])
+    shown = [100 * r.savings for r in result.rows if r.savings is not None and not r.extrapolated] + (
+        [100 * r.savings for r in reference.rows if r.savings is not None] if reference is not None else [])
+    shown = shown or [100 * r.savings for r in result.rows if r.savings is not None] or [0.0]
     lo_y, hi_y = min(min(shown), 0.0), max(max(shown), 0.0)
     pad = 0.25 * max(hi_y - lo_y, 5.0)
     ax.set_ylim(max(lo_y - pad, -100.0), min(hi_y + pad, 100.0))

@@ -52,6 +52,7 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
+from scaling.training.runlog import umask_mode
 from scaling.training.shards import window_index
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -242,7 +243,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(list(texts), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)  # streamed: no list of every text in memory
     for i, s in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(s) == i, "special tokens must take the first ids"
     return tok
@@ -409,6 +410,7 @@ def _build(spec: DataSpec, docs: list[Document], key: str, dest: Path) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=dest.parent))
     try:
+        tmp.chmod(umask_mode(0o777))  # mkdtemp makes it owner-only; the cache is shared like any folder
         tok.save(str(tmp / "tokenizer.json"))
         np.save(tmp / "train.npy", train_stream)
         np.save(tmp / "val.npy", val_stream)

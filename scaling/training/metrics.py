@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 PEAK_FLOPS = {"h100-sxm-bf16": 989.4e12, "h200-bf16": 989.4e12, "a100-bf16": 312e12}
 LOG_TARGETS = ("jsonl", "tensorboard", "wandb")
+# where a record is (the x-axis and the tag say it), not what was measured: no TensorBoard chart
+TB_BOOKKEEPING = frozenset({"iter", "step", "tokens", "branch", "budget_index"})
 
 
 def resolve_peak_flops(value: float | str | None) -> float | None:
@@ -114,9 +116,7 @@ class MetricsSink:
         self._fh = open(self.path, "a", encoding="utf-8")
         require_trackers(log_to)
         if "tensorboard" in log_to:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=start_iter + 1)
+            self._open_tensorboard(Path(run_dir) / "tensorboard", start_iter)
         if "wandb" in log_to:
             import wandb
 
@@ -124,17 +124,42 @@ class MetricsSink:
                                      id=run_id or None, resume="allow", dir=str(run_dir),
                                      mode=os.environ.get("WANDB_MODE", "offline"), config=config or {})
 
+    def _open_tensorboard(self, folder: Path, start_iter: int) -> None:
+        """A fresh event log. On resume it is rebuilt from metrics.jsonl up to the checkpoint: the
+        events a killed run wrote past its checkpoint cannot be removed from an event file
+        (``purge_step`` only asks TensorBoard to hide them; tbparse and other readers return the
+        resumed iterations twice), so the old files go and the kept records are written again."""
+        import shutil
+
+        from torch.utils.tensorboard import SummaryWriter
+
+        if folder.exists():
+            shutil.rmtree(folder)
+        self._tb = SummaryWriter(str(folder))
+        if start_iter > 0:
+            for row in read_jsonl(self.path, missing_ok=True).rows:
+                if row.get("iter", 0) <= start_iter:
+                    self._tb_write(row)
+
+    def _tb_write(self, record: dict[str, Any]) -> None:
+        """One record as TensorBoard scalars against tokens: the trunk under ``trunk/``, each
+        cooldown branch under ``cooldown_<k>/`` (k: the budget, 1-based), so a branch is its own
+        curve rather than a sawtooth on the trunk's; bookkeeping fields are not charts."""
+        prefix = "trunk" if record.get("branch") is None else f"cooldown_{int(record['branch']) + 1}"
+        x = int(record.get("tokens", record.get("iter", 0)))
+        for k, v in _numbers(record).items():
+            if k not in TB_BOOKKEEPING:
+                self._tb.add_scalar(f"{prefix}/{k}", v, x)
+
     def log(self, record: dict[str, Any]) -> None:
         """Write one line (flushed to the OS, not fsynced) and mirror its numbers."""
         if not self.enabled:
             return
         self._fh.write(to_json(record, indent=None) + "\n")
         self._fh.flush()
-        numbers = {k: v for k, v in record.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iter"}
+        numbers = {k: v for k, v in _numbers(record).items() if k != "iter"}
         if self._tb is not None:
-            for k, v in numbers.items():
-                self._tb.add_scalar(k, v, record["iter"])
+            self._tb_write(record)
         if self._wandb is not None:
             self._wandb.log(numbers, step=record["iter"])
 
@@ -157,6 +182,10 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def require_trackers(log_to) -> None:

@@ -335,19 +335,26 @@ def _load_tokenizer(path: str):
 
 
 def _train_bpe(files: list[InputFile], opts: PrepareOptions, out: Path, progress) -> None:
-    texts, size = [], 0
-    counts = [0] * len(files)
-    for docs, _, nbytes in _chunks(files, [0, 0], opts, counts):
-        for d in docs:
-            if _hash_unit(d.id) >= opts.val_fraction and size < opts.tokenizer_train_bytes:
-                texts.append(d.text)
-                size += len(d.text.encode())
-        progress("training tokenizer", nbytes)
-        if size >= opts.tokenizer_train_bytes:
-            break
-    if not texts:
+    seen = [0]  # training documents handed to the trainer
+
+    def texts():
+        # streamed: the trainer counts words as documents arrive, so at most one chunk of text
+        # (not up to tokenizer_train_bytes of Python strings) is held at a time
+        size = 0
+        counts = [0] * len(files)
+        for docs, _, nbytes in _chunks(files, [0, 0], opts, counts):
+            for d in docs:
+                if _hash_unit(d.id) >= opts.val_fraction and size < opts.tokenizer_train_bytes:
+                    seen[0] += 1
+                    size += len(d.text.encode())
+                    yield d.text
+            progress("training tokenizer", nbytes)
+            if size >= opts.tokenizer_train_bytes:
+                break
+
+    tok = train_tokenizer(texts(), opts.vocab_size)
+    if not seen[0]:
         raise UserError("no training documents to train the tokenizer on")
-    tok = train_tokenizer(texts, opts.vocab_size)
     atomic_write_bytes(out, tok.to_str(pretty=True).encode())
 
 

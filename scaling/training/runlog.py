@@ -38,11 +38,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask. Linux reports it in /proc/self/status; elsewhere it is read by setting
+    and restoring it (Python has no getter), which another thread creating a file in that instant
+    would see, hence /proc first."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(mode: int = 0o666) -> int:
+    """``mode`` as ``open``/``mkdir`` would create it under the current umask (0o666 for files,
+    0o777 for folders)."""
+    return mode & ~current_umask()
+
+
 def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(fh)`` on a tmp file in the same folder, fsync, then os.replace onto ``path``."""
+    """Call ``write(fh)`` on a tmp file in the same folder, fsync, then os.replace onto ``path``.
+
+    The file gets the mode a plain ``open(path, "w")`` would give (0o666 less the umask):
+    ``mkstemp`` creates its file owner-only (0o600), which in a shared project folder would hide
+    results from colleagues who can read the appended metrics.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, umask_mode(0o666))
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()

@@ -19,8 +19,9 @@ the tasks form one process group and only rank 0 writes the run folder. Runs of 
 from __future__ import annotations
 
 import json
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -333,7 +334,26 @@ def make_executor(plan: SweepPlan, log_dir: Path, kind: str | None = None, nodes
     return executor, kind
 
 
-def submit(
+@dataclass(frozen=True)
+class Submitted:
+    """One submitit job and the runs it trains, in order (a local lane holds several)."""
+
+    job: Any
+    runs: tuple[str, ...]
+
+    @property
+    def log(self) -> Path:
+        """The job's stderr file (submitit's log: the traceback of a failure ends up here)."""
+        return Path(self.job.paths.stderr)
+
+
+def submit(plan: SweepPlan, **kw):
+    """Submit the plan's unfinished runs; returns (jobs, skipped run names). See :func:`submit_runs`."""
+    submitted, skipped = submit_runs(plan, **kw)
+    return [s.job for s in submitted], skipped
+
+
+def submit_runs(
     plan: SweepPlan,
     *,
     kind: str | None = None,
@@ -341,8 +361,8 @@ def submit(
     threads: int | None = None,
     log_dir: Path | None = None,
     estimates: list[RunEstimate] | None = None,
-):
-    """Submit the plan's unfinished runs; returns (jobs, skipped run names).
+) -> tuple[list[Submitted], list[str]]:
+    """Submit the plan's unfinished runs; returns ([Submitted], skipped run names).
 
     A plan whose runs do not fit their gpu_memory_gb is refused (UserError) before anything starts.
     """
@@ -363,9 +383,10 @@ def submit(
     if kind == "slurm":
         for nodes, tasks in shapes:
             executor.update_parameters(**executor_parameters(plan, kind, nodes, tasks))
+            group = [r for r in todo if run_tasks(r) == (nodes, tasks)]
             with executor.batch():
-                jobs += [executor.submit(execute_run, r, runs_dir, threads)
-                         for r in todo if run_tasks(r) == (nodes, tasks)]
+                handles = [executor.submit(execute_run, r, runs_dir, threads) for r in group]
+            jobs += [Submitted(j, (r.name,)) for j, r in zip(handles, group)]
         return jobs, skipped
     n = concurrency or int(plan.executor.get("concurrency", 1))
     weights = {e.run.name: (e.seconds or e.flops) for e in (estimates or [])}
@@ -377,5 +398,92 @@ def submit(
         if kind == "local":
             executor.update_parameters(**executor_parameters(plan, kind, nodes, tasks))
         group = [r for r in todo if run_tasks(r) == (nodes, tasks)]
-        jobs += [executor.submit(execute_lane, lane, runs_dir, threads) for lane in lanes(group, weights, n)]
+        for lane in lanes(group, weights, n):
+            job = executor.submit(execute_lane, lane, runs_dir, threads)
+            jobs.append(Submitted(job, tuple(r.name for r in lane)))
     return jobs, skipped
+
+
+# ----- following a sweep ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunProgress:
+    """How far one run of a plan is, read from its folder (``metrics.jsonl``, ``final.json``).
+
+    tokens_done: tokens trained so far, cooldown branches included (iter x tokens per update);
+    tokens_total: the plan's count (trunk to the largest budget + each cooldown). eta_s: the
+    tokens left at the run's own measured rate (its wall_s over its tokens_done).
+    """
+
+    run: str
+    status: str
+    tokens_done: float
+    tokens_total: float
+    train_loss: float | None
+    val_loss: float | None
+    wall_s: float | None
+    eta_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _last_lines(path: Path, n_bytes: int = 65536) -> list[dict]:
+    """The complete JSON lines at the end of a log being appended to (reads its tail only)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - n_bytes))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    lines = text.splitlines()[1:] if size > n_bytes else text.splitlines()
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line: the writer is mid-line
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def run_progress(plan: SweepPlan, run: PlannedRun) -> RunProgress:
+    decay = float(run.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))
+    total = float(run.tokens_trained(decay))
+    status = run_status(plan.runs_dir, run.name)
+    rows = _last_lines(plan.runs_dir / run.name / "metrics.jsonl")
+    if not rows:
+        return RunProgress(run.name, status, total if status == "done" else 0.0, total, None, None, None,
+                           0.0 if status == "done" else None)
+    last = rows[-1]
+    per_update = last["tokens"] / last["step"] if last.get("step") else 0
+    # a finished run trained its plan (the plan's count is of requested, not step-rounded, tokens)
+    done = total if status == "done" else float(last.get("iter", 0)) * per_update
+    val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
+    wall = last.get("wall_s")
+    eta = 0.0 if status == "done" else (total - done) * wall / done if wall and done > 0 else None
+    return RunProgress(run.name, status, done, total, last.get("train_loss"), val, wall, eta)
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit)\w*):\s*(.*)$")
+
+
+def failure_reason(exc: BaseException | None) -> str:
+    """One line from a failed job's exception: the last ``SomeError: message`` line of the traceback
+    submitit relays (module path dropped), else the exception's last non-empty line."""
+    if exc is None:
+        return "failed"
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    for line in reversed(lines):
+        m = _ERROR_LINE.match(line)
+        if m and not m.group(1).startswith("FailedJob"):
+            return f"{m.group(1)}: {m.group(2)}".strip().rstrip(":")
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def failed_run(sub: Submitted, runs_dir: Path) -> str:
+    """The run of a failed job that failed: the first of its runs not done."""
+    return next((r for r in sub.runs if run_status(runs_dir, r) != "done"), sub.runs[-1])

@@ -78,6 +78,7 @@ from scaling.training.parallel import (
     split_batch,
     train_step,
 )
+from scaling.training.progress import Progress
 from scaling.training.schedule import lr_at
 from scaling.training.schema import check_fields, check_value
 from scaling.training.state import TrainState
@@ -289,18 +290,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What the trainer reports after each update (the CLI draws a progress bar from it)."""
-
-    run: str
-    tokens_done: int
-    tokens_total: int
-    tokens_per_s: float | None = None
-    train_loss: float | None = None
-    val_loss: float | None = None
 
 
 # ----- distributed ------------------------------------------------------------------------
@@ -633,7 +622,15 @@ class Trainer:
         cfg, s, plan = self.cfg, self.state, self.plan
         total = plan.total_steps * self.tokens_per_step
         report = self.progress or (lambda p: None)
-        report(Progress(self.run_name, s.iter * self.tokens_per_step, total))
+        n_budgets = len(plan.budgets)
+
+        def where(branch: int | None) -> dict:
+            # the budget trained towards: the open cooldown's, else the next to finish on the trunk
+            budget = branch if branch is not None else min(s.position.next_branch, n_budgets - 1)
+            return {"iter": s.iter, "total_iters": plan.total_steps, "n_budgets": n_budgets,
+                    "budget": budget, "branch": branch}
+
+        report(Progress(self.run_name, s.iter * self.tokens_per_step, total, **where(s.position.branch)))
         kill_at = int(os.environ.get(_KILL_ENV, "-1"))
         fpt = accounting(self.model_cfg).flops_per_token
         t_start, wall_base = time.perf_counter(), s.wall_s
@@ -684,7 +681,9 @@ class Trainer:
                     if up.budget_end is not None:
                         self.write_final()
                 report(Progress(self.run_name, s.iter * self.tokens_per_step, total, tps,
-                                record["train_loss"], record.get("val_loss")))
+                                record["train_loss"], s.last_eval.get("val_loss") if s.last_eval else None,
+                                mfu=record.get("mfu"), peak_mem_bytes=record["peak_mem_bytes"],
+                                **where(record["branch"])))
                 if s.iter == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if up.budget_end is not None or up.opened is not None or self.checkpointer.due(s):
