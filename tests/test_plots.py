@@ -131,8 +131,8 @@ def test_read_curves_errors(tmp_path):
 @pytest.mark.parametrize("x, label", [("tokens", "training tokens"), ("flops", "FLOPs")])
 def test_loss_curves_panels_axes_colours(runs, x, label):
     fig = plots.loss_curves(read_curves(runs), x=x)
-    axes = visible(fig)
-    assert isinstance(fig, Figure) and len(axes) == len(SIZES)
+    axes = [ax for ax in visible(fig) if ax.get_title()]    # the loss panels; below each, its difference
+    assert isinstance(fig, Figure) and len(axes) == len(SIZES) and len(visible(fig)) == 2 * len(SIZES)
     for ax in axes:
         assert ax.get_xscale() == "log" and label in ax.get_xlabel()
     assert "nats/token" in axes[0].get_ylabel()
@@ -142,6 +142,48 @@ def test_loss_curves_panels_axes_colours(runs, x, label):
     assert {plots.ARCH_COLOURS["baseline"].lower(), plots.ARCH_COLOURS["smelt"].lower()} <= colours
     with pytest.raises(UserError, match="x must be"):
         plots.loss_curves(read_curves(runs), x="steps")
+
+
+def test_loss_curves_difference_row_is_smelt_minus_baseline_by_hand(runs):
+    """Below each tier's panel: SMELT - Baseline validation loss at matched budgets, from the two
+    runs' metrics.jsonl read by hand, with the zero line; tick labels on every panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    def ends(name):
+        rows = [json.loads(ln) for ln in (runs / name / "metrics.jsonl").read_text().splitlines()]
+        return {r["budget_index"]: (r["tokens"], r["val_loss"]) for r in rows
+                if r.get("budget_index") is not None}
+
+    base, smelt = ends("proxy-m-baseline-s0"), ends("proxy-m-smelt-s0")
+    hand = [smelt[b][1] - base[b][1] for b in sorted(base)]
+    fig = plots.loss_curves(read_curves(runs))
+    FigureCanvasAgg(fig).draw()
+    axes = visible(fig)
+    panel = next(i for i, ax in enumerate(axes) if ax.get_title().startswith("proxy-m\n"))
+    ncol = 4
+    dax = axes[ncol + panel] if panel < ncol else axes[2 * ncol + panel]   # the row below it
+    assert "SMELT − Baseline" in axes[ncol].get_ylabel()
+    line = next(ln for ln in dax.lines if ln.get_label() == "no seed")      # the synthetic runs carry none
+    np.testing.assert_allclose(line.get_xdata(), [base[b][0] for b in sorted(base)])
+    np.testing.assert_allclose(line.get_ydata(), hand, rtol=1e-12)
+    assert any(np.allclose(ln.get_ydata(), 0) and ln.get_xdata()[0] == 0 for ln in dax.lines)   # zero line
+    for ax in axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible()), ax.get_title()
+
+
+def test_val_differences_pairs_seeds_and_budgets(runs, tmp_path):
+    from scaling.fitting.curves import val_differences
+
+    c = read_curves(runs)
+    c["seed"] = pd.array([0 if r.endswith("-s0") else 1 for r in c["run"]], dtype="Int64")
+    d = val_differences(c)
+    assert set(d["tier"]) == {f"proxy-{t}" for t in SIZES} and (d["seed"] == 0).all()
+    assert (d["budget_index"].notna()).sum() == len(SIZES) * len(BUDGETS)
+    np.testing.assert_allclose(d["diff"], d["candidate_loss"] - d["reference_loss"])
+    c.loc[c["arch"] == "smelt", "seed"] = 1      # no seed in common: nothing pairs, and no row is drawn
+    assert val_differences(c).empty
+    assert len(visible(plots.loss_curves(c))) == len(SIZES)
 
 
 def test_fits_figure_rows_per_group_in_arch_colours(points, fits):

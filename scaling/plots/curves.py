@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from scaling.common.errors import UserError
+from scaling.fitting.curves import val_differences
 from scaling.plots.style import (
     MARKERS,
     figure,
@@ -28,8 +29,13 @@ def _tierorder(df: pd.DataFrame) -> list[str]:
 
 
 @styled
-def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5) -> Figure:
-    """Training and validation loss per tier (one panel each), Baseline and SMELT overlaid.
+def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5, reference: str = "baseline",
+                candidate: str = "smelt") -> Figure:
+    """Training and validation loss per tier (one panel each), Baseline and SMELT overlaid, and
+    below each panel the difference L_candidate - L_reference of the validation loss at matched
+    (tier, seed, tokens) (``scaling.fitting.curves.val_differences``; one marker per seed, the
+    zero line drawn; negative = candidate better). The difference row is left out when no pair
+    matches.
 
     Lines: training loss (running mean over ``smooth`` logged steps) on the WSD trunk (light) and
     on each cooldown branch (full colour). Hollow markers: validation on the trunk; filled
@@ -43,7 +49,19 @@ def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5) -> 
     colours = group_colours(groups)
     ncol = min(4, len(tiers))
     nrow = math.ceil(len(tiers) / ncol)
-    fig, axes = figure(nrow, ncol, 2.6 * ncol + 0.6, 2.6 * nrow + 0.4, sharex=True, sharey=True)
+    diffs = val_differences(curves, reference, candidate)
+    rows = 2 if len(diffs) else 1
+    height = (2.6 + 1.3 * (rows - 1)) * nrow + 0.4
+    fig, grid = figure(rows * nrow, ncol, 2.6 * ncol + 0.6, height, sharex=True,
+                       gridspec_kw={"height_ratios": [2.0, 1.0][:rows] * nrow})
+    axes, daxes = grid[0::rows], grid[1::rows] if rows == 2 else None
+    for a in axes.flat[1:]:
+        a.sharey(axes.flat[0])
+    if daxes is not None:
+        for a in daxes.flat[1:]:
+            a.sharey(daxes.flat[0])
+        for a in daxes.flat[len(tiers):]:
+            a.set_visible(False)
     for ax in axes.flat[len(tiers):]:
         ax.set_visible(False)
     for ax, tier in zip(axes.flat, tiers):
@@ -80,18 +98,47 @@ def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5) -> 
         ax.set_xlabel("training tokens" if x == "tokens" else "training compute C (FLOPs)")
     for ax in axes[:, 0]:
         ax.set_ylabel("loss (nats/token)")
+    if daxes is not None:
+        seeds = sorted({s for s in diffs["seed"] if not pd.isna(s)})
+        for dax, tier in zip(daxes.flat, tiers):
+            dax.axhline(0, color="0.2", lw=0.8)
+            sub = diffs[diffs["tier"] == tier]
+            for j, s in enumerate([None, *seeds]):
+                ss = sub[sub["seed"].isna()] if s is None else sub[(sub["seed"] == s).fillna(False)]
+                if ss.empty:
+                    continue
+                px = ss["tokens"] if x == "tokens" else ss["tokens"] * float(
+                    curves.loc[curves["run"] == ss["reference_run"].iloc[0], "flops_per_token"].iloc[0])
+                ends = ss["budget_index"].notna().to_numpy()
+                mk = MARKERS[j % len(MARKERS)]
+                dax.plot(px[ends], ss["diff"][ends], color="0.15", marker=mk, ms=4, lw=0.8,
+                         label=f"seed {s}" if s is not None else "no seed")
+                if (~ends).any():
+                    dax.plot(px[~ends], ss["diff"][~ends], ls="none", marker=mk, mfc="white", mec="0.15",
+                             ms=3)
+            log_axis(dax, "x")
+            dax.set_xlabel("training tokens" if x == "tokens" else "training compute C (FLOPs)")
+        for dax in daxes[:, 0]:
+            dax.set_ylabel(f"{group_label(candidate)} − {group_label(reference)}\nval. loss (nats/token)",
+                           fontsize=7.5)
     # one legend explaining the encodings
     ax0 = axes.flat[0]
     handles = [mpl.lines.Line2D([], [], color=colours[g], marker=MARKERS[i % len(MARKERS)], ls="none",
                                 label=f"{group_label(g)}: validation at a budget's end")
                for i, g in enumerate(groups)]
+    if daxes is not None:
+        seeds = sorted({s for s in diffs["seed"] if not pd.isna(s)})
+        who = f"{group_label(candidate)} − {group_label(reference)}"
+        handles += [mpl.lines.Line2D([], [], color="0.15", marker=MARKERS[(j + 1) % len(MARKERS)], ms=4,
+                                     lw=0.8, label=f"{who}, seed {s}")
+                    for j, s in enumerate(seeds)]
     handles += [mpl.lines.Line2D([], [], color="0.4", marker="o", mfc="white", ls="none",
                                  label="validation on the trunk"),
                 mpl.lines.Line2D([], [], color="0.4", alpha=0.35, label="train loss, WSD trunk"),
                 mpl.lines.Line2D([], [], color="0.4", label="train loss, cooldown branch")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=7)
     # shared axes hide the inner panels' tick labels: a reader of one panel needs its own numbers
-    for ax in axes.flat:
+    for ax in grid.flat:
         ax.tick_params(labelbottom=True, labelleft=True)
     # from half the first budget: before it the curves are warm-up (loss ~ ln V), not the comparison
     ends = curves[curves["budget_index"].notna() & curves["val_loss"].notna()][x]
