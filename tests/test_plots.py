@@ -272,6 +272,41 @@ def test_savings_figure_matches_the_result(fits):
     assert all(r.savings > 0 for r in res.rows)              # SMELT has the smaller A
 
 
+def test_savings_band_is_clipped_at_the_axis_with_triangles_and_one_percent_format(fits):
+    """An interval far past the axis (as far from the data: -1e5 %) is cut at the axis, a triangle at
+    the edge says it goes on, and the note writes every percentage as format.percent does."""
+    import dataclasses
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from scaling.common.format import percent
+
+    ref, cand = FittedLaw.from_fit(fits["baseline"]), FittedLaw.from_fit(fits["smelt"])
+    res, _ = savings_over(ref, cand, np.logspace(12, 21, 10))
+    wide = {3: (-1000.0, 0.5), 9: (res.rows[9].savings - 0.01, 40.0)}     # fractions: -100000 %, +4000 %
+    rows = [dataclasses.replace(r, savings_ci=wide.get(i, (r.savings - 0.01, r.savings + 0.01)))
+            for i, r in enumerate(res.rows)]
+    res = dataclasses.replace(res, rows=tuple(rows) if isinstance(res.rows, tuple) else rows)
+    fig = plots.savings(res, mark=1e21)
+    FigureCanvasAgg(fig).draw()
+    ax = visible(fig)[0]
+    y0, y1 = ax.get_ylim()
+    band = next(c for c in ax.collections if "bootstrap interval" in str(c.get_label()))
+    ys = np.concatenate([p.vertices[:, 1] for p in band.get_paths()])
+    assert ys.min() >= y0 - 1e-9 and ys.max() <= y1 + 1e-9 and y0 > -1000 and y1 < 1000
+    down = [ln for ln in ax.lines if ln.get_marker() == "v"]
+    up = [ln for ln in ax.lines if ln.get_marker() == "^"]
+    assert len(down) == 1 and np.allclose(down[0].get_xdata(), [rows[3].budget])
+    assert len(up) == 1 and np.allclose(up[0].get_xdata(), [rows[9].budget])
+    assert y0 < down[0].get_ydata()[0] < y0 + 0.05 * (y1 - y0)
+    note = next(t.get_text() for t in ax.texts if t.get_text().startswith("at 1e+21"))
+    r = rows[9]
+    assert note.splitlines()[:2] == [f"at 1e+21 FLOPs: {percent(r.savings, 1)}",
+                                     f"95% CI [{percent(r.savings - 0.01, 1)}, {percent(40.0, 1)}]"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "95% bootstrap interval" in legend and "interval continues beyond the axis" in legend
+
+
 def test_savings_over_leaves_out_unanswerable_budgets(fits):
     ref, cand = FittedLaw.from_fit(fits["baseline"]), FittedLaw.from_fit(fits["smelt"])
     with pytest.raises(UserError):

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from scaling.common.format import percent, si
 from scaling.plots.style import (
     ARCH_COLOURS,
     EXTRA,
@@ -19,6 +20,13 @@ from scaling.plots.style import (
     shade_extrapolation,
     styled,
 )
+
+PCT_DIGITS = 1
+
+
+def pct(fraction: float | None) -> str:
+    """The figure's one percentage format (``scaling.common.format.percent``)."""
+    return percent(fraction, PCT_DIGITS)
 
 
 @styled
@@ -31,8 +39,14 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
     everything right of its end is marked as extrapolation. ``reference``: another
     SavingsResult (e.g. the paper's laws, ``--law-set paper``) drawn in grey, one line per
     sparsity. ``mark``: annotate the value at this budget when it is one of the rows.
+
+    The savings axis follows the point estimates; a bootstrap interval reaching past it (far from
+    the data it can run to -1e5 %) is clipped at the axis and a triangle at the edge says it goes
+    on. Every percentage is written by ``scaling.common.format.percent`` with ``PCT_DIGITS``.
     """
     c_cand = ARCH_COLOURS.get(result.candidate, EXTRA[0])
+    level = percent(result.ci_level, 0)
+    bands: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     fig, axes = figure(1, 2, 8.4, 3.2)
     ax, ax2 = axes[0]
     sparsities = sorted({r.sparsity for r in result.rows}, key=lambda s: -1 if s is None else s)
@@ -62,9 +76,9 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
         ax.plot(b, s, color=c_cand, marker=mk, ms=3, ls=styles[k % 4], label=lab)
         ax2.plot(b, gap, color=c_cand, marker=mk, ms=3, ls=styles[k % 4], label=lab)
         if all(r.savings_ci is not None for r in rs):
-            ax.fill_between(b, [100 * r.savings_ci[0] for r in rs], [100 * r.savings_ci[1] for r in rs],
-                            color=c_cand, alpha=0.18, lw=0,
-                            label=f"{100 * result.ci_level:.0f}% bootstrap interval")
+            # drawn once the axis range is known, so it can be clipped there
+            bands.append((b, np.array([100 * r.savings_ci[0] for r in rs]),
+                          np.array([100 * r.savings_ci[1] for r in rs])))
         if all(r.loss_gap_ci is not None for r in rs):
             ax2.fill_between(b, [r.loss_gap_ci[0] for r in rs], [r.loss_gap_ci[1] for r in rs], color=c_cand,
                              alpha=0.18, lw=0)
@@ -75,18 +89,17 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
                 r = withheld[0]
                 far_txt = ("" if r.extrapolation_decades is None
                            else f", {r.extrapolation_decades:.1f} decades beyond the data")
-                ax.text(0.98, 0.04, f"at {mark:.0e} FLOPs: withheld (laws not identified{far_txt})",
+                ax.text(0.98, 0.04, f"at {si(mark)} FLOPs: withheld (laws not identified{far_txt})",
                         transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
                         bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5})
             if hit:
                 r = hit[0]
                 ci = "" if r.savings_ci is None else (
-                    f"\n{100 * result.ci_level:.0f}% CI [{100 * r.savings_ci[0]:.3g}%, "
-                    f"{100 * r.savings_ci[1]:.3g}%]")
+                    f"\n{level} CI [{pct(r.savings_ci[0])}, {pct(r.savings_ci[1])}]")
                 ci += "" if r.extrapolation_decades is None else (
                     f"\n{r.extrapolation_decades:.1f} decades beyond the data")
                 ax.plot([r.budget], [100 * r.savings], marker="o", ms=7, mfc="none", mec="k", ls="none")
-                ax.text(0.98, 0.04, f"at {mark:.0e} FLOPs: {100 * r.savings:.3g}%{ci}",
+                ax.text(0.98, 0.04, f"at {si(mark)} FLOPs: {pct(r.savings)}{ci}",
                         transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
                         bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5})
     if reference is not None:
@@ -105,7 +118,16 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
     shown = shown or [100 * r.savings for r in result.rows if r.savings is not None] or [0.0]
     lo_y, hi_y = min(min(shown), 0.0), max(max(shown), 0.0)
     pad = 0.25 * max(hi_y - lo_y, 5.0)
-    ax.set_ylim(max(lo_y - pad, -100.0), min(hi_y + pad, 100.0))
+    y0, y1 = max(lo_y - pad, -100.0), min(hi_y + pad, 100.0)
+    ax.set_ylim(y0, y1)
+    for i, (b, lo, hi) in enumerate(bands):
+        ax.fill_between(b, np.clip(lo, y0, y1), np.clip(hi, y0, y1), color=c_cand, alpha=0.18, lw=0,
+                        label=f"{level} bootstrap interval" if i == 0 else None)
+        edge = 0.015 * (y1 - y0)
+        for off, y, m in ((lo < y0, y0 + edge, "v"), (hi > y1, y1 - edge, "^")):
+            if off.any():
+                ax.plot(b[off], np.full(off.sum(), y), ls="none", marker=m, ms=4, color=c_cand, alpha=0.6,
+                        label="interval continues beyond the axis")
     budgets = np.array([r.budget for r in result.rows])
     xmax = budgets.max() * 1.5
     xmin = budgets.min() / 1.5
