@@ -200,6 +200,41 @@ def test_fits_figure_rows_per_group_in_arch_colours(points, fits):
     np.testing.assert_allclose(line.get_ydata(), fits["baseline"].predict(N=SIZES["xs"], D=line.get_xdata()))
 
 
+def test_fits_figure_bootstrap_band_holds_the_law_and_needs_samples(points, fits):
+    """Around every law line drawn on a grid: the percentile band of the law under the fit's
+    bootstrap parameter samples, computed here by hand; it holds the point-estimate line (a good
+    fit of 0.2% noise), and a fit without samples gets no band."""
+    import dataclasses
+
+
+    fig = plots.fits(points, fits)
+    axes = visible(fig)
+    bands = [c for ax in axes for c in ax.collections if c.get_gid() == "bootstrap band"]
+    laws = [ln for ax in axes for ln in ax.lines
+            if ln.get_linestyle() == "-" and ln.get_marker() in ("None", "")]
+    # left: one band per size, right: one per token level, per group
+    n_lines = sum(len(set(points.loc[points["group"] == g, k])) for g in fits for k in ("N", "D"))
+    assert len(bands) == n_lines and len(laws) == n_lines
+    ax = axes[0]                                             # Baseline, loss against D at each N
+    f = fits["baseline"]
+    band, line = ax.collections[0], ax.lines[0]              # the smallest N: band first, then the law
+    D = np.geomspace(min(points["D"]) / 1.6, max(points["D"]) * 1.6, 80)
+    by_hand = np.array([CHIN.predict(dict(zip(CHIN.params, row)), N=SIZES["xs"], D=D)
+                        for row in f.bootstrap])
+    lo, hi = np.quantile(by_hand, [0.025, 0.975], axis=0)
+    verts = {(round(float(x), 6), round(float(v), 9)) for x, v in band.get_paths()[0].vertices}
+    for edge in (lo, hi):                                    # both edges of the polygon are the hand band
+        assert {(round(float(x), 6), round(float(v), 9)) for x, v in zip(D, edge)} <= verts
+    y = f.predict(N=SIZES["xs"], D=D)
+    np.testing.assert_allclose(line.get_ydata(), f.predict(N=SIZES["xs"], D=line.get_xdata()))
+    assert np.all(lo <= y) and np.all(y <= hi) and np.all(hi - lo > 0)
+    assert "bootstrap" in fig._suptitle.get_text()
+    none = {g: dataclasses.replace(r, bootstrap=np.zeros((0, r.bootstrap.shape[1]))) for g, r in fits.items()}
+    fig = plots.fits(points, none)
+    assert not [c for ax in visible(fig) for c in ax.collections if c.get_gid() == "bootstrap band"]
+    assert "bootstrap" not in fig._suptitle.get_text()
+
+
 def test_residuals_are_log_residuals(points, fits):
     fig = plots.residuals(points, fits)
     ax = visible(fig)[0]

@@ -90,13 +90,32 @@ def _plot_law(ax: Any, x: np.ndarray, y: np.ndarray, lo: float, hi: float, colou
             ax.plot(x[part], y[part], color=colour, lw=1.0, ls=":")
 
 
+def law_band(fit: Any, **inputs: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """Percentile band of the predicted loss over the fit's bootstrap parameter samples at
+    ``settings["ci_level"]`` (``scaling.common.stats.percentile_interval`` across resamples, per
+    input point), or None when the fit has no bootstrap samples (then no band is drawn)."""
+    if fit.bootstrap.shape[0] == 0:
+        return None
+    with np.errstate(all="ignore"):
+        samples = fit.predict_bootstrap(**inputs)
+    lo, hi = percentile_interval(samples, fit.settings.get("ci_level", 0.95), axis=0)
+    return (lo, hi) if np.isfinite(lo).any() else None
+
+
+def _plot_band(ax: Any, x: np.ndarray, band: tuple[np.ndarray, np.ndarray] | None, colour: Any) -> None:
+    if band is not None:
+        ax.fill_between(x, band[0], band[1], color=colour, alpha=0.15, lw=0, gid="bootstrap band")
+
+
 @styled
 def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str] | None = None) -> Figure:
     """Data and fitted law per group (one row each): loss vs tokens D at each size N (left) and
     loss vs N at each D (right). Markers: the fitted points; lines: the law through them.
 
     Chinchilla-form fits draw the law continuously in both N and D; a law in other inputs
-    (the smelt form's F, S) draws it in D and through the observed sizes in N.
+    (the smelt form's F, S) draws it in D and through the observed sizes in N. Around each law
+    line drawn on a grid: the bootstrap percentile band of the predicted loss (``law_band``),
+    where the fit has bootstrap samples.
     """
     groups = order(groups or [g for g in fits if (points["group"] == g).any()])
     if not groups:
@@ -116,6 +135,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
             one = sub[m].iloc[[0]]
             X = {k: np.full_like(dgrid, v[0]) for k, v in _inputs(fit, one).items()}
             X["D"] = dgrid
+            _plot_band(ax, dgrid, law_band(fit, **X), cN[i])
             _plot_law(ax, dgrid, fit.predict(**X), Ds[0], Ds[-1], cN[i])
             ax.plot(sub.loc[m, "D"], sub.loc[m, "loss"], ls="none", marker=MARKERS[i % len(MARKERS)],
                     color=cN[i], mec="0.15", mew=0.4, label=f"N = {si(N)}")
@@ -129,7 +149,9 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         for j, D in enumerate(Ds):
             m = di == j
             if fit.law_obj.inputs == ("N", "D"):
-                _plot_law(ax, ngrid, fit.predict(N=ngrid, D=np.full_like(ngrid, D)), Ns[0], Ns[-1], cD[j])
+                X = {"N": ngrid, "D": np.full_like(ngrid, D)}
+                _plot_band(ax, ngrid, law_band(fit, **X), cD[j])
+                _plot_law(ax, ngrid, fit.predict(**X), Ns[0], Ns[-1], cD[j])
             else:
                 at = sub[m].sort_values("N")
                 ax.plot(at["N"], fit.predict(**_inputs(fit, at)), color=cD[j], lw=1.2)
@@ -139,8 +161,10 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         ax.set_xlabel("active non-embedding parameters N")
         ax.set_ylabel("validation loss (nats/token)")
         legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="tokens", title_fontsize=7)
+    boot = any(fits[g].bootstrap.shape[0] for g in groups)
     fig.suptitle("Scaling-law fits (approach 3, Huber on log loss): data and fitted law "
-                 "(dotted: beyond the data)", fontsize=10)
+                 "(dotted: beyond the data" + ("; band: bootstrap percentile interval" if boot else "") + ")",
+                 fontsize=10)
     return fig
 
 
