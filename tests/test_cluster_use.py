@@ -326,6 +326,44 @@ def test_compare_figure_names_seeds_and_its_error_bars():
             assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible())
 
 
+def test_compare_figure_draws_the_numbers_of_compare_json():
+    """The right panel's means and ±1 s.e. bars are `compare --json`'s overall, by_tier and by_budget
+    rows, in that order; the left panel's line per tier goes through its cells (mean, tokens)."""
+    if not (ROOT / "runs").is_dir():
+        pytest.skip("the shipped runs/ folder is absent")
+    import json
+
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from cli import app
+    from scaling import plots
+    from scaling.fitting.compare import compare
+    from scaling.fitting.tables import read_runs_dir
+
+    res = CliRunner().invoke(app, ["compare", str(ROOT / "runs"), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    fig = plots.compare(compare(read_runs_dir(ROOT / "runs"), "baseline", "smelt"))
+    left, right = fig.axes[:2]
+    rows = [doc["overall"], *doc["by_tier"], *doc["by_budget"]]
+    bars = right.containers
+    assert len(bars) == len(rows)
+    for bar, row in zip(bars, rows):
+        (x,), (y,) = bar.lines[0].get_data()
+        assert x == pytest.approx(row["mean"], rel=1e-12)
+        (seg,) = bar.lines[2][0].get_segments()
+        se = 0.0 if row["se"] is None else row["se"]
+        np.testing.assert_allclose(seg[:, 0], [row["mean"] - se, row["mean"] + se], rtol=1e-12, atol=1e-15)
+    ticks = [t.get_text() for t in right.get_yticklabels()]
+    assert ticks[0] == "overall" and ticks[1:1 + len(doc["by_tier"])] == [r["label"] for r in doc["by_tier"]]
+    for tier in doc["by_tier"]:
+        cells = [c for c in doc["cells"] if c["label"].startswith(tier["label"] + " budget")]
+        line = next(ln for ln in left.lines if ln.get_label() == tier["label"])
+        np.testing.assert_allclose(line.get_ydata(), [c["mean"] for c in cells], rtol=1e-12)
+        np.testing.assert_allclose(line.get_xdata(), [c["tokens"] for c in cells], rtol=1e-12)
+
+
 def test_fits_figure_says_misfit_and_bound_as_the_command_does():
     if not (ROOT / "runs").is_dir():
         pytest.skip("the shipped runs/ folder is absent")
