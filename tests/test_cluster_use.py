@@ -1,6 +1,7 @@
 """Living with it on a cluster (issue 29): progress lines off a terminal, file modes under the
 umask, the default runs folder."""
 
+import json
 import logging
 import os
 import stat
@@ -231,6 +232,71 @@ def test_tensorboard_trunk_against_tokens_branches_tagged_and_no_duplicates_afte
     trunk = sorted((s, v) for t, s, v in scalars if t == "trunk/train_loss")
     assert [s for s, _ in trunk] == [100, 200, 300, 400, 500, 600, 700, 800]  # x = tokens, one curve
     assert sorted(s for t, s, _ in scalars if t == "cooldown_1/train_loss") == [300, 400]
+
+
+def _wandb_records(path: Path):
+    """The records of a W&B ``.wandb`` file (wandb ships no Python reader in 0.31): a 7-byte header
+    (":W&B", magic, version) then LevelDB-log framing in 32 KiB blocks (4-byte checksum, 2-byte
+    length, 1-byte type: full/first/middle/last), each payload one ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, buf, block = path.read_bytes(), 7, b"", 32768
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:          # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind == 0:
+            break
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            yield rec
+
+
+def test_wandb_offline_tags_like_tensorboard_and_keeps_one_run_id_across_resumes(tmp_path, monkeypatch):
+    """Read back from the offline run files: both sessions of a killed-and-resumed run carry the
+    run's one id; history keys are trunk/<m> and cooldown_<k>/<m> with tokens, no bookkeeping."""
+    pytest.importorskip("wandb", reason="wandb is not installed (extra [track])")
+    from scaling.training.metrics import MetricsSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    rows = [{"iter": i, "step": i, "tokens": 100 * i, "branch": 0 if i == 3 else None, "train_loss": 9.0 - i,
+             "lr": 0.1} for i in range(1, 6)]
+    rows[2].update(budget_index=0, val_loss=6.5)
+    run = tmp_path / "run"
+    run.mkdir()
+    for start, part in ((0, rows[:4]), (3, rows[3:])):     # killed after update 4, checkpoint at 3
+        sink = MetricsSink(run, enabled=True, log_to=("jsonl", "wandb"), start_iter=start, run_name="r",
+                           run_id="abc123def456")
+        for r in part:
+            sink.log(r)
+        sink.close()
+    files = sorted(run.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and all(f.name == "run-abc123def456.wandb" for f in files)
+    ids, history = set(), []
+    for f in files:
+        for rec in _wandb_records(f):
+            kind = rec.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(rec.run.run_id)
+            elif kind == "history":
+                history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                                for i in rec.history.item})
+    assert ids == {"abc123def456"}
+    assert len(history) == 6                      # 4 + 2 (update 4 replayed after the resume)
+    keys = {k for h in history for k in h if not k.startswith("_")}
+    assert keys == {"tokens", "trunk/train_loss", "trunk/lr", "cooldown_1/train_loss", "cooldown_1/lr",
+                    "cooldown_1/val_loss"}
+    branch = [h for h in history if "cooldown_1/val_loss" in h]
+    assert len(branch) == 1 and branch[0]["tokens"] == 300 and branch[0]["cooldown_1/val_loss"] == 6.5
 
 
 def test_loss_curves_every_panel_has_tick_labels_and_starts_at_half_the_first_budget():

@@ -100,6 +100,10 @@ class MetricsSink:
     ``log_to`` holds "jsonl" (always) and optionally "tensorboard" (event files under
     ``<run_dir>/tensorboard``; needs the ``tensorboard`` package) and "wandb" (offline unless
     ``WANDB_MODE`` says otherwise, files under ``<run_dir>/wandb``); both are imported lazily.
+    Both mirrors tag the trunk ``trunk/<metric>`` and each cooldown branch ``cooldown_<k>/<metric>``
+    against tokens, without the bookkeeping fields. W&B keeps one run id across resumes (the run's
+    ``run_id``, ``resume="allow"``); it cannot take back history it was sent, so the updates a
+    killed run logged past its checkpoint stay in W&B beside their replay (the same tokens).
     ``start_iter`` is the update the run resumes after: the mirrors drop their events past it.
     """
 
@@ -123,6 +127,9 @@ class MetricsSink:
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "smelt-scale"), name=run_name,
                                      id=run_id or None, resume="allow", dir=str(run_dir),
                                      mode=os.environ.get("WANDB_MODE", "offline"), config=config or {})
+            # tokens is the x of every chart (wandb's own _step only counts log calls) and no chart
+            self._wandb.define_metric("tokens", hidden=True)
+            self._wandb_prefixes: set[str] = set()
 
     def _open_tensorboard(self, folder: Path, start_iter: int) -> None:
         """A fresh event log. On resume it is rebuilt from metrics.jsonl up to the checkpoint: the
@@ -145,11 +152,17 @@ class MetricsSink:
         """One record as TensorBoard scalars against tokens: the trunk under ``trunk/``, each
         cooldown branch under ``cooldown_<k>/`` (k: the budget, 1-based), so a branch is its own
         curve rather than a sawtooth on the trunk's; bookkeeping fields are not charts."""
-        prefix = "trunk" if record.get("branch") is None else f"cooldown_{int(record['branch']) + 1}"
-        x = int(record.get("tokens", record.get("iter", 0)))
-        for k, v in _numbers(record).items():
-            if k not in TB_BOOKKEEPING:
-                self._tb.add_scalar(f"{prefix}/{k}", v, x)
+        prefix, x, values = tagged(record)
+        for k, v in values.items():
+            self._tb.add_scalar(f"{prefix}/{k}", v, x)
+
+    def _wandb_write(self, record: dict[str, Any]) -> None:
+        """The same tags as TensorBoard, with ``tokens`` as the x of each prefix's charts."""
+        prefix, x, values = tagged(record)
+        if prefix not in self._wandb_prefixes:
+            self._wandb.define_metric(f"{prefix}/*", step_metric="tokens")
+            self._wandb_prefixes.add(prefix)
+        self._wandb.log({**{f"{prefix}/{k}": v for k, v in values.items()}, "tokens": x})
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one line (flushed to the OS, not fsynced) and mirror its numbers."""
@@ -157,11 +170,10 @@ class MetricsSink:
             return
         self._fh.write(to_json(record, indent=None) + "\n")
         self._fh.flush()
-        numbers = {k: v for k, v in _numbers(record).items() if k != "iter"}
         if self._tb is not None:
             self._tb_write(record)
         if self._wandb is not None:
-            self._wandb.log(numbers, step=record["iter"])
+            self._wandb_write(record)
 
     def sync(self) -> None:
         """Make every line written so far durable (called before each checkpoint)."""
@@ -182,6 +194,14 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def tagged(record: dict[str, Any]) -> tuple[str, int, dict[str, float]]:
+    """(prefix, tokens, values) of a record for the mirrors: prefix ``trunk`` or ``cooldown_<k>``
+    (k = branch + 1, the budget), x = tokens (iter where absent), values without bookkeeping."""
+    prefix = "trunk" if record.get("branch") is None else f"cooldown_{int(record['branch']) + 1}"
+    x = int(record.get("tokens", record.get("iter", 0)))
+    return prefix, x, {k: v for k, v in _numbers(record).items() if k not in TB_BOOKKEEPING}
 
 
 def _numbers(record: dict[str, Any]) -> dict[str, float]:
