@@ -40,6 +40,9 @@ FORMULA = "acc = floor + (1 - floor) * sigmoid(k * (L0 - L))"
 K_BOUNDS = (1e-3, 1e3)
 
 
+# far beyond what a percentile interval needs (Efron & Tibshirani: 1,000-2,000 for 95%)
+MAX_BOOT = 1_000_000
+
 def acc_sigmoid(L: np.ndarray, floor: float, k: float, L0: float) -> np.ndarray:
     """floor + (1 - floor) / (1 + exp(-k (L0 - L))), computed without overflow."""
     z = k * (L0 - np.asarray(L, dtype=float))
@@ -193,8 +196,8 @@ def calibrate(
     cand_L, cand_acc = _check(cand_L, cand_acc)
     if cand_L.size < 1:
         raise UserError(f"no {candidate} points to compare")
-    if n_boot < 0:
-        raise UserError(f"n_boot must be >= 0, got {n_boot}")
+    if not 0 <= n_boot <= MAX_BOOT:  # the resamples' results are held in memory at once
+        raise UserError(f"the number of bootstrap resamples must be in [0, {MAX_BOOT:,}], got {n_boot}")
     fit = fit_acc_sigmoid(ref_L, ref_acc, floor)
     if ref_se is not None and np.isfinite(ref_se).any():
         noise = float(np.nanmedian(ref_se))
