@@ -156,7 +156,7 @@ def test_fits_file_without_bootstrap_has_no_interval(tmp_path):
     (["--law-set", "paper", "--budgets", "1e20,0"], "positive"),
     (["--law-set", "paper", "--budgets", "1e20:1e22"], "lo:hi:n"),
     (["--law-set", "paper"], "budget"),
-    (["--law-set", "nope", "--budget", "1e21"], "unknown law set"),
+    (["--law-set", "nope", "--budget", "1e21"], "is not one of 'paper'"),
     (["--law-set", "paper", "--budget", "1e21", "--reference", "dense"], "unknown group"),
     (["--law-set", "paper", "--budget", "1e21", "--sparsity", "1.2"], "[0, 1)"),
     (["--law-set", "paper", "--budget", "1e21", "--at", "both"], "--at"),

@@ -173,7 +173,9 @@ def fits_file(tmp_path, fits_text):
 def test_tampered_fits_files_are_refused(fits_file, field, value, message):
     out = fits_file
     doc = json.loads(out.read_text())
-    doc["fits"]["default"][field] = value
+    entry = doc["fits"]["default"]
+    # fits files of schema version 2 hold the law's parameters under "params"
+    (entry["params"] if field in entry.get("params", {}) else entry)[field] = value
     out.write_text(json.dumps(doc))
     with pytest.raises(UserError, match=message):
         FitSet.load(out)

@@ -126,25 +126,33 @@ def resolve_weights(
 
 
 def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
-    import torch
 
     if source.kind == "checkpoint":
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
+        from scaling.training.checkpoint import check_dcp_metadata
+        from scaling.training.expert_parallel import split_expert_stacks, stacked_checkpoint
         from scaling.training.model import MoETransformer
 
-        template = MoETransformer(cfg).state_dict()
-        state = {"model": {k: torch.empty_like(v) for k, v in template.items()}}
+        model = MoETransformer(cfg)
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         try:
             import warnings
 
+            # the restricted unpickler first: DCP itself reads .metadata with plain pickle
+            metadata = check_dcp_metadata(source.path)
+            # the trainer's checkpoints store each expert as its own entry (views: filled in place);
+            # older ones hold the stacks whole
+            payload = ({"model": weights} if stacked_checkpoint(metadata)
+                       else {"model": split_expert_stacks({"model": weights, "optim": {}}, model)["model"]})
             with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": meant
                 warnings.simplefilter("ignore", UserWarning)
-                dcp.load(state, checkpoint_id=str(source.path), no_dist=True)
-        except Exception as exc:  # DCP raises CheckpointException and others for foreign folders
+                dcp.load(payload, checkpoint_id=str(source.path), no_dist=True)
+        except (Exception, CheckpointException) as exc:  # DCP's own exception is a BaseException
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"cannot read the model from checkpoint {source.path}: {first}") from None
-        return state["model"]
+        return weights
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
