@@ -52,6 +52,13 @@ def _memory_cells(row: dict) -> list[str]:
     ]
 
 
+def _step_cells(row: dict) -> list[str]:
+    """Predicted step time, MFU and binding resource (scaling/accounting/steptime.py)."""
+    if "predicted_step_s" not in row:
+        return ["-"] * 3
+    return [f"{row['predicted_step_s']:.3g}", f"{row['predicted_mfu']:.1%}", row["binding_resource"]]
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @run_cli
@@ -166,6 +173,9 @@ def register(app: typer.Typer) -> None:
                 "activ+work",
                 "buffers",
                 "fits",
+                "step s",
+                "MFU",
+                "binds",
             ):
                 table.add_column(
                     col, justify="left" if col in ("run", "budgets (tokens)", "status") else "right"
@@ -183,6 +193,7 @@ def register(app: typer.Typer) -> None:
                     duration(r["est_seconds"]),
                     f"{r['gpu_hours']:.0f}" if r["gpu_hours"] else "-",
                     *_memory_cells(r),
+                    *_step_cells(r),
                 )
             stdout.print(table)
             conc = concurrency or int(plan.executor.get("concurrency", 1))

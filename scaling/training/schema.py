@@ -143,6 +143,13 @@ PARALLEL = {
                          "a positive number of GB"),
     "grad_sync": Key(str, "every or last", lambda v: v in ("every", "last"), "every or last"),
     "ep": _pos_int("expert-parallel degree (fsdp/hsdp; default 1)"),
+    # step-time model only (scaling/accounting/steptime.py), never passed to the trainer
+    "nvlink_gb_s": Key(float, "step-time model: intra-node bus bandwidth per GPU per direction, GB/s "
+                       "(default 450, H100/H200 SXM NVLink)", positive, "a positive number of GB/s"),
+    "network_gb_s": Key(float, "step-time model: inter-node bandwidth per GPU, GB/s (default 50, "
+                        "400 Gb/s InfiniBand NDR per GPU)", positive, "a positive number of GB/s"),
+    "overlap": Key(float, "step-time model: fraction of compute time FSDP collectives can hide "
+                   "behind (default 0.8)", lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 DATA = {
     "path": Key(str, "folder made by `smelt-scale prepare-data` (absent: the built-in corpus)", bool,

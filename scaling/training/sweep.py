@@ -27,6 +27,7 @@ from typing import Any
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
+from scaling.accounting.steptime import StepTime, predict_step_time
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.training.sweep_plan import PlannedRun, SweepPlan
@@ -188,6 +189,7 @@ class RunEstimate:
     seconds: float | None
     gpu_hours: float | None
     memory: MemoryEstimate | None = None
+    step: StepTime | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -209,6 +211,18 @@ class RunEstimate:
             "est_seconds": self.seconds,
             "gpu_hours": self.gpu_hours,
             **self.memory_dict(),
+            **self.step_dict(),
+        }
+
+    def step_dict(self) -> dict[str, Any]:
+        """Predicted step time (s), MFU and binding resource, and the step-time model's parts."""
+        if self.step is None:
+            return {}
+        return {
+            "predicted_step_s": self.step.step_s,
+            "predicted_mfu": self.step.mfu,
+            "binding_resource": self.step.binding,
+            "step_time": self.step.to_dict(),
         }
 
     def memory_dict(self) -> dict[str, Any]:
@@ -249,9 +263,11 @@ def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
                 secs = tokens / tps
         else:
             gpu_h = flops / (mfu * peak) / 3600.0
-        memory = estimate_memory(run.model, run.layout())
+        layout = run.layout()
+        memory = estimate_memory(run.model, layout)
+        step = predict_step_time(run.model, layout, memory, peak, mfu, run.links())
         out.append(RunEstimate(run, planned_status(run, plan.runs_dir), tokens, flops, tps, secs, gpu_h,
-                               memory))
+                               memory, step))
     return out
 
 

@@ -78,6 +78,7 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.matching import smelt_twin
 from scaling.accounting.memory import Layout
+from scaling.accounting.steptime import Links
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
@@ -89,6 +90,8 @@ from scaling.training.schema import check_name, check_table
 EXECUTORS = ("local", "slurm", "debug")
 TABLES = ("sweep", "train", "data", "parallel", "executor", "tier", "model")
 # [train] keys that are options of train() rather than TrainConfig fields, and their types
+# [parallel] keys read by the planner only, not part of the memory planner's Layout
+PLANNER_ONLY_KEYS = ("gpu_memory_gb", "nvlink_gb_s", "network_gb_s", "overlap")
 RUN_OPTIONS = {"save_final_weights": bool, "save_budget_weights": bool}
 
 
@@ -113,6 +116,11 @@ class PlannedRun:
         value = self.parallel.get("gpu_memory_gb")
         return None if value is None else float(value)
 
+    def links(self) -> Links:
+        """Link bandwidths and overlap of the step-time model: [parallel] values or the defaults."""
+        return Links(**{k: float(self.parallel[k]) for k in ("nvlink_gb_s", "network_gb_s", "overlap")
+                        if k in self.parallel})
+
     def layout(self) -> Layout:
         """The run's parallel layout for the memory planner: [parallel] + the [train] micro-batch.
 
@@ -120,7 +128,7 @@ class PlannedRun:
         DDP, FSDP and HSDP alike), so per-rank batch = batch_size / world and the
         accumulation steps = per-rank batch / micro_batch_size (TrainConfig's rule).
         """
-        par = {k: v for k, v in self.parallel.items() if k != "gpu_memory_gb"}
+        par = {k: v for k, v in self.parallel.items() if k not in PLANNER_ONLY_KEYS}
         cpu = str(self.train.get("device", "auto")) == "cpu"
         layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16")  # checks the values
         world = layout.world

@@ -1,0 +1,192 @@
+"""Step-time model: predicted seconds per optimizer step, MFU and the binding resource of one run
+under a parallel layout, from its FLOPs and the memory planner's communication volumes. Pure
+arithmetic (no torch). A prediction, never a measurement: no layout of this project has been
+timed on real GPUs (issue 27, item 5).
+
+Compute. Per GPU and optimizer step the model does
+
+    F_model = flops_per_token(cfg) * micro_batch_size * grad_accum_steps * seq_len
+
+training FLOPs (forward + backward, ``scaling.accounting.costs.flops_per_token``: 6 per matmul
+weight per token + the attention products; every rank takes its own rows of the global batch,
+so tokens per GPU = micro x accumulation x sequence). Activation checkpointing recomputes every
+layer pass's forward during backward, so the GPU executes
+
+    F_exec = F_model * (1 + 1/3)  with checkpointing, F_model without
+
+(a forward is 2 of the 6 FLOPs per weight per token; Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", section 5: full recomputation costs one
+extra forward, 33% more; counted on the whole model, the LM head included, an over-count of a
+few percent). The assumed MFU (``[executor] mfu``) is read as the fraction of the GPU's dense
+peak (``[executor] gpu_peak_flops``) that executed FLOPs reach:
+
+    t_compute = F_exec / (peak * mfu_assumed)
+
+Communication. The planner's volumes (``MemoryEstimate``: all_gather, reduce_scatter,
+all_reduce, all_to_all) are bytes each GPU sends per step in NCCL's bus-bandwidth convention
+(ring: (n-1)/n of the tensor for all-gather / reduce-scatter, twice that for all-reduce). So a
+collective on a link of per-GPU, per-direction bus bandwidth B takes
+
+    t = bytes / B
+
+(NCCL tests, doc/PERFORMANCE.md: busBw is defined so that it is comparable to the link's
+hardware bandwidth, whatever the rank count). A ring over ranks in more than one node is limited
+by its inter-node hops, so it runs at the network bandwidth. Which link each collective uses
+(ranks are numbered node-major, the trainer's mesh puts ``ep`` innermost):
+
+* FSDP: all-gather and reduce-scatter over all W ranks (the experts' over the S/P ranks of the
+  same EP position, one per EP group): NVLink on one node, the network on more than one.
+* HSDP (R replicas x S shards): all-gather / reduce-scatter inside the shard group, NVLink when
+  a group is S consecutive ranks inside one node (S divides gpus_per_node), else the network;
+  the all-reduce across the R replicas crosses nodes when there is more than one node.
+* DDP: the gradient all-reduce, NVLink on one node, the network otherwise.
+* EP all-to-all: NVLink when an EP group stays inside a node (``Layout.ep_intra_node``), else
+  the network.
+
+Collectives on the same link are summed (one link, one direction's bandwidth); NVLink and the
+network are separate links but FSDP issues its collectives in order, so their times are also
+summed — a conservative choice.
+
+Overlap. FSDP2 prefetches the next layer's all-gather and reduce-scatters a layer's gradients
+while the previous layer's backward runs, so its all-gather / reduce-scatter / all-reduce time
+can hide behind compute; ``overlap`` is the fraction of the compute time available for that.
+The all-to-all of expert parallelism cannot hide: the trainer's dispatch waits for its tokens
+before the expert matmul (scaling/training/expert_parallel.py). Hence
+
+    t_step = t_compute + t_all_to_all + max(0, t_fsdp - overlap * t_compute)
+
+where t_fsdp = t_all_gather + t_reduce_scatter + t_all_reduce. overlap = 1 gives
+max(t_compute, t_fsdp) + t_all_to_all, overlap = 0 the plain sum.
+
+Outputs. Predicted MFU (model FLOPs, PaLM's definition: Chowdhery et al. 2022, appendix B, which
+does not count recomputation) is
+
+    mfu = F_model / (t_step * peak)  <=  mfu_assumed
+
+since t_step >= t_compute >= F_model / (peak * mfu_assumed). The binding resource is the one
+busy longest per step: "compute" (t_compute), "nvlink" or "network" (the summed time of the
+collectives on that link).
+
+Default bandwidths (plan fields ``[parallel] nvlink_gb_s``, ``network_gb_s``, ``overlap``),
+nominal peaks, which NCCL does not fully reach (measured bus bandwidths are typically 70-90% of
+them), so predictions are optimistic:
+
+* NVLink 450 GB/s per GPU per direction: H100 SXM and H200 SXM both have fourth-generation
+  NVLink at 900 GB/s total (NVIDIA H100 / H200 datasheets), i.e. 450 GB/s each way.
+* Network 50 GB/s per GPU: one 400 Gb/s InfiniBand NDR (ConnectX-7) adapter per GPU, as in
+  the DGX H100 / H200 reference design (NVIDIA DGX H100 user guide); 400e9 / 8 = 50e9 B/s.
+* overlap 0.8: most but not all FSDP traffic hides behind compute (the first all-gather and the
+  last reduce-scatter of a step are exposed). An assumption, not a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import flops_per_token
+from scaling.accounting.memory import GB, Layout, MemoryEstimate
+from scaling.common.errors import UserError
+
+DEFAULT_NVLINK_GB_S = 450.0
+DEFAULT_NETWORK_GB_S = 50.0
+DEFAULT_OVERLAP = 0.8
+RECOMPUTE_FACTOR = 4.0 / 3.0
+RESOURCES = ("compute", "nvlink", "network")
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per-GPU, per-direction bus bandwidths (GB/s, GB = 1e9 bytes) and the overlap fraction."""
+
+    nvlink_gb_s: float = DEFAULT_NVLINK_GB_S
+    network_gb_s: float = DEFAULT_NETWORK_GB_S
+    overlap: float = DEFAULT_OVERLAP
+
+    def __post_init__(self) -> None:
+        for name in ("nvlink_gb_s", "network_gb_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
+                raise UserError(f"{name} must be a positive number of GB/s, got {v!r}")
+        o = self.overlap
+        if isinstance(o, bool) or not isinstance(o, (int, float)) or not 0 <= o <= 1:
+            raise UserError(f"overlap must be a number in [0, 1], got {o!r}")
+
+
+def collective_links(layout: Layout) -> dict[str, str]:
+    """The link ("nvlink" | "network") each collective of ``layout`` runs on (module docstring)."""
+    multi = layout.nodes > 1
+    cross = "network" if multi else "nvlink"
+    if layout.mode == "hsdp":
+        S = layout.shards
+        inside = S <= layout.gpus_per_node and layout.gpus_per_node % S == 0
+        shard = "nvlink" if inside else "network"
+    else:
+        shard = cross
+    return {
+        "all_gather": shard,
+        "reduce_scatter": shard,
+        "all_reduce": cross,
+        "all_to_all": "nvlink" if layout.ep_intra_node else "network",
+    }
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one optimizer step on one GPU (seconds) and what binds it."""
+
+    model_flops: float
+    executed_flops: float
+    compute_s: float
+    all_gather_s: float
+    reduce_scatter_s: float
+    all_reduce_s: float
+    all_to_all_s: float
+    nvlink_s: float
+    network_s: float
+    step_s: float
+    mfu: float
+    binding: str
+    assumed_mfu: float
+    peak_flops: float
+    nvlink_gb_s: float
+    network_gb_s: float
+    overlap: float
+    links: dict[str, str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_step_time(cfg: ModelConfig, layout: Layout, memory: MemoryEstimate, peak_flops: float,
+                      mfu: float, links: Links | None = None) -> StepTime:
+    """Step time, predicted MFU and binding resource of ``cfg`` under ``layout`` (module docstring),
+    from the planner's ``memory`` estimate of the same layout (its communication volumes)."""
+    links = links or Links()
+    if isinstance(peak_flops, bool) or not peak_flops > 0:
+        raise UserError(f"gpu_peak_flops must be > 0, got {peak_flops!r}")
+    if isinstance(mfu, bool) or not 0 < mfu <= 1:
+        raise UserError(f"mfu must be in (0, 1], got {mfu!r}")
+    seq = layout.seq_len if layout.seq_len is not None else cfg.seq_len
+    f_model = float(flops_per_token(cfg)) * layout.micro_batch_size * layout.grad_accum_steps * seq
+    f_exec = f_model * (RECOMPUTE_FACTOR if layout.activation_checkpointing else 1.0)
+    t_c = f_exec / (peak_flops * mfu)
+    on = collective_links(layout)
+    bw = {"nvlink": links.nvlink_gb_s * GB, "network": links.network_gb_s * GB}
+    vol = {"all_gather": memory.all_gather, "reduce_scatter": memory.reduce_scatter,
+           "all_reduce": memory.all_reduce, "all_to_all": memory.all_to_all}
+    t = {k: v / bw[on[k]] for k, v in vol.items()}
+    per_link = {name: sum(t[k] for k in t if on[k] == name) for name in ("nvlink", "network")}
+    t_fsdp = t["all_gather"] + t["reduce_scatter"] + t["all_reduce"]
+    step = t_c + t["all_to_all"] + max(0.0, t_fsdp - links.overlap * t_c)
+    busy = {"compute": t_c, **per_link}
+    binding = max(RESOURCES, key=lambda r: busy[r])  # ties: the first in RESOURCES order
+    return StepTime(
+        model_flops=f_model, executed_flops=f_exec, compute_s=t_c,
+        all_gather_s=t["all_gather"], reduce_scatter_s=t["reduce_scatter"],
+        all_reduce_s=t["all_reduce"], all_to_all_s=t["all_to_all"],
+        nvlink_s=per_link["nvlink"], network_s=per_link["network"], step_s=step,
+        mfu=f_model / (step * peak_flops), binding=binding, assumed_mfu=float(mfu),
+        peak_flops=float(peak_flops), nvlink_gb_s=float(links.nvlink_gb_s),
+        network_gb_s=float(links.network_gb_s), overlap=float(links.overlap), links=on,
+    )

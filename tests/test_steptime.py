@@ -1,0 +1,123 @@
+"""Step-time model (scaling/accounting/steptime.py): hand-computed toy layouts, the binding
+resource, the MFU bound, and the dry run's keys (issue 27, item 5)."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from scaling.accounting.costs import flops_per_token
+from scaling.accounting.memory import Layout, estimate_memory
+from scaling.accounting.steptime import Links, collective_links, predict_step_time
+from scaling.accounting.tiers import get_config
+from scaling.common.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = get_config("proxy-tiny", "smelt")
+
+
+def _toy(layout: Layout, **volumes):
+    """A planner estimate of ``layout`` with the communication volumes replaced by round numbers."""
+    return dataclasses.replace(estimate_memory(CFG, layout), **volumes)
+
+
+def test_hand_computed_toy_layout():
+    # FSDP over 2 nodes x 8 GPUs, EP 4 inside a node: AG/RS on the network, all-to-all on NVLink
+    lay = Layout(mode="fsdp", gpus_per_node=8, nodes=2, ep=4, micro_batch_size=2, grad_accum_steps=3)
+    mem = _toy(lay, all_gather=60e9, reduce_scatter=40e9, all_reduce=0, all_to_all=20e9)
+    f_model = flops_per_token(CFG) * 2 * 3 * CFG.seq_len
+    peak = f_model / 0.5  # so that compute takes exactly 1 s at MFU 0.5
+    st = predict_step_time(CFG, lay, mem, peak, 0.5, Links(nvlink_gb_s=400, network_gb_s=50, overlap=0.5))
+    assert st.model_flops == f_model == st.executed_flops
+    assert st.compute_s == pytest.approx(1.0, rel=1e-12)
+    assert st.all_gather_s == pytest.approx(1.2) and st.reduce_scatter_s == pytest.approx(0.8)
+    assert st.all_to_all_s == pytest.approx(0.05) and st.network_s == pytest.approx(2.0)
+    # 1 s compute + 0.05 s all-to-all (never hidden) + (2 s FSDP - 0.5 x 1 s hidden)
+    assert st.step_s == pytest.approx(2.55, rel=1e-12)
+    assert st.mfu == pytest.approx(0.5 / 2.55, rel=1e-12)
+    assert st.binding == "network"
+
+
+def test_activation_checkpointing_adds_one_forward():
+    lay = Layout(mode="fsdp", gpus_per_node=4, micro_batch_size=1, activation_checkpointing=True)
+    mem = _toy(lay, all_gather=0, reduce_scatter=0, all_reduce=0, all_to_all=0)
+    f_model = flops_per_token(CFG) * CFG.seq_len
+    st = predict_step_time(CFG, lay, mem, 1e12, 0.4, Links())
+    assert st.executed_flops == pytest.approx(f_model * 4 / 3)
+    assert st.step_s == pytest.approx(f_model * 4 / 3 / (0.4e12))
+    assert st.mfu == pytest.approx(0.4 * 3 / 4) and st.binding == "compute"
+
+
+@pytest.mark.parametrize("overlap,expected", [(0.0, 1.0 + 3.0), (1.0, 3.0), (0.25, 1.0 + 2.75)])
+def test_overlap_limits(overlap, expected):
+    lay = Layout(mode="fsdp", gpus_per_node=8)
+    f_model = flops_per_token(CFG) * CFG.seq_len
+    mem = _toy(lay, all_gather=300e9, reduce_scatter=0, all_reduce=0, all_to_all=0)  # 3 s at 100 GB/s
+    st = predict_step_time(CFG, lay, mem, f_model, 1.0, Links(nvlink_gb_s=100, overlap=overlap))
+    assert st.step_s == pytest.approx(expected)
+
+
+def test_binding_switches_with_bandwidth_and_mfu_bound():
+    """A real planner estimate: the 2-node FSDP layout is compute-bound on fast links, network-bound
+    when the network is slow, NVLink-bound when NVLink is (EP all-to-all inside the node)."""
+    cfg = get_config("1.6B", "smelt")
+    lay = Layout(mode="fsdp", gpus_per_node=8, nodes=2, ep=8, micro_batch_size=8, grad_accum_steps=2,
+                 activation_checkpointing=True)
+    mem = estimate_memory(cfg, lay)
+    assert mem.all_to_all > 0 and mem.all_gather > 0
+    seen = {}
+    for name, links in {"fast": Links(nvlink_gb_s=1e6, network_gb_s=1e6),
+                        "slow network": Links(network_gb_s=0.5),
+                        "slow nvlink": Links(nvlink_gb_s=0.5, network_gb_s=1e6)}.items():
+        st = predict_step_time(cfg, lay, mem, 9.89e14, 0.35, links)
+        assert 0 < st.mfu <= 0.35 + 1e-12
+        assert st.step_s >= st.compute_s
+        seen[name] = st.binding
+    assert seen == {"fast": "compute", "slow network": "network", "slow nvlink": "nvlink"}
+
+
+def test_collective_links_by_layout():
+    assert set(collective_links(Layout(mode="fsdp", gpus_per_node=8)).values()) == {"nvlink"}
+    multi = collective_links(Layout(mode="fsdp", gpus_per_node=8, nodes=4, ep=8))
+    assert multi == {"all_gather": "network", "reduce_scatter": "network", "all_reduce": "network",
+                     "all_to_all": "nvlink"}
+    hsdp = collective_links(Layout(mode="hsdp", gpus_per_node=8, nodes=4))  # shard within a node
+    assert hsdp["all_gather"] == hsdp["reduce_scatter"] == "nvlink" and hsdp["all_reduce"] == "network"
+    hsdp2 = collective_links(Layout(mode="hsdp", gpus_per_node=8, nodes=4, replicate=2))  # 16-GPU shards
+    assert hsdp2["all_gather"] == "network"
+    # EP 16 over 2 nodes: the all-to-all leaves the node
+    assert collective_links(Layout(mode="fsdp", gpus_per_node=8, nodes=2, ep=16))["all_to_all"] == "network"
+
+
+@pytest.mark.parametrize("kw", [{"nvlink_gb_s": 0}, {"network_gb_s": -1}, {"overlap": 1.5},
+                                {"overlap": True}])
+def test_bad_links_are_user_errors(kw):
+    with pytest.raises(UserError):
+        Links(**kw)
+
+
+def test_dry_run_json_has_step_time_keys(tmp_path):
+    plan = tmp_path / "h100.toml"
+    text = (ROOT / "plans" / "paper-tiers-h100.toml").read_text()
+    # slow network so the multi-node tier becomes network-bound
+    plan.write_text(text.replace('mode = "fsdp"', 'mode = "fsdp"\nnetwork_gb_s = 1.0', 1))
+    res = CliRunner().invoke(app, ["sweep", str(plan), "--dry-run", "--json"])
+    rows = json.loads(res.stdout)["runs"]  # exit 2 here: the plan's [data] path does not exist
+    assert len(rows) == 8
+    for r in rows:
+        assert {"predicted_step_s", "predicted_mfu", "binding_resource", "step_time",
+                "communication_gb_per_step", "memory_gb_per_gpu"} <= set(r)
+        assert 0 < r["predicted_mfu"] <= 0.35 and r["step_time"]["network_gb_s"] == 1.0
+    bind = {r["run"]: r["binding_resource"] for r in rows}
+    assert bind["1.6B-smelt-s0"] == "network" and bind["100M-smelt-s0"] == "compute"
+
+
+def test_bad_plan_bandwidth_is_one_line_error(tmp_path):
+    plan = tmp_path / "bad.toml"
+    text = (ROOT / "plans" / "paper-tiers-h100.toml").read_text()
+    plan.write_text(text.replace('mode = "fsdp"', 'mode = "fsdp"\noverlap = 2.0', 1))
+    res = CliRunner().invoke(app, ["sweep", str(plan), "--dry-run", "--no-probe"])
+    assert res.exit_code == 2 and "overlap" in res.output
