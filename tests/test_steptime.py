@@ -121,3 +121,38 @@ def test_bad_plan_bandwidth_is_one_line_error(tmp_path):
     plan.write_text(text.replace('mode = "fsdp"', 'mode = "fsdp"\noverlap = 2.0', 1))
     res = CliRunner().invoke(app, ["sweep", str(plan), "--dry-run", "--no-probe"])
     assert res.exit_code == 2 and "overlap" in res.output
+
+
+def test_choose_layout_fits_and_prefers_hsdp_on_a_slow_network():
+    from scaling.accounting.steptime import candidate_layouts, choose_layout
+
+    cfg = get_config("1.6B", "smelt")
+    base = Layout(mode="fsdp", gpus_per_node=8, nodes=4, micro_batch_size=8, grad_accum_steps=2)
+    cands = candidate_layouts(base, cfg.n_experts)
+    assert {c.mode for c in cands} == {"fsdp", "hsdp"} and {c.ep for c in cands} == {1, 2, 4, 8}
+    assert {c.micro_batch_size * c.grad_accum_steps for c in cands} == {16}
+    best, tried, fitting = choose_layout(cfg, base, 80.0, 9.89e14, 0.35, Links())
+    assert tried == len(cands) and 0 < fitting < tried
+    assert best.memory_gb <= 80.0 and estimate_memory(cfg, best.layout).fits(80.0)
+    # every fitting candidate is predicted no faster than the chosen one
+    for lay in cands:
+        mem = estimate_memory(cfg, lay)
+        if mem.fits(80.0):
+            st = predict_step_time(cfg, lay, mem, 9.89e14, 0.35, Links())
+            assert st.step_s >= best.step.step_s - 1e-12
+    # a network 1000x slower: HSDP keeps the gathers inside the node
+    slow, _, _ = choose_layout(cfg, base, 141.0, 9.89e14, 0.35, Links(network_gb_s=0.05))
+    assert slow.layout.mode == "hsdp"
+    none, _, fit = choose_layout(cfg, base, 1.0, 9.89e14, 0.35, Links())
+    assert none is None and fit == 0
+
+
+def test_choose_layout_cli(tmp_path):
+    res = CliRunner().invoke(app, ["sweep", str(ROOT / "plans" / "paper-tiers-h100.toml"), "--dry-run",
+                                   "--json", "--choose-layout"])
+    rows = json.loads(res.stdout)["runs"]
+    for r in rows:
+        b = r["chosen_layout"]["best"]
+        assert b["memory_gb_per_gpu"] <= 80 and b["predicted_step_s"] <= r["predicted_step_s"] + 1e-9
+    bad = CliRunner().invoke(app, ["sweep", str(ROOT / "plans" / "paper-tiers-h100.toml"), "--choose-layout"])
+    assert bad.exit_code == 2 and "--choose-layout only works with --dry-run" in bad.output

@@ -85,7 +85,7 @@ from dataclasses import asdict, dataclass
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
-from scaling.accounting.memory import GB, Layout, MemoryEstimate
+from scaling.accounting.memory import GB, Layout, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
 
 DEFAULT_NVLINK_GB_S = 450.0
@@ -190,3 +190,74 @@ def predict_step_time(cfg: ModelConfig, layout: Layout, memory: MemoryEstimate, 
         peak_flops=float(peak_flops), nvlink_gb_s=float(links.nvlink_gb_s),
         network_gb_s=float(links.network_gb_s), overlap=float(links.overlap), links=on,
     )
+
+
+# ----- choosing a layout ------------------------------------------------------------------------
+
+EP_DEGREES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """One candidate layout with its planner memory (GB per GPU) and predicted step."""
+
+    layout: Layout
+    memory_gb: float
+    step: StepTime
+
+    def to_dict(self) -> dict:
+        lay = self.layout
+        return {
+            "mode": lay.mode, "ep": lay.ep, "replicate": lay.replicas if lay.mode == "hsdp" else None,
+            "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": lay.grad_accum_steps,
+            "activation_checkpointing": lay.activation_checkpointing, "memory_gb_per_gpu": self.memory_gb,
+            "predicted_step_s": self.step.step_s, "predicted_mfu": self.step.mfu,
+            "binding_resource": self.step.binding,
+        }
+
+
+def candidate_layouts(base: Layout, n_experts: int) -> list[Layout]:
+    """Layouts of the same GPUs and per-GPU batch as ``base``: FSDP, or HSDP (shard inside a node,
+    replicate across nodes) when there is more than one node; EP degree in {1, 2, 4, 8} where it
+    divides the shard degree (uneven expert splits are allowed, as in the trainer) and does not
+    exceed the experts; every power-of-two micro-batch dividing the per-GPU batch; activation
+    checkpointing on and off. Dtypes, sequence length and grad_sync as in ``base`` (grad_sync
+    "every" when ``base`` is not sharded)."""
+    per_gpu = base.micro_batch_size * base.grad_accum_steps
+    micros = [m for m in (2 ** i for i in range(per_gpu.bit_length())) if per_gpu % m == 0]
+    sync = base.grad_sync if base.sharded else "every"
+    modes = [("fsdp", None)] + ([("hsdp", base.nodes)] if base.nodes > 1 else [])
+    out = []
+    for mode, replicate in modes:
+        for ep in EP_DEGREES:
+            shards = base.world // (replicate or 1)
+            if ep > n_experts or shards % ep:
+                continue
+            for micro in micros:
+                for ac in (False, True):
+                    out.append(Layout(
+                        mode=mode, gpus_per_node=base.gpus_per_node, nodes=base.nodes,
+                        replicate=replicate, micro_batch_size=micro, grad_accum_steps=per_gpu // micro,
+                        activation_checkpointing=ac, grad_sync=sync, seq_len=base.seq_len,
+                        param_dtype=base.param_dtype, grad_dtype=base.grad_dtype,
+                        optim_dtype=base.optim_dtype, compute_dtype=base.compute_dtype,
+                        reduce_dtype=base.reduce_dtype, chunked_ce=base.chunked_ce, ep=ep))
+    return out
+
+
+def choose_layout(cfg: ModelConfig, base: Layout, gpu_memory_gb: float | None, peak_flops: float,
+                  mfu: float, links: Links | None = None) -> tuple[LayoutChoice | None, int, int]:
+    """The candidate (``candidate_layouts``) with the shortest predicted step among those whose
+    planner peak fits ``gpu_memory_gb`` (all, when None); ties go to the less memory. Returns
+    (best or None when nothing fits, candidates tried, candidates that fit)."""
+    best, tried, fitting = None, 0, 0
+    for lay in candidate_layouts(base, cfg.n_experts):
+        tried += 1
+        mem = estimate_memory(cfg, lay)
+        if gpu_memory_gb is not None and not mem.fits(gpu_memory_gb):
+            continue
+        fitting += 1
+        choice = LayoutChoice(lay, mem.total / GB, predict_step_time(cfg, lay, mem, peak_flops, mfu, links))
+        if best is None or (choice.step.step_s, choice.memory_gb) < (best.step.step_s, best.memory_gb):
+            best = choice
+    return best, tried, fitting

@@ -10,6 +10,7 @@ from typing import Literal, Optional
 import typer
 from rich.table import Table
 
+from scaling.accounting.steptime import choose_layout as choose_layout_for
 from scaling.cli._util import (
     check_output_dir,
     emit_json,
@@ -59,6 +60,35 @@ def _step_cells(row: dict) -> list[str]:
     return [f"{row['predicted_step_s']:.3g}", f"{row['predicted_mfu']:.1%}", row["binding_resource"]]
 
 
+def _choose(plan, run) -> dict:
+    """The fastest predicted layout of ``run`` that fits (scaling.accounting.steptime.choose_layout)."""
+    best, tried, fitting = choose_layout_for(
+        run.model, run.layout(), run.gpu_memory_gb, float(plan.executor.get("gpu_peak_flops", 9.89e14)),
+        float(plan.executor.get("mfu", 0.4)), run.links())
+    return {"tried": tried, "fitting": fitting, "best": None if best is None else best.to_dict()}
+
+
+def _print_choices(rows: list[dict]) -> None:
+    table = Table(title="--choose-layout: fastest predicted layout that fits, per run", title_justify="left")
+    for col in ("run", "mode", "ep", "micro x accum", "AC", "mem/GPU GB", "step s", "MFU", "binds",
+                "fit / tried"):
+        table.add_column(col, justify="left" if col in ("run", "mode") else "right")
+    for r in rows:
+        c = r["chosen_layout"]
+        b = c["best"]
+        if b is None:
+            table.add_row(r["run"], "[bold red]none fits[/bold red]", *["-"] * 7, f"0 / {c['tried']}")
+            continue
+        table.add_row(
+            r["run"], b["mode"] + (f" R={b['replicate']}" if b["replicate"] else ""), str(b["ep"]),
+            f"{b['micro_batch_size']} x {b['grad_accum_steps']}",
+            "on" if b["activation_checkpointing"] else "off",
+            f"{b['memory_gb_per_gpu']:.1f}", f"{b['predicted_step_s']:.3g}", f"{b['predicted_mfu']:.1%}",
+            b["binding_resource"], f"{c['fitting']} / {c['tried']}",
+        )
+    stdout.print(table)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @run_cli
@@ -73,6 +103,12 @@ def register(app: typer.Typer) -> None:
             "A run that does not fit the plan's [parallel] gpu_memory_gb is "
             "marked, and after the table (or the JSON) the command exits 2 with a one-line error "
             "naming the tier and the shortfall, as the real run does before submitting anything.",
+        ),
+        choose_layout: bool = typer.Option(
+            False, "--choose-layout",
+            help="With --dry-run: per run, try EP degree 1/2/4/8, FSDP vs HSDP (several nodes), every "
+            "power-of-two micro-batch and activation checkpointing on/off on the same GPUs, keep those "
+            "that fit gpu_memory_gb, and print the fastest predicted one (JSON: chosen_layout).",
         ),
         probe: bool = typer.Option(
             True, "--probe/--no-probe", help="Measure tokens/s with a short probe (dry run)."
@@ -110,6 +146,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Run a sweep plan: finished runs are skipped, interrupted ones resume."""
+        if choose_layout and not dry_run:
+            raise UserError("--choose-layout only works with --dry-run")
         plan = load_plan(plan_file)
         if executor is not None and executor not in EXECUTORS:
             raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -143,6 +181,9 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             est = estimate(plan, probe=probe)
             rows = [{**e.to_dict(), **u.to_dict()} for e, u in zip(est, uses)]
+            if choose_layout:
+                for row, e in zip(rows, est):
+                    row["chosen_layout"] = _choose(plan, e.run)
             total = {
                 "runs": len(rows),
                 "flops": sum(r["flops"] for r in rows),
@@ -198,6 +239,8 @@ def register(app: typer.Typer) -> None:
                     *_step_cells(r),
                 )
             stdout.print(table)
+            if choose_layout:
+                _print_choices(rows)
             conc = concurrency or int(plan.executor.get("concurrency", 1))
             if total["est_seconds_serial"]:
                 stdout.print(
