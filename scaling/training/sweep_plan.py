@@ -53,6 +53,9 @@ Format (see ``plans/cpu-proxy.toml``)::
     grad_sync = "every"                    # "every" micro-batch or only the "last" (default:
                                            # "every" when sharded, "last" otherwise)
     ep = 8                                 # expert-parallel degree (fsdp/hsdp; default 1)
+    nvlink_gb_s = 450                      # step-time model only (scaling.accounting.steptime):
+    network_gb_s = 50                      # per-GPU link bandwidths, GB/s, and the fraction of
+    overlap = 0.8                          # compute FSDP traffic can hide behind (defaults shown)
 
     [tier."1.6B".parallel]                 # per-tier layout overrides
     nodes = 4
