@@ -191,7 +191,8 @@ def whole_fit(rows: int) -> dict:
     return {"rows": rows, "wall_s": wall,
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "load_average_before": load, "load_average_after": list(os.getloadavg()),
-            "bootstrap_method": g["settings"].get("bootstrap_method"), "params": {p: g[p] for p in TRUE},
+            "bootstrap_method": g["settings"].get("bootstrap_method"),
+            "params": {p: g.get("params", g)[p] for p in TRUE},  # fit/2 files: under "params"
             "a_ci": g["ci"].get("a")}
 
 
