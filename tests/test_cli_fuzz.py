@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import typing
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from cli_timeout import invoke_within
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.main import get_command
@@ -154,21 +154,8 @@ def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
     return state
 
 
-class _Timeout(Exception):
-    pass
-
-
 def _invoke(args: list[str]):
-    def alarm(signum, frame):
-        raise _Timeout(f"no answer within {LIMIT_S} s: smelt-scale {' '.join(args)}")
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(LIMIT_S)
-    try:
-        return runner.invoke(app, args)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    return invoke_within(args, LIMIT_S)
 
 
 def test_every_command_has_base_arguments(world):

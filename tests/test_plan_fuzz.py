@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import tomllib
 from pathlib import Path
 
 import numpy as np
+from cli_timeout import invoke_within
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli_fuzz import _tree_state
@@ -106,16 +106,7 @@ mutation = st.tuples(st.sampled_from(TABLES), st.sampled_from(KEYS),
 
 
 def _invoke(args: list[str]):
-    def alarm(signum, frame):
-        raise TimeoutError(f"no answer within {LIMIT_S} s")
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(LIMIT_S)
-    try:
-        return runner.invoke(app, args)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    return invoke_within(args, LIMIT_S)
 
 
 def test_generated_plans_through_the_dry_run(tmp_path, monkeypatch, env):
