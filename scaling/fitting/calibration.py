@@ -225,25 +225,10 @@ def calibrate(
         )
     lab_r, lab_c = labels or ([None] * ref_L.size, [None] * cand_L.size)
     points = [
-        {
-            "arch": reference,
-            "label": lab,
-            "loss": float(x),
-            "value": float(y),
-            "predicted": float(p),
-            "residual": float(y - p),
-        }
-        for lab, x, y, p in zip(lab_r, ref_L, ref_acc, fit.predict(ref_L))
-    ] + [
-        {
-            "arch": candidate,
-            "label": lab,
-            "loss": float(x),
-            "value": float(y),
-            "predicted": float(p),
-            "residual": float(y - p),
-        }
-        for lab, x, y, p in zip(lab_c, cand_L, cand_acc, fit.predict(cand_L))
+        {"arch": arch, "label": lab, "loss": float(x), "value": float(y), "predicted": float(p),
+         "residual": float(y - p)}
+        for arch, labs, L, acc in ((reference, lab_r, ref_L, ref_acc), (candidate, lab_c, cand_L, cand_acc))
+        for lab, x, y, p in zip(labs, L, acc, fit.predict(L))
     ]
     return Calibration(
         task=task,
