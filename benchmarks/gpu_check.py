@@ -69,6 +69,8 @@ EXTRA_CHECKS: dict[str, str] = {"scale": "gpu_check_scale"}
 
 # --suite: the configurations of issue 31's table (name, micro-batch, accumulation, compile)
 SUITE = (("mb2x2", 2, 2, False), ("mb8", 8, 1, False), ("mb8-compiled", 8, 1, True))
+# more configurations --configs can name (in the order given): a larger micro-batch, compiled
+MORE_CONFIGS = (("mb16-compiled", 16, 1, True), ("mb4-compiled", 4, 1, True))
 
 # Kernel / operator name fragments by kind, for the --profile shares (lower case)
 GEMM_KEYS = ("gemm", "matmul", "cutlass", "xmma", "nvjet", "wgmma", "grouped_mm", "cublas", "aten::mm",
@@ -199,13 +201,17 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
     cuda = dist.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(dist.device)
+    t_build = time.perf_counter()
     model = build_model(cfg, 0, dist, mode, activation_checkpointing=activation_checkpointing,
                         compile=compile)
+    if cuda:
+        torch.cuda.synchronize(dist.device)
+    build_s = time.perf_counter() - t_build
     params = [p for p in model.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda)
     rows = micro * n_micro
     pool = synthetic_tokens(cfg.vocab_size, 64 * rows * dist.world, cfg.seq_len).to(dist.device)
-    losses, t_timed, n_timed = [], 0.0, 0
+    losses, t_timed, n_timed, step_s = [], 0.0, 0, []
     t_start = time.perf_counter()
     for step in range(steps):
         first = (step % 64) * rows * dist.world + dist.rank * rows  # this rank's rows of the step
@@ -221,6 +227,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
             torch.distributed.all_reduce(stats)
             stats = stats / dist.world
         loss = float(stats[0])  # syncs the device
+        step_s.append(time.perf_counter() - t0)
         if step >= warmup:
             t_timed += time.perf_counter() - t0
             n_timed += 1
@@ -283,6 +290,11 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         "stored_after_forward_gb": stored,
         "planned_activations_stored_gb": planned_stored,
         "compile": compile,
+        # wall seconds: building + materialising the model; the first step (compile time when
+        # compiling, measured as first step - median later step); the median timed step
+        "build_s": build_s,
+        "first_step_s": step_s[0],
+        "median_step_s": sorted(step_s[warmup:])[len(step_s[warmup:]) // 2] if step_s[warmup:] else None,
         "micro_batch_size": micro,
         "grad_accum_steps": n_micro,
         "sync_check": sync,
@@ -315,12 +327,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             cfg = get_config(args.tier, arch)
             if args.seq_len:
                 cfg = cfg.replace(seq_len=args.seq_len)
-            results.append(train_arch(
-                cfg, dist, mode=mode, steps=args.steps, warmup=args.warmup, micro=args.micro_batch,
-                n_micro=args.grad_accum, lr=args.lr, activation_checkpointing=args.activation_checkpointing,
-                compile=resolve_compile(args.compile, dist.device.type), grad_sync=grad_sync,
-                max_seconds=args.max_seconds, profile_steps=args.profile_steps if args.profile else 0,
-                peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
+            try:
+                results.append(train_arch(
+                    cfg, dist, mode=mode, steps=args.steps, warmup=args.warmup, micro=args.micro_batch,
+                    n_micro=args.grad_accum, lr=args.lr,
+                    activation_checkpointing=args.activation_checkpointing,
+                    compile=resolve_compile(args.compile, dist.device.type), grad_sync=grad_sync,
+                    max_seconds=args.max_seconds, profile_steps=args.profile_steps if args.profile else 0,
+                    peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
+            except Exception as exc:  # keep the other architecture's numbers (an OOM, a compile error)
+                if dist.world > 1:
+                    raise  # the other ranks would wait forever in a collective
+                import traceback
+
+                results.append({"arch": arch, "error": "".join(traceback.format_exception(exc))[-3000:]})
             if dist.device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch._dynamo.reset()
@@ -372,23 +392,34 @@ def run(args: argparse.Namespace) -> dict:
     world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     t0 = time.perf_counter()
     configs = SUITE if args.suite else (("single", args.micro_batch, args.grad_accum, args.compile),)
+    if args.configs:  # in the order named, so a time-limited run measures the first ones first
+        by_name = {c[0]: c for c in SUITE + MORE_CONFIGS}
+        configs = tuple(by_name[n] for n in args.configs)
     runs = []
     for name, micro, accum, compile in configs:
         sub = argparse.Namespace(**{**vars(args), "micro_batch": micro, "grad_accum": accum,
                                     "compile": compile})
         t = time.perf_counter()
-        archs = _spawn(sub, world)
+        try:
+            archs, error = _spawn(sub, world), None
+        except Exception as exc:  # one failing configuration must not lose the others' numbers
+            archs, error = [], _last_lines(exc)
         for a in archs:
             a["config"] = name
         runs.append({"name": name, "micro_batch_size": micro, "grad_accum_steps": accum,
-                     "archs": archs, "wall_s": time.perf_counter() - t})
+                     "archs": archs, "wall_s": time.perf_counter() - t, "error": error})
+        _write_partial(args, runs, t0)
     meta = meta_build(args.meta_tier)
-    extras, skipped = run_extra_checks(args)
+    try:
+        extras, skipped = run_extra_checks(args)
+    except Exception as exc:
+        extras, skipped = {"extra_error": {"ok": False, "error": _last_lines(exc)}}, []
     archs = [a for r in runs for a in r["archs"]]
-    ok = (all(a["finite"] and a["loss_fell"] for a in archs)
+    ok = (all(r["error"] is None for r in runs)
+          and all(a.get("finite") and a.get("loss_fell") for a in archs)
           and all(m["equal"] and m["all_meta"] for m in meta.values())
           and all(bool(e.get("ok")) for e in extras.values()))
-    return {
+    doc = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "world": world,
@@ -408,8 +439,31 @@ def run(args: argparse.Namespace) -> dict:
         "extra_skipped": skipped,
         "wall_s": time.perf_counter() - t0,
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "ok": ok,
     }
+    if args.out:
+        _atomic_write(args.out, doc)
+    return doc
+
+
+def _last_lines(exc: BaseException, n: int = 12) -> str:
+    """The end of an exception's text (a spawned rank's traceback arrives inside it)."""
+    return "\n".join(f"{type(exc).__name__}: {exc}".strip().splitlines()[-n:])[-3000:]
+
+
+def _atomic_write(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _write_partial(args: argparse.Namespace, runs: list[dict], t0: float) -> None:
+    """After each configuration: what is measured so far, so a run cut off by a time limit keeps it."""
+    if args.out:
+        _atomic_write(args.out, {"partial": True, "tier": args.tier, "torch": torch.__version__,
+                                 "configs": runs, "wall_s": time.perf_counter() - t0})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -433,6 +487,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--suite", action="store_true",
                     help="run " + ", ".join(c[0] for c in SUITE) + " (micro-batch, accumulation, compile "
                          "as named) instead of one configuration")
+    ap.add_argument("--configs", default=None, type=lambda s: s.split(","),
+                    help="these configurations, in this order, of "
+                         + ", ".join(c[0] for c in SUITE + MORE_CONFIGS))
+    ap.add_argument("--out", default=None,
+                    help="also write the JSON here, rewritten after each configuration")
     ap.add_argument("--profile", action="store_true", help="top kernels and GEMM share into the JSON")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--peak-flops", type=float, default=PEAK_BF16_FLOPS["H200"], help="per GPU")
@@ -442,6 +501,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--nproc", type=int, default=None, help="processes [default: the GPUs; cpu: 2]")
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout")
     args = ap.parse_args(argv)
+    known = {c[0] for c in SUITE + MORE_CONFIGS}
+    if args.configs and not set(args.configs) <= known:
+        ap.error(f"--configs: unknown {sorted(set(args.configs) - known)}; known: {sorted(known)}")
+    if args.configs:
+        args.suite = True
     if args.max_seconds is None:
         args.max_seconds = 20.0 if args.suite else 150.0
     return args
@@ -454,7 +518,13 @@ def main(argv=None) -> int:
         return 0
     doc = run(args)
     if not args.json:
+        for r in doc["configs"]:
+            if r["error"]:
+                print(f"{r['name']}: failed: {r['error'].splitlines()[-1]}")
         for a in doc["archs"]:
+            if "error" in a:
+                print(f"{doc['tier']} {a['arch']} [{a['config']}]: failed: {a['error'].splitlines()[-1]}")
+                continue
             mem = (f"peak {a['peak_memory_gb']:.1f} GB vs planned {a['planned_memory_gb']:.1f} GB"
                    if a["peak_memory_gb"] and a["planned_memory_gb"] else
                    f"peak {a['peak_memory_gb']} GB (planner: {a['planned_memory_gb']})")
