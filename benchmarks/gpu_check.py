@@ -212,7 +212,6 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
     rows = micro * n_micro
     pool = synthetic_tokens(cfg.vocab_size, 64 * rows * dist.world, cfg.seq_len).to(dist.device)
     losses, t_timed, n_timed, step_s = [], 0.0, 0, []
-    t_start = time.perf_counter()
     for step in range(steps):
         first = (step % 64) * rows * dist.world + dist.rank * rows  # this rank's rows of the step
         x, y = pool[first:first + rows, :-1], pool[first:first + rows, 1:]
@@ -232,7 +231,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
             t_timed += time.perf_counter() - t0
             n_timed += 1
         losses.append(loss)
-        if time.perf_counter() - t_start > max_seconds and n_timed >= 1:
+        if t_timed > max_seconds:  # timed seconds: compile time (in the warm-up steps) does not count
             break
     tokens_per_s = n_timed * rows * dist.world * cfg.seq_len / t_timed if n_timed else None
     fpt = flops_per_token(cfg)
@@ -474,7 +473,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=10, help="untimed first steps (and LR warmup)")
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="of timed training per architecture [default: 150; 20 with --suite]")
+                    help="of timed training (after the warm-up steps) per architecture "
+                         "[default: 150; 20 with --suite]")
     ap.add_argument("--micro-batch", type=int, default=2, help="sequences per forward per GPU")
     ap.add_argument("--grad-accum", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=None, help="override the tier's")

@@ -165,7 +165,10 @@ def test_objective_does_not_depend_on_the_micro_batch_split():
 class _SyncSpy(TorchDispatchMode):
     """Records ops that bring a device value to the host or have data-dependent output shapes."""
 
-    SYNCING = ("_local_scalar_dense", "bincount", "nonzero", "unique", "masked_select", "repeat_interleave")
+    # lift_fresh: a tensor made from host data (torch.tensor / new_tensor): on CUDA a host-to-device
+    # copy from pageable memory, which waits for the stream
+    SYNCING = ("_local_scalar_dense", "bincount", "nonzero", "unique", "masked_select", "repeat_interleave",
+               "lift_fresh")
 
     def __init__(self):
         super().__init__()

@@ -330,7 +330,9 @@ def load_balance_loss(probs: Tensor, counts: Tensor) -> Tensor:
     """
     G, E = counts.shape
     P = probs.view(G, -1, E).mean(dim=1)
-    f = counts.to(probs.dtype) / P.new_tensor(probs.shape[0] // G)
+    # a Python divisor: P.new_tensor(n) would copy host -> device, one stream sync per layer pass
+    # on CUDA in eager mode (the first H200 sync check found exactly one per MoE layer pass)
+    f = counts.to(probs.dtype) / (probs.shape[0] // G)
     return E * (f * P).sum(dim=1).mean()
 
 
