@@ -34,8 +34,8 @@ from scaling.accounting.costs import costs
 from scaling.accounting.tiers import get_config
 from scaling.design.sizing import scaled_baseline
 
-BUDGETS = (3.56e11, 6.32e11, 1.12e12)  # FLOPs: quarter-decade steps over half a decade
-D_MODELS = (4, 6, 10, 14, 20, 28, 40, 56)  # the size grid (Baseline d_model), ~1.7x in N per step
+BUDGETS = (3.56e11, 6.32e11, 1.12e12, 2e12, 3.56e12)  # FLOPs: quarter-decade steps over one decade
+D_MODELS = (4, 6, 10, 14, 20, 28, 40, 56, 80)  # the size grid (Baseline d_model), ~1.7x in N per step
 # (d_model 9 has no SMELT twin within 1% at width multiple 1, so the grid takes 10). d_model 4 was
 # added after the first runs: the Baseline's lowest loss at the two smaller budgets was at d_model 6,
 # the smallest size then (a minimum at the edge is not bracketed); it has seed 0 only
@@ -43,7 +43,9 @@ SEED1_SIZES = (6, 10, 14, 20, 28, 40, 56)
 # index of the largest budget a size trains to (default: the last). Every size goes to the last:
 # a first version stopped d_model 6 and 10 at the second budget, and the first finished runs put
 # the third budget's lowest loss at d_model 14, the smallest size it then had (not bracketed)
-LAST_BUDGET: dict[int, int] = {}
+LAST_BUDGET: dict[int, int] = {4: 2, 6: 2, 10: 3, 14: 3}  # the decade extension (budgets 2e12, 3.56e12)
+# stops the smallest sizes early: at 1.12e12 the lowest losses sat at d_model 14-28, and a tiny
+# model at 3.56e12 FLOPs reads 10M+ tokens at the CPU's worst FLOP rate
 MIN_TOKENS = 150_000  # a point needs >= 73 updates: at 49 (0.1M tokens) every size of the lr
 # sweep was still on the early plateau (loss 6.5-7.2 nats, near the unigram level)
 LR_AT_6 = float(sys.argv[1]) if len(sys.argv) > 1 else 1.2e-2  # set from the lr sweep
