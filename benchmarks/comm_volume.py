@@ -52,8 +52,8 @@ def _worker(rank, port, tier, arch, ep, out):
     import torch.distributed as dist
 
     from scaling.accounting.tiers import get_config
-    from scaling.training.distributed import setup_distributed
-    from scaling.training.parallel import build_model, train_step
+    from scaling.training.parallel.data_parallel import build_model, train_step
+    from scaling.training.parallel.distributed import setup_distributed
 
     cfg = get_config(tier, arch)
     env = setup_distributed("cpu", "fsdp", ep=ep)

@@ -12,7 +12,7 @@ Without CUDA it prints one line saying it was skipped and exits 0. What it does 
 
 1. Spawns one process per local GPU (nccl; one GPU still gets a 1-rank FSDP2 mesh, so the
    mixed-precision FSDP path is the one exercised), builds each architecture on the meta
-   device, shards it (``scaling.training.parallel.build_model``), and trains ``--steps``
+   device, shards it (``scaling.training.parallel.data_parallel.build_model``), and trains ``--steps``
    AdamW updates (or until ``--max-seconds`` per architecture) on synthetic tokens (a pool of
    64 steps' rows, cycled): each next token is a fixed random successor of the previous one
    with probability 0.9 and uniform otherwise, so the loss can fall from ln V (10.4 at V =
@@ -113,7 +113,7 @@ def meta_build(tier: str) -> dict:
     """Parameter counts of both architectures of ``tier`` built on the meta device vs the accounting."""
     from scaling.accounting.costs import total_params
     from scaling.accounting.tiers import get_config
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     out = {}
     for arch in ("baseline", "smelt"):
@@ -195,8 +195,8 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
                peak_flops: float | None, profile_steps: int = 0) -> dict:
     """Train ``cfg`` on synthetic tokens on ``dist`` (this rank); the measurements as a dict."""
     from scaling.accounting.costs import flops_per_token
-    from scaling.training.evaluate import autocast  # the trainer's: bf16 on CUDA, nothing on CPU
-    from scaling.training.parallel import build_model, train_step
+    from scaling.training.loop.evaluate import autocast  # the trainer's: bf16 on CUDA, nothing on CPU
+    from scaling.training.parallel.data_parallel import build_model, train_step
 
     cuda = dist.device.type == "cuda"
     if cuda:
@@ -309,8 +309,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     from scaling.accounting.tiers import get_config
-    from scaling.training.distributed import build_mesh, setup_distributed
-    from scaling.training.parallel import resolve_compile, resolve_grad_sync
+    from scaling.training.parallel.data_parallel import resolve_compile, resolve_grad_sync
+    from scaling.training.parallel.distributed import build_mesh, setup_distributed
 
     if args.device == "cpu":
         torch.set_num_threads(1)

@@ -9,7 +9,7 @@ the CPU) it returns ``{"ok": true, "skipped": "..."}`` at once.
    forward + backward (``torch.cuda.max_memory_allocated``; on the CPU not measured).
 2. Expert-parallel dispatch at EP = 1 on a one-rank process group (nccl on CUDA, gloo on the CPU):
    the counts exchange, the all-to-all of rows and the permutations of
-   ``scaling.training.expert_parallel.dispatch`` against the layer's own experts.
+   ``scaling.training.parallel.expert_parallel.dispatch`` against the layer's own experts.
 
 Per-pass gradient reduction (issue 27 item 3) is not built, so it has no check here.
 """
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _chunked_ce(device: torch.device) -> dict:
-    from scaling.training.chunked_ce import chunked_cross_entropy
+    from scaling.training.model.chunked_ce import chunked_cross_entropy
 
     N, d, V = (8 * 4096, 1024, 32768) if device.type == "cuda" else (512, 64, 2048)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -67,8 +67,8 @@ def _ep_dispatch(device: torch.device) -> dict:
     import torch.distributed as dist
 
     from scaling.accounting.tiers import get_config
-    from scaling.training.expert_parallel import EPGroup, dispatch
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
+    from scaling.training.parallel.expert_parallel import EPGroup, dispatch
 
     if dist.is_initialized():
         return {"ok": True, "skipped": "a process group is already initialised"}

@@ -4,7 +4,7 @@ Builds a JSONL corpus of at least ``--mb`` MB from text already on this machine 
 standard library and site-packages sources, then /usr/share/doc), trains one byte-level BPE on
 its first 4 MB, and tokenizes the whole corpus with that same tokenizer.json twice, in one run:
 
-- ours: ``scaling.training.prepare.prepare`` (reading, hashing, encode_batch on every core,
+- ours: ``scaling.training.data.prepare.prepare`` (reading, hashing, encode_batch on every core,
   shards, manifest), one process whose Rust threads use ``--procs`` cores
   (RAYON_NUM_THREADS);
 - datasets: ``load_dataset("json")`` then ``.map(batched=True, num_proc=--procs)`` calling the
@@ -60,7 +60,7 @@ def build_corpus(path: Path, target_bytes: int) -> tuple[int, int]:
 
 
 def train_tok(corpus: Path, out: Path, vocab: int) -> None:
-    from scaling.training.corpus import train_tokenizer
+    from scaling.training.data.corpus import train_tokenizer
 
     texts, size = [], 0
     with open(corpus, encoding="utf-8") as fh:
@@ -73,7 +73,7 @@ def train_tok(corpus: Path, out: Path, vocab: int) -> None:
 
 
 def run_ours(corpus: Path, tok: Path, out: Path) -> tuple[float, int]:
-    from scaling.training.prepare import PrepareOptions, prepare
+    from scaling.training.data.prepare import PrepareOptions, prepare
 
     t0 = time.perf_counter()
     m = prepare([str(corpus)], out, PrepareOptions(tokenizer=str(tok), val_fraction=0.05))

@@ -26,11 +26,11 @@ A step is forward, loss, backward, AdamW step, zero_grad:
 
 FSDP vs DDP (``--no-parallel`` skips it): 2 spawned processes, gloo, ``threads // 2`` threads each
 (at least 1), the same global batch split across the ranks, one update = forward, backward,
-gradient reduction, clipping, AdamW (``scaling.training.parallel.train_step``); DDP and FSDP2
+gradient reduction, clipping, AdamW (``scaling.training.parallel.data_parallel.train_step``); DDP and FSDP2
 (``build_model``: meta build, one shard group per layer) alternate step by step, the fastest
 step of each counts; fsdp_over_ddp = fsdp_step_s / ddp_step_s.
 
-``--tune-malloc`` (default on) calls ``scaling.training.cpu.tune_cpu_allocator`` first; it applies to
+``--tune-malloc`` (default on) calls ``scaling.training.loop.cpu.tune_cpu_allocator`` first; it applies to
 both models alike. A looped (SMELT) config has no Mixtral equivalent: its reference fields are null.
 """
 
@@ -48,8 +48,8 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
 from scaling.cli._util import emit_json, stdout
 from scaling.evaluation.export import to_hf_mixtral
-from scaling.training.cpu import tune_cpu_allocator
-from scaling.training.model import MoETransformer
+from scaling.training.loop.cpu import tune_cpu_allocator
+from scaling.training.model.transformer import MoETransformer
 
 AUX_COEF, Z_COEF = 0.01, 0.001
 FIELDS = {"d_model": int, "n_layers": int, "n_heads": int, "n_kv_heads": int, "head_dim": int,
@@ -115,8 +115,8 @@ def _parallel_worker(rank: int, world: int, port: int, cfg: ModelConfig, batch: 
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(threads)
     tune_cpu_allocator()
-    from scaling.training.distributed import setup_distributed
-    from scaling.training.parallel import build_model, train_step
+    from scaling.training.parallel.data_parallel import build_model, train_step
+    from scaling.training.parallel.distributed import setup_distributed
 
     dist = setup_distributed("cpu", "fsdp")
     gen = torch.Generator().manual_seed(0)
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", action=argparse.BooleanOptionalAction, default=True,
                     help="also time FSDP2 vs DDP on 2 gloo ranks")
     ap.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
-                    help="scaling.training.cpu.tune_cpu_allocator() first (both models)")
+                    help="scaling.training.loop.cpu.tune_cpu_allocator() first (both models)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in ("batch", "steps", "threads"):

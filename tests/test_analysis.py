@@ -16,8 +16,8 @@ from scaling.accounting.tiers import get_config
 from scaling.analysis.dyck import DyckTask
 from scaling.common.errors import UserError
 from scaling.training import runlog
-from scaling.training.corpus import BOS_ID, DataSpec, load_corpus
-from scaling.training.model import MoETransformer
+from scaling.training.data.corpus import BOS_ID, DataSpec, load_corpus
+from scaling.training.model.transformer import MoETransformer
 
 SPEC = DataSpec(vocab_size=512, max_bytes=65536)
 
@@ -367,7 +367,7 @@ def test_cli_errors_are_one_line_exit_2(cli, runs, case):
 
 
 def test_a_trainer_run_loads(cache, tmp_path):
-    from scaling.training.trainer import TrainConfig, train
+    from scaling.training.loop.trainer import TrainConfig, train
 
     cfg = get_config("proxy-tiny", "smelt")
     tc = TrainConfig(

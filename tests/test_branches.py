@@ -1,12 +1,12 @@
-"""BranchPlan (scaling/training/branches.py): the WSD trunk and cooldown branches, without torch."""
+"""BranchPlan (scaling/training/loop/branches.py): the WSD trunk and cooldown branches, without torch."""
 
 import sys
 
 import pytest
 
 from scaling.common.errors import UserError
-from scaling.training.branches import BranchPlan, Position
-from scaling.training.schedule import decay_steps_for
+from scaling.training.loop.branches import BranchPlan, Position
+from scaling.training.loop.schedule import decay_steps_for
 
 
 def test_build_rounds_sorts_and_branches():
@@ -71,7 +71,7 @@ def test_cosine_is_one_trunk_and_no_torch():
     assert [u.step for u in ups if u.evaluate] == [12]
     import subprocess
 
-    code = "import sys, scaling.training.branches; print('torch' in sys.modules)"
+    code = "import sys, scaling.training.loop.branches; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip() == "False"
 
@@ -79,7 +79,7 @@ def test_cosine_is_one_trunk_and_no_torch():
 def test_train_state_round_trips_through_json():
     import json
 
-    from scaling.training.state import TrainState
+    from scaling.training.loop.state import TrainState
 
     plan = BranchPlan.build([10, 20], tokens_per_step=1)
     pos, _ = plan.start()

@@ -20,7 +20,8 @@ from scaling.accounting.tiers import get_config
 
 torch.set_num_threads(1)
 TORCH_DIR = os.path.dirname(torch.__file__)
-MODEL_FILE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "scaling", "training", "model.py"))
+MODEL_FILE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "scaling", "training", "model",
+                                          "transformer.py"))
 
 
 class DispatchCasts(TorchDispatchMode):
@@ -43,7 +44,7 @@ class DispatchCasts(TorchDispatchMode):
 
 class ExplicitCasts(TorchFunctionMode):
     """dtype-changing .to/.float/.bfloat16/.type calls made by the model's own code
-    (scaling/training/model.py; FSDP's casts are counted by ``DispatchCasts``)."""
+    (scaling/training/model/transformer.py; FSDP's casts are counted by ``DispatchCasts``)."""
 
     NAMES = {"to", "float", "bfloat16", "half", "double", "type"}
 
@@ -76,8 +77,8 @@ def test_one_cast_per_all_gather_and_few_explicit_casts(arch, tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from scaling.training.model import MoETransformer
-    from scaling.training.parallel import materialize, parallelize, train_step
+    from scaling.training.model.transformer import MoETransformer
+    from scaling.training.parallel.data_parallel import materialize, parallelize, train_step
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
@@ -123,7 +124,7 @@ def test_one_cast_per_all_gather_and_few_explicit_casts(arch, tmp_path):
         ((E,), "torch.int64", "torch.int32"): passes,              # expert offsets
         ((2, E), "torch.int64", "torch.float32"): passes,          # per-sequence counts
         ((cfg.seq_len, cfg.rotary_dim), "torch.float32", "torch.bfloat16"): 2,  # RoPE cos, sin
-        # the logits' fp32 cast happens chunk by chunk in scaling/training/chunked_ce.py, which
+        # the logits' fp32 cast happens chunk by chunk in scaling/training/model/chunked_ce.py, which
         # this counter (casts called from model.py) does not see
     })
     assert high.calls == want

@@ -21,9 +21,9 @@ from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.checkpoint import Checkpointer, latest_iter
-from scaling.training.state import TrainState
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.checkpoint import Checkpointer, latest_iter
+from scaling.training.loop.state import TrainState
+from scaling.training.loop.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64

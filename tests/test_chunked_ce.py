@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from scaling.accounting.tiers import get_config
-from scaling.training.chunked_ce import chunked_cross_entropy, default_chunk
-from scaling.training.model import MoETransformer
+from scaling.training.model.chunked_ce import chunked_cross_entropy, default_chunk
+from scaling.training.model.transformer import MoETransformer
 
 
 def _data(N=300, d=24, V=97, seed=0):

@@ -301,7 +301,7 @@ def test_generated_manifests(world, monkeypatch):
                        "--val-fraction", "0.2", "--shard-tokens", "4096", "--quiet", "--overwrite"])
         assert res.exit_code == 0, res.output
         _MANIFEST["text"] = (shards / "manifest.json").read_text()
-    from scaling.training.shards import load_shards
+    from scaling.training.data.shards import load_shards
 
     before = _tree_state(ROOT)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scaling.training import runlog
-from scaling.training.progress import Progress, ProgressLog, eta_text, format_line
+from scaling.training.loop.progress import Progress, ProgressLog, eta_text, format_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,9 +133,9 @@ def test_choice_options_list_their_values_and_complete():
 
     from cli import app
     from scaling.cli import _click, train
-    from scaling.training.branches import SCHEDULES
-    from scaling.training.distributed import PARALLEL_MODES
-    from scaling.training.parallel import GRAD_SYNC
+    from scaling.training.loop.branches import SCHEDULES
+    from scaling.training.parallel.data_parallel import GRAD_SYNC
+    from scaling.training.parallel.distributed import PARALLEL_MODES
 
     assert (train.SCHEDULES, train.PARALLEL_MODES, train.GRAD_SYNC) == (SCHEDULES, PARALLEL_MODES, GRAD_SYNC)
     assert callable(_click.get_current_context) and issubclass(_click.exceptions.UsageError, Exception)
@@ -198,7 +198,7 @@ def _tb_scalars(folder: Path) -> list[tuple[str, int, float]]:
 
 def test_tensorboard_trunk_against_tokens_branches_tagged_and_no_duplicates_after_resume(tmp_path):
     pytest.importorskip("tensorboard")
-    from scaling.training.metrics import MetricsSink
+    from scaling.training.loop.metrics import MetricsSink
 
     def records(upto):
         # trunk updates 1-4, a cooldown branch of budget 0 (updates 5-6, steps 3-4), trunk again 7-10
@@ -263,7 +263,7 @@ def test_wandb_offline_tags_like_tensorboard_and_keeps_one_run_id_across_resumes
     """Read back from the offline run files: both sessions of a killed-and-resumed run carry the
     run's one id; history keys are trunk/<m> and cooldown_<k>/<m> with tokens, no bookkeeping."""
     pytest.importorskip("wandb", reason="wandb is not installed (extra [track])")
-    from scaling.training.metrics import MetricsSink
+    from scaling.training.loop.metrics import MetricsSink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scaling.common.errors import UserError
-from scaling.training.corpus import (
+from scaling.training.data.corpus import (
     BOS_ID,
     SPECIAL_TOKENS,
     DataSpec,

@@ -19,7 +19,7 @@ import torch
 from scaling.accounting.tiers import get_config
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64

@@ -24,7 +24,7 @@ from scaling.design.sizing import baseline_for_size, experts_for_sparsity, measu
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import load_law_set
 from scaling.fitting.savings import FittedLaw, frontier
-from scaling.training.sweep_plan import load_plan
+from scaling.training.sweep.plan import load_plan
 
 runner = CliRunner()
 

@@ -28,7 +28,7 @@ from scaling.analysis.dyck import (
     shot_counts,
 )
 from scaling.common.errors import UserError
-from scaling.training.corpus import BOS_ID, train_tokenizer
+from scaling.training.data.corpus import BOS_ID, train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from scaling.evaluation.export import export_run, write_hf_folder
 from scaling.evaluation.weights import available_budgets, load_weights, resolve_weights
 from scaling.fitting.calibration import acc_sigmoid, calibrate, fit_acc_sigmoid
 from scaling.training import runlog
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.trainer import TrainConfig, train
 
 STEP = 8 * 64  # batch 8 x seq_len 64 of proxy-tiny
 runner = CliRunner()

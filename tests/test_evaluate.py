@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from scaling.accounting.tiers import get_config
-from scaling.training.evaluate import Evaluator
-from scaling.training.model import MoETransformer
+from scaling.training.loop.evaluate import Evaluator
+from scaling.training.model.transformer import MoETransformer
 
 
 class Counting(torch.nn.Module):

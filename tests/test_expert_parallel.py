@@ -17,9 +17,9 @@ import torch
 import torch.multiprocessing as mp
 
 from scaling.accounting.tiers import get_config
-from scaling.training.expert_parallel import expert_split
-from scaling.training.model import MoETransformer
-from scaling.training.parallel import train_step
+from scaling.training.model.transformer import MoETransformer
+from scaling.training.parallel.data_parallel import train_step
+from scaling.training.parallel.expert_parallel import expert_split
 
 STEPS, ROWS_PER_RANK, N_MICRO, SEED, CLIP, LR = 10, 4, 2, 3, 0.05, 3e-3
 
@@ -55,8 +55,8 @@ def _worker(rank, world, port, out, scenarios):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    from scaling.training.distributed import setup_distributed
-    from scaling.training.parallel import build_model, full_state_dict
+    from scaling.training.parallel.data_parallel import build_model, full_state_dict
+    from scaling.training.parallel.distributed import setup_distributed
 
     results, envs = {}, []
     for name, (model_name, mode, ep, rep) in scenarios.items():
@@ -185,10 +185,10 @@ CKPT_MODEL, CKPT_ROWS, CKPT_STEPS = "smelt-e5", 8, 3  # 8 rows per step = 4 micr
 def _phase(rank, world, ep, load_from, save_to, out):
     """Build at (world, ep), optionally resume from ``load_from``, train CKPT_STEPS steps, save to
     ``save_to`` (after them), train CKPT_STEPS more; write the losses of both halves."""
-    from scaling.training.checkpoint import Checkpointer
-    from scaling.training.distributed import setup_distributed
-    from scaling.training.parallel import build_model
-    from scaling.training.state import TrainState
+    from scaling.training.loop.checkpoint import Checkpointer
+    from scaling.training.loop.state import TrainState
+    from scaling.training.parallel.data_parallel import build_model
+    from scaling.training.parallel.distributed import setup_distributed
 
     torch.set_num_threads(1)
     cfg = _cfg(CKPT_MODEL)

@@ -15,8 +15,8 @@ def _grads(grad_sync, tmp_path, counts):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from scaling.training.model import MoETransformer
-    from scaling.training.parallel import gradient_sync, materialize, parallelize
+    from scaling.training.model.transformer import MoETransformer
+    from scaling.training.parallel.data_parallel import gradient_sync, materialize, parallelize
 
     cfg = get_config("proxy-tiny", "smelt")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / grad_sync}", rank=0, world_size=1)

@@ -21,9 +21,9 @@ from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.sweep import submit
-from scaling.training.sweep_plan import load_plan
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.trainer import TrainConfig, train
+from scaling.training.sweep.plan import load_plan
+from scaling.training.sweep.submit import submit
 
 ROOT = Path(__file__).resolve().parents[1]
 TIER, ARCH = "proxy-tiny", "smelt"
@@ -214,7 +214,7 @@ gpus_per_node = 8
 
 
 def test_slurm_jobs_have_one_task_per_gpu_and_the_tier_s_nodes(tmp_path):
-    from scaling.training.sweep import executor_parameters, run_tasks, train_config
+    from scaling.training.sweep.submit import executor_parameters, run_tasks, train_config
 
     path = tmp_path / "gpus.toml"
     path.write_text(SLURM_PLAN)

@@ -194,7 +194,7 @@ PAPER = [(t, a) for t in ("100M", "200M", "600M", "1.6B") for a in ("baseline", 
 
 
 def _meta_model(cfg, monkeypatch):
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     # initialisation does not change shapes; skipping it keeps the build instant on meta
     monkeypatch.setattr(MoETransformer, "init_weights", lambda self, seed: None)
@@ -269,7 +269,7 @@ SAVED_TOL, PEAK_TOL = 0.01, 0.05
 def _model(cfg, checkpointing=False):
     from torch.utils.checkpoint import checkpoint
 
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     torch.manual_seed(0)
     model = MoETransformer(cfg)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from scaling.common.errors import UserError
-from scaling.training.sweep_plan import load_plan
+from scaling.training.sweep.plan import load_plan
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from scaling.accounting import costs
 from scaling.accounting.config import ModelConfig
-from scaling.training.model import MoE, MoETransformer, apply_rope, rope_tables
+from scaling.training.model.transformer import MoE, MoETransformer, apply_rope, rope_tables
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaling.accounting.config import ModelConfig
-from scaling.training.model import (
+from scaling.training.model.transformer import (
     MoE,
     MoETransformer,
     combine,

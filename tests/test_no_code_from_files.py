@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from scaling.common.errors import UserError
-from scaling.training.checkpoint import Checkpointer
-from scaling.training.state import TrainState
+from scaling.training.loop.checkpoint import Checkpointer
+from scaling.training.loop.state import TrainState
 
 
 class _Payload:

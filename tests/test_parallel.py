@@ -20,8 +20,8 @@ import torch.multiprocessing as mp
 from scaling.accounting.costs import total_params
 from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
-from scaling.training.model import MoETransformer
-from scaling.training.parallel import clip_grad_norm, split_batch, train_step
+from scaling.training.model.transformer import MoETransformer
+from scaling.training.parallel.data_parallel import clip_grad_norm, split_batch, train_step
 
 TIER, ARCH, SEED = "proxy-tiny", "smelt", 3
 STEPS, ROWS, N_MICRO = 6, 8, 2  # global batch 8 rows; per rank 4 rows = 2 micro-batches of 2
@@ -68,8 +68,8 @@ def _worker(rank: int, world: int, port: int, out: str, names: tuple[str, ...] =
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    from scaling.training.distributed import setup_distributed
-    from scaling.training.parallel import build_model, full_state_dict
+    from scaling.training.parallel.data_parallel import build_model, full_state_dict
+    from scaling.training.parallel.distributed import setup_distributed
 
     cfg = get_config(TIER, ARCH)
     x_all, y_all = batches(cfg)

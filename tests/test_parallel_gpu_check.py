@@ -84,7 +84,7 @@ def test_profile_summary_of_a_cpu_step():
     from torch.profiler import ProfilerActivity, profile
 
     from scaling.accounting.tiers import get_config
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     gpu_check = load()
     cfg = get_config("proxy-tiny", "smelt")

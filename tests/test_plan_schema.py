@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from scaling.common.errors import UserError
-from scaling.training.trainer import TrainConfig
+from scaling.training.loop.trainer import TrainConfig
 
 runner = CliRunner()
 

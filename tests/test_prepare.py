@@ -22,10 +22,10 @@ from scaling.cli import app
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.corpus import _hash_unit
-from scaling.training.data import open_data
-from scaling.training.prepare import PrepareOptions, prepare
-from scaling.training.shards import load_shards, sha256_file
+from scaling.training.data.corpus import _hash_unit
+from scaling.training.data.loader import open_data
+from scaling.training.data.prepare import PrepareOptions, prepare
+from scaling.training.data.shards import load_shards, sha256_file
 
 runner = CliRunner()
 VOCAB = 512  # proxy-tiny's vocabulary
@@ -198,7 +198,7 @@ def test_sampling_is_a_pure_function_and_crosses_shards(env):
 TRAIN = """
 import json, sys
 from scaling.accounting.tiers import get_config
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.trainer import TrainConfig, train
 a = json.loads(sys.argv[1])
 train(get_config("proxy-tiny", "smelt"), TrainConfig(**a["cfg"]), tier="proxy-tiny", run_name=a["name"],
       runs_dir=a["runs"], ckpt_dir=a["ckpt"])
@@ -207,7 +207,7 @@ train(get_config("proxy-tiny", "smelt"), TrainConfig(**a["cfg"]), tier="proxy-ti
 
 def test_train_on_shards_kill_and_resume_gives_identical_logs(env, tmp_path):
     from scaling.accounting.tiers import get_config
-    from scaling.training.trainer import TrainConfig, train
+    from scaling.training.loop.trainer import TrainConfig, train
 
     cfg = dict(tokens=[20 * 4 * 64], batch_size=4, data=str(env["out"]), eval_every=5, ckpt_every=4,
                threads=1, val_windows=8, warmup=2, val_by_source=True)
@@ -376,8 +376,8 @@ def test_plan_data_table(env, tmp_path):
     _one_line_error(runner.invoke(app, ["sweep", many, "--no-probe"]), "allow_repeat = true")
     res = runner.invoke(app, ["sweep", many, "--dry-run", "--no-probe", "--max-epochs", "6", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["data_warnings"]
-    from scaling.training.sweep import train_config
-    from scaling.training.sweep_plan import load_plan
+    from scaling.training.sweep.plan import load_plan
+    from scaling.training.sweep.submit import train_config
 
     assert train_config(load_plan(ok).runs[0]).data == str(env["out"])
 
@@ -397,7 +397,7 @@ def test_builtin_corpus_has_the_same_interface(env):
 
 KILLED = """
 import json, sys
-from scaling.training.prepare import PrepareOptions, prepare
+from scaling.training.data.prepare import PrepareOptions, prepare
 a = json.loads(sys.argv[1])
 prepare(a["inputs"], a["out"], PrepareOptions(**a["opts"]))
 """

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from scaling.cli import app
-from scaling.training.shards import load_shards
+from scaling.training.data.shards import load_shards
 
 runner = CliRunner()
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()

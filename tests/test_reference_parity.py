@@ -9,7 +9,7 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
 from scaling.evaluation.export import to_hf_mixtral
-from scaling.training.model import MoETransformer
+from scaling.training.model.transformer import MoETransformer
 
 transformers = pytest.importorskip("transformers", reason="transformers (test extra) is not installed")
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func  # noqa: E402

@@ -17,8 +17,8 @@ import pytest
 from scaling.accounting.tiers import get_config
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.checkpoint import latest_iter
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.checkpoint import latest_iter
+from scaling.training.loop.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64
@@ -28,7 +28,7 @@ CFG = dict(tokens=[10 * STEP_TOKENS, 20 * STEP_TOKENS], batch_size=8, data_max_b
 SCRIPT = """
 import json, os, sys
 from scaling.accounting.tiers import get_config
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.trainer import TrainConfig, train
 a = json.loads(sys.argv[1])
 resume = os.path.exists(os.path.join(a["runs"], a["name"], "config.json"))
 train(get_config(a["tier"], "smelt"), TrainConfig(**a["cfg"]), tier=a["tier"], run_name=a["name"],

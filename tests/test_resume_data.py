@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from scaling.cli import app
 from scaling.common.errors import UserError
-from scaling.training.data import open_data
-from scaling.training.prepare import prepare
+from scaling.training.data.loader import open_data
+from scaling.training.data.prepare import prepare
 
 runner = CliRunner()
 

@@ -5,7 +5,7 @@ DCP checkpoints hold each tensor under its name, not per rank, so they load on a
 The global batch is the same on any world size (rank r takes rows [r*B/W, (r+1)*B/W)) and the
 micro-batch is left to its default, the rows of a rank: 8 rows in one process, 4 per rank on 2.
 The objective does not depend on that split (cross-entropy and z-loss are token means, the
-load-balance statistics are per sequence: scaling/training/model.py), so the maths is the same
+load-balance statistics are per sequence: scaling/training/model/transformer.py), so the maths is the same
 function and only the float summation order differs (DDP's all-reduce). The comparison is at
 1e-6 relative (issue 25), far below the change of one update (~1e-2); the largest differences
 seen are written to ``SMELT_RESUME_REPORT`` when that variable names a file.
@@ -21,8 +21,8 @@ import pytest
 from scaling.accounting.tiers import get_config
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.checkpoint import latest_iter
-from scaling.training.trainer import TrainConfig, train
+from scaling.training.loop.checkpoint import latest_iter
+from scaling.training.loop.trainer import TrainConfig, train
 
 TIER = "proxy-tiny"
 STEP_TOKENS = 8 * 64

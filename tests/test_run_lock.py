@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from cli import app
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
-from scaling.training.lock import LOCK, RunLock, check_free
+from scaling.training.loop.lock import LOCK, RunLock, check_free
 
 
 def test_lock_names_its_holder_and_dies_with_the_process(tmp_path):
@@ -34,7 +34,7 @@ def test_lock_names_its_holder_and_dies_with_the_process(tmp_path):
     check_free(run_dir)
     # a holder killed with SIGKILL leaves the file but not the lock
     code = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r}); "
-            "from scaling.training.lock import RunLock; lock = RunLock(); "
+            "from scaling.training.loop.lock import RunLock; lock = RunLock(); "
             f"lock.acquire({str(run_dir)!r}); print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"held"

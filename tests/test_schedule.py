@@ -1,11 +1,11 @@
-"""LR schedules (scaling/training/schedule.py): pure functions, fast."""
+"""LR schedules (scaling/training/loop/schedule.py): pure functions, fast."""
 
 import math
 
 import pytest
 
-from scaling.training.branches import BranchPlan
-from scaling.training.schedule import (
+from scaling.training.loop.branches import BranchPlan
+from scaling.training.loop.schedule import (
     cosine_lr,
     lr_at,
     warmup_factor,

@@ -19,7 +19,7 @@ from scaling.design.simulate import SimulationResult, noisy, simulate, true_loss
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import load_law_set
 from scaling.fitting.savings import FittedLaw
-from scaling.training.sweep_plan import load_plan
+from scaling.training.sweep.plan import load_plan
 
 runner = CliRunner()
 PAPER_S = (0.85, 0.95, 0.97)

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from scaling.common.errors import UserError
-from scaling.training.sweep import lanes, run_status
-from scaling.training.sweep_plan import load_plan, parse_plan
+from scaling.training.sweep.plan import load_plan, parse_plan
+from scaling.training.sweep.submit import lanes, run_status
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ import submitit
 from typer.testing import CliRunner
 
 from cli import app
-from scaling.training import sweep as sweep_lib
-from scaling.training.sweep import failure_reason, run_status
+from scaling.training.sweep import submit as sweep_lib
+from scaling.training.sweep.submit import failure_reason, run_status
 from tests.test_sweep import MINI
 
 runner = CliRunner()

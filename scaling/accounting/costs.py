@@ -1,6 +1,6 @@
 """Exact cost accounting of a ModelConfig: parameters, training FLOPs and KV cache per token.
 
-Parameter counts are exact for ``scaling.training.model.MoETransformer`` (a test checks them
+Parameter counts are exact for ``scaling.training.model.transformer.MoETransformer`` (a test checks them
 against the instantiated torch model). No linear layer has a bias.
 
 Per physical layer (d = d_model, h = head_dim, H = n_heads, H_kv = n_kv_heads,

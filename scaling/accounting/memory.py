@@ -34,7 +34,7 @@ What is counted, per GPU, at the peak of a step (the backward pass):
 ``activations`` tensors saved for backward, counted the way Korthikanti et al. 2022
                 ("Reducing Activation Recomputation in Large Transformer Models", section 4)
                 count them: op by op, the inputs/outputs each op keeps for its backward, for
-                *this* model's forward (scaling/training/model.py). Per layer *pass* (a looped
+                *this* model's forward (scaling/training/model/transformer.py). Per layer *pass* (a looped
                 layer runs ``n_loops`` times and saves its activations each time), with
                 N = micro_batch * seq_len tokens, c = compute bytes, r = residual-stream bytes
                 (c under FSDP2 mixed precision, which casts every block's input; the weights'
@@ -126,7 +126,7 @@ tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi
   synced micro-batch: the weight gradient of both passes arrives summed (see ``working``).
   HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
 * DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
-* Expert parallelism of degree P (scaling/training/expert_parallel.py): a rank holds the
+* Expert parallelism of degree P (scaling/training/parallel/expert_parallel.py): a rank holds the
   largest array_split share ceil(E/P) of each layer's experts, FSDP-sharded over the S / P
   ranks of its shard group, so the experts' all-gather and reduce-scatter run over S / P ranks
   on 1/P of the expert bytes (the rest of the layer as above). Per layer pass and micro-batch
@@ -402,7 +402,7 @@ def _expert_dims(cfg: ModelConfig, c: int = 4) -> tuple[int, int]:
 def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
     """Bytes one layer pass saves for backward (micro_batch x seq_len tokens, compute bytes c).
 
-    The formula in the module docstring, op by op for scaling/training/model.py.
+    The formula in the module docstring, op by op for scaling/training/model/transformer.py.
     """
     d, H, Hkv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
@@ -434,7 +434,7 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: i
     """Final norm (fp32 input, x * rstd, rstd), LM-head input, logits (c, held by the caller),
     the fp32 log-probs cross-entropy saves, and the int64 targets and embedding ids.
 
-    With the chunked cross-entropy (scaling/training/chunked_ce.py) no logits are kept: its
+    With the chunked cross-entropy (scaling/training/model/chunked_ce.py) no logits are kept: its
     forward saves the input gradient [N, d] (c) and the fp32 weight gradient [V, d] instead of
     the head input, the logits and the log-probs: N*(8*d + 4 + c*d + 16) + 4*V*d."""
     d, V = cfg.d_model, cfg.vocab_size
@@ -444,7 +444,7 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: i
 
 
 def ce_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per cross-entropy chunk: scaling.training.chunked_ce.default_chunk (2**24 // V)."""
+    """Tokens per cross-entropy chunk: scaling.training.model.chunked_ce.default_chunk (2**24 // V)."""
     return max(1, (1 << 24) // max(1, vocab_size))
 
 

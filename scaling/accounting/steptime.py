@@ -51,7 +51,7 @@ Overlap. FSDP2 prefetches the next layer's all-gather and reduce-scatters a laye
 while the previous layer's backward runs, so its all-gather / reduce-scatter / all-reduce time
 can hide behind compute; ``overlap`` is the fraction of the compute time available for that.
 The all-to-all of expert parallelism cannot hide: the trainer's dispatch waits for its tokens
-before the expert matmul (scaling/training/expert_parallel.py). Hence
+before the expert matmul (scaling/training/parallel/expert_parallel.py). Hence
 
     t_step = t_compute + t_all_to_all + max(0, t_fsdp - overlap * t_compute)
 

@@ -7,8 +7,8 @@ from typing import Callable, Sequence
 import torch
 
 from scaling.analysis.runs import batched
-from scaling.training.corpus import EOS_ID
-from scaling.training.model import MoETransformer
+from scaling.training.data.corpus import EOS_ID
+from scaling.training.model.transformer import MoETransformer
 
 
 def greedy_decode(model: MoETransformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -2,7 +2,7 @@
 and the in-context-learning (ICL) prompt that the project's BPE tokenizer encodes.
 
 Alphabet. Up to four bracket types, ``()``, ``[]``, ``{}``, ``<>`` (``n_types`` takes the first
-n). Each of the eight characters is one byte, so the byte-level BPE of ``scaling.training.corpus``
+n). Each of the eight characters is one byte, so the byte-level BPE of ``scaling.training.data.corpus``
 encodes any bracket string; its vocabulary (trained on Python code and Shakespeare, 4096
 tokens) also holds merges such as ``()``, ``((``, ``))``, ``)))``, ``())``, ``])``, ``)]``,
 ``]]``, ``][``, ``)[``, ``([``, ``{}``, ``>>``, ``>>>``, but none of a bracket with ``=`` or a

@@ -23,7 +23,7 @@ from scaling.analysis.dyck import (
 from scaling.analysis.results import Result
 from scaling.analysis.runs import LoadedRun
 from scaling.common.errors import UserError
-from scaling.training.corpus import BOS_ID
+from scaling.training.data.corpus import BOS_ID
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -13,7 +13,7 @@ import torch
 from scaling.analysis.results import Result
 from scaling.analysis.runs import LoadedRun, batched
 from scaling.common.errors import UserError
-from scaling.training.model import MoETransformer
+from scaling.training.model.transformer import MoETransformer
 
 
 def length_edges(seq_len: int) -> list[int]:

@@ -5,7 +5,7 @@ A run folder holds ``config.json`` (``model``: the ModelConfig; ``data_spec`` an
 corpus spec and its provenance) and the final weights ``final_weights.safetensors``.
 :func:`load_run` rebuilds the model from them; the tokenizer and validation data come from the
 run's ``eval_data/`` snapshot (:func:`save_eval_data`) or else its corpus
-(``scaling.training.corpus.load_corpus`` of the recorded spec), checked against the tokenizer hash
+(``scaling.training.data.corpus.load_corpus`` of the recorded spec), checked against the tokenizer hash
 recorded at training time.
 """
 
@@ -23,8 +23,8 @@ from scaling.accounting.tiers import ARCHS
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.training import runlog
-from scaling.training.corpus import Corpus, DataSpec, load_corpus
-from scaling.training.model import MoETransformer
+from scaling.training.data.corpus import Corpus, DataSpec, load_corpus
+from scaling.training.model.transformer import MoETransformer
 
 EVAL_DATA = "eval_data"
 # What of a corpus folder the analyses read (tokenizer, validation split, provenance).
@@ -166,7 +166,7 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
 def save_eval_data(run_dir: Path | str) -> Path:
     """Snapshot the evaluation data of a run into ``<run_dir>/eval_data/`` (~0.5 MB for the
     default corpus): the tokenizer, the validation split and the provenance of its corpus, plus
-    an empty ``train.npy`` so the folder opens as a ``scaling.training.corpus.Corpus`` (training batches
+    an empty ``train.npy`` so the folder opens as a ``scaling.training.data.corpus.Corpus`` (training batches
     from it raise UserError). A run shipped with it (and its weights) is analysed on any machine
     without rebuilding the corpus, even where the Python standard library differs."""
     import shutil

@@ -15,8 +15,8 @@ from scaling.analysis.results import Result
 from scaling.analysis.runs import LoadedRun, batched
 from scaling.common.errors import UserError
 from scaling.common.serialize import to_dict
-from scaling.training.corpus import BOS_ID
-from scaling.training.model import MoETransformer
+from scaling.training.data.corpus import BOS_ID
+from scaling.training.model.transformer import MoETransformer
 
 
 @dataclass(frozen=True)

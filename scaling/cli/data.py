@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
         files) are accepted too: pass their folder with --dtype and --vocab-size (and optionally
         --tokenizer to record it and measure bytes per token); a manifest.json is written beside them.
         """
-        from scaling.training.prepare import PrepareOptions, index_existing, prepare
+        from scaling.training.data.prepare import PrepareOptions, index_existing, prepare
 
         with _Bar(show_progress(json_out, quiet)) as bar:
             if dtype is not None:

@@ -37,7 +37,7 @@ from scaling.design.simulate import STARTS, SimulationResult, simulate
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP
 from scaling.fitting.reference_laws import LAW_SETS
 from scaling.fitting.sources import LawSource, default_sparsity, load_laws
-from scaling.training.sweep_plan import load_plan, parse_plan
+from scaling.training.sweep.plan import load_plan, parse_plan
 
 PLANS_DIR = Path(str(resources.files("scaling").joinpath("resources", "plans")))  # package data
 TEMPLATES = {True: PLANS_DIR / "cpu-proxy.toml", False: PLANS_DIR / "paper-tiers.toml"}

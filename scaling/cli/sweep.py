@@ -23,9 +23,10 @@ from scaling.cli._util import (
 )
 from scaling.common.errors import UserError
 from scaling.common.format import duration, number, si
-from scaling.training.data import check_data_use, plan_data_use
-from scaling.training.progress import eta_text
-from scaling.training.sweep import (
+from scaling.training.data.loader import check_data_use, plan_data_use
+from scaling.training.loop.progress import eta_text
+from scaling.training.sweep.plan import EXECUTORS, load_plan
+from scaling.training.sweep.submit import (
     check_memory,
     check_recorded,
     estimate,
@@ -33,7 +34,6 @@ from scaling.training.sweep import (
     submit_runs,
     train_config,
 )
-from scaling.training.sweep_plan import EXECUTORS, load_plan
 
 POLL_S = 1.0  # how often a waiting sweep looks at its jobs (a failure is reported within this)
 WATCH_INTERVAL_S = 60.0  # --watch: how often the runs' folders are read
@@ -319,7 +319,7 @@ def _progress_lines(plan, rows) -> None:
 
 def _follow_folders(plan, watch: bool, json_out: bool) -> None:
     """--status / --watch: every run's progress from its folder (no job handles needed)."""
-    from scaling.training.sweep import run_progress
+    from scaling.training.sweep.submit import run_progress
 
     setup_logging()
     while True:
@@ -351,7 +351,7 @@ def _follow_jobs(plan, submitted, kind: str, fail_fast: bool, json_out: bool) ->
     """Wait for the jobs: a line per failed run the moment its job fails (with its log), per-run
     progress (a bar per run on a terminal, a log line per run every minute otherwise), and with
     ``fail_fast`` the other jobs cancelled at the first failure. Returns {run: {reason, log}}."""
-    from scaling.training.sweep import failed_run, failure_reason, run_progress
+    from scaling.training.sweep.submit import failed_run, failure_reason, run_progress
 
     setup_logging()
     failed: dict[str, dict] = {}

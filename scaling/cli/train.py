@@ -14,7 +14,7 @@ from scaling.common.errors import UserError
 
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
 # Spelled out, not imported: the library's tuples live in torch modules, which --help must not
-# load; tests/test_cluster_use.py keeps them equal to training.branches.SCHEDULES,
+# load; tests/test_cluster_use.py keeps them equal to training.loop.branches.SCHEDULES,
 # distributed.PARALLEL_MODES and parallel.GRAD_SYNC.
 SCHEDULES = ("wsd", "cosine")
 PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
@@ -241,7 +241,7 @@ def register(app: typer.Typer) -> None:
         "What happens when things go wrong"); --resume on a run that does not exist is an error.
         """
         from scaling.accounting.tiers import get_config, is_proxy
-        from scaling.training.trainer import TrainConfig, default_run_name, train
+        from scaling.training.loop.trainer import TrainConfig, default_run_name, train
 
         model_cfg = get_config(tier, arch)
         values = {  # TrainConfig field -> (command-line parameter, its value)
@@ -279,7 +279,7 @@ def register(app: typer.Typer) -> None:
         }
         fields = {k: v for k, (_, v) in values.items()}
         if config is not None:  # the file's values, except where a flag was given on the command line
-            from scaling.training.sweep_plan import read_train_file
+            from scaling.training.sweep.plan import read_train_file
 
             def given(param: str) -> bool:  # typer may vendor click: compare the enum by name
                 source = ctx.get_parameter_source(param)
@@ -296,7 +296,7 @@ def register(app: typer.Typer) -> None:
         bar = _Bar() if show_progress(json_out, quiet) else None
         progress = bar
         if bar is None and not quiet:
-            from scaling.training.progress import ProgressLog
+            from scaling.training.loop.progress import ProgressLog
 
             setup_logging()
             progress = ProgressLog(every=progress_every)

@@ -1,5 +1,5 @@
 """A proposal (``scaling.design.proposal.Proposal``) as a sweep-plan document, the TOML format of
-``scaling.training.sweep_plan``: one custom ``[model]`` tier per proposed Baseline size, each with
+``scaling.training.sweep.plan``: one custom ``[model]`` tier per proposed Baseline size, each with
 its one token budget; the SMELT twins are derived again from it by the matcher when the sweep
 plan is read."""
 
@@ -11,7 +11,7 @@ from scaling.accounting.tiers import ARCHS
 from scaling.design.proposal import Proposal
 
 # ModelConfig fields a [model] table leaves out: the tier names it, and a Baseline has no loop
-# (n_loops in a [model] table is the matcher's option, scaling.training.sweep_plan).
+# (n_loops in a [model] table is the matcher's option, scaling.training.sweep.plan).
 _NOT_IN_PLAN = ("name", "loop_start", "loop_end", "n_loops")
 
 

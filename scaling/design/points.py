@@ -63,7 +63,7 @@ def isoflop_design(
 
 
 def points_of_sweep_plan(plan: Any) -> pd.DataFrame:
-    """The points a sweep plan (``scaling.training.sweep_plan.SweepPlan``) will produce: one per run and token
+    """The points a sweep plan (``scaling.training.sweep.plan.SweepPlan``) will produce: one per run and token
     budget,
     with N, F, S of the run's config and the requested tokens (the trainer rounds D to whole
     updates); run ids are the plan's run names (the bootstrap unit). Loss left NaN."""

@@ -7,7 +7,7 @@ found by bisection in log s so that the Baseline's size (N or F) hits the target
 rounded widths around the crossing the closer in log is kept. For the smelt form at sparsity S
 the expert count E is solved as well: S = 1 - N_act_eq / N (``scaling.accounting.costs.sparsity``) rises
 with E, and (1 - S) N(E) = N_act_eq(E) is linear in E. The SMELT twin is ``smelt_twin`` of that
-Baseline with the tier's width multiple, which is what ``scaling.training.sweep_plan`` derives again from the
+Baseline with the tier's width multiple, which is what ``scaling.training.sweep.plan`` derives again from the
 emitted ``[model."name"]`` table; where the matcher cannot twin a Baseline within its 1% tolerance
 (integer rounding at small widths), the nearest sizes within +-10% are tried. A built size more
 than 25% from its target is an error. The default shape is the tier whose Baseline is nearest (in

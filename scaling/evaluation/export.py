@@ -1,6 +1,6 @@
 """Export a trained model as a plain Hugging Face Mixtral folder (``smelt-scale export``).
 
-A looped SMELT model is exactly an unrolled Mixtral. Our forward (``scaling.training.model``) is
+A looped SMELT model is exactly an unrolled Mixtral. Our forward (``scaling.training.model.transformer``) is
 ``x <- x + s * Attn(RMSNorm(x))``, ``x <- x + s * MoE(RMSNorm(x))`` for each (layer, pass) of
 ``cfg.schedule()``, with ``s = 1/r`` inside the looped block. Both branches end in a linear map
 (attention's ``wo``; each expert's ``w_down``, summed with gates), so ``s * W y = (s W) y``: HF layer

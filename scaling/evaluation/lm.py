@@ -35,11 +35,12 @@ import torch.nn.functional as F
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
-from scaling.training.evaluate import autocast
+from scaling.training.loop.evaluate import autocast
 
 
 class NativeLM(TemplateLM):
-    """lm-eval model over a ``scaling.training.model.MoETransformer`` and a ``tokenizers.Tokenizer``."""
+    """lm-eval model over a ``scaling.training.model.transformer.MoETransformer`` and a
+    ``tokenizers.Tokenizer``."""
 
     backend = "causal"
 

@@ -131,9 +131,9 @@ def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from scaling.training.checkpoint import check_dcp_metadata
-        from scaling.training.expert_parallel import split_expert_stacks, stacked_checkpoint
-        from scaling.training.model import MoETransformer
+        from scaling.training.loop.checkpoint import check_dcp_metadata
+        from scaling.training.model.transformer import MoETransformer
+        from scaling.training.parallel.expert_parallel import split_expert_stacks, stacked_checkpoint
 
         model = MoETransformer(cfg)
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -223,7 +223,7 @@ class LoadedWeights:
 
 def load_weights(source: WeightsSource, device: str = "cpu") -> LoadedWeights:
     """Build the run's model and fill it from ``source`` (strict: every tensor must fit)."""
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     meta = run_meta(source.run)
     cfg = model_config(meta, source.run)
@@ -255,7 +255,7 @@ def tokenizer_file(run_dir: Path, meta: dict, model: Any = None) -> Path:
         return run.corpus.path / "tokenizer.json"
     data = (meta.get("train") or {}).get("data")
     if data:
-        from scaling.training.shards import load_shards, resolve
+        from scaling.training.data.shards import load_shards, resolve
 
         shards = load_shards(data, verify=False)
         tok = shards.manifest.get("tokenizer") or {}

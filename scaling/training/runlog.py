@@ -5,7 +5,7 @@ A run folder ``runs/<name>/`` holds ``config.json`` (written once at start),
 crash loses at most the line being written, and a reader skips a torn last line) and
 ``final.json`` (rewritten whole, via a temporary file + ``os.replace``, which is atomic on
 POSIX: a reader sees the old or the new file, never a mix), and ``checkpoints/`` (see
-:mod:`scaling.training.checkpoint`).
+:mod:`scaling.training.loop.checkpoint`).
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
+from scaling.training.data.shards import window_index
 from scaling.training.runlog import umask_mode
-from scaling.training.shards import window_index
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2

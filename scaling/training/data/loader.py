@@ -1,8 +1,8 @@
 """The one way the trainer gets its tokens: :func:`open_data`, and the data checks of sweep plans.
 
-``open_data(None, ...)`` is the built-in offline corpus (:mod:`scaling.training.corpus`, the
+``open_data(None, ...)`` is the built-in offline corpus (:mod:`scaling.training.data.corpus`, the
 default for the CPU proxies and the tests); ``open_data(folder, ...)`` is a prepared shard set
-(:mod:`scaling.training.shards`, made by ``smelt-scale prepare-data``). Both offer::
+(:mod:`scaling.training.data.shards`, made by ``smelt-scale prepare-data``). Both offer::
 
     vocab_size, n_train_tokens, bytes_per_token, bpb(loss), identity, provenance, sources
     train_batch(seed, step, batch_size, seq_len, rank=0, world_size=1) -> (x, y)
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from scaling.common.errors import UserError
-from scaling.training.corpus import Corpus, DataSpec, cache_root, load_corpus
-from scaling.training.shards import ShardSet, load_shards, sha256_file
+from scaling.training.data.corpus import Corpus, DataSpec, cache_root, load_corpus
+from scaling.training.data.shards import ShardSet, load_shards, sha256_file
 
 TokenData = Union[Corpus, ShardSet]
 DATA_KEYS = {
@@ -61,7 +61,7 @@ def open_data(
     """The training data of a model with ``vocab_size`` logits.
 
     path None: the built-in corpus with a BPE of ``vocab_size`` (``max_bytes``, ``val_fraction``:
-    see :class:`~scaling.training.corpus.DataSpec`; cached under ``cache_dir``). Otherwise the
+    see :class:`~scaling.training.data.corpus.DataSpec`; cached under ``cache_dir``). Otherwise the
     shard folder at ``path``; refused (UserError, one line) when the model's vocabulary is
     smaller than the data's, when ``tokenizer`` is given and is not the file the shards were
     made with, or (``verify``) when a shard's SHA-256 differs from its manifest.

@@ -1,4 +1,5 @@
-"""Prepare a user's corpus as token shards (:mod:`scaling.training.shards`): ``smelt-scale prepare-data``.
+"""Prepare a user's corpus as token shards (:mod:`scaling.training.data.shards`):
+``smelt-scale prepare-data``.
 
 Inputs. Local files, folders (searched recursively for the suffixes in ``SUFFIXES``) and glob
 patterns, each optionally prefixed ``name=`` to name its source. JSON Lines (``.jsonl``,
@@ -14,7 +15,7 @@ never by position, so the split does not depend on file order or on the other do
 
 Tokenizer. A Hugging Face ``tokenizer.json`` (copied into the output), or a byte-level BPE
 trained on the first ``tokenizer_train_bytes`` of the training split (the built-in corpus's
-trainer, :func:`scaling.training.corpus.train_tokenizer`, deterministic). Each document becomes
+trainer, :func:`scaling.training.data.corpus.train_tokenizer`, deterministic). Each document becomes
 ``[bos] + ids + [eos]`` (each separator only when defined: the trained BPE uses ``<|bos|>``;
 another tokenizer's separators are found by name, see ``_SEPARATORS``, or given).
 
@@ -49,9 +50,8 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.files import check_nesting, check_regular_file, read_config, read_json
-from scaling.training.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
-from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
-from scaling.training.shards import (
+from scaling.training.data.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
+from scaling.training.data.shards import (
     DTYPES,
     FORMAT,
     FORMAT_VERSION,
@@ -60,6 +60,7 @@ from scaling.training.shards import (
     npy_header,
     sha256_file,
 )
+from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
 
 SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".json.gz", ".parquet",
             ".txt", ".md", ".rst", ".py", ".text")

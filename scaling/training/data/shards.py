@@ -18,7 +18,7 @@ arrays that ``numpy.memmap`` reads without a header (``*.bin``, as nanoGPT write
     split_rule                   how documents were sent to validation
 
 A split's *stream* is the concatenation of its shards in manifest order. Sampling follows
-:class:`scaling.training.corpus.Corpus` exactly: a training batch is a pure function of
+:class:`scaling.training.data.corpus.Corpus` exactly: a training batch is a pure function of
 ``(seed, step)`` (``batch_size`` windows of ``seq_len + 1`` tokens at offsets drawn by
 ``numpy.random.default_rng([seed, step])``, uniform over the stream, windows may cross shard
 boundaries), and rank r of W takes rows [r*B/W, (r+1)*B/W). Validation windows tile the

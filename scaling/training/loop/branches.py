@@ -2,7 +2,7 @@
 
 A run trains one model at several token budgets ``D_1 < ... < D_n``. Each budget is a whole
 number of optimizer steps ``S_i = round(D_i / tokens_per_step)``. With the warmup-stable-decay
-schedule (:mod:`scaling.training.schedule`) the learning rate before a budget's cooldown does not
+schedule (:mod:`scaling.training.loop.schedule`) the learning rate before a budget's cooldown does not
 depend on the budget, so one stable *trunk* runs to the largest budget ``S_n``, and for each
 smaller budget a cooldown *branch* starts from the trunk state at step
 
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from scaling.common.errors import UserError
-from scaling.training.schedule import decay_steps_for
+from scaling.training.loop.schedule import decay_steps_for
 
 SCHEDULES = ("wsd", "cosine")
 

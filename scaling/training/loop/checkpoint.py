@@ -9,7 +9,7 @@ What: one folder per checkpoint holding the model and optimizer state dicts in D
 format (``get_state_dict``/``set_state_dict`` of ``torch.distributed.checkpoint.state_dict``, so
 the same code saves a plain module, a DDP module and an FSDP2 module, and a checkpoint saved on
 W ranks loads on any other number of ranks), ``rng.pt`` (rank 0's torch/numpy/python RNG
-states) and ``meta.json``: the :class:`~scaling.training.state.TrainState` (position in the
+states) and ``meta.json``: the :class:`~scaling.training.loop.state.TrainState` (position in the
 run = data position = scheduler step, completed points, wall time), and the run's identity.
 Folders: ``iter-<N>`` (the latest; older ones are deleted once a newer one is complete) and
 ``branch-<i>`` (the trunk state a WSD cooldown branch returns to; deleted once the trunk has
@@ -54,8 +54,8 @@ from scaling.common.errors import UserError
 from scaling.common.files import read_json
 from scaling.common.serialize import to_json
 from scaling.training import runlog
-from scaling.training.expert_parallel import split_expert_stacks, stacked_checkpoint
-from scaling.training.state import TrainState
+from scaling.training.loop.state import TrainState
+from scaling.training.parallel.expert_parallel import split_expert_stacks, stacked_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ so each of the last ``decay_steps`` updates is below ``peak`` (from ``peak * K/(
 ``s = total - K`` down to ``peak / (K + 1)`` ~ 0 at the last update ``s = total - 1``). Before ``total -
 decay_steps`` the schedule does not depend on
 ``total``: runs with different budgets share the same stable trunk, so one trunk can branch
-a cooldown at each budget (see :class:`scaling.training.branches.BranchPlan`).
+a cooldown at each budget (see :class:`scaling.training.loop.branches.BranchPlan`).
 
 Cosine (Loshchilov & Hutter 2017, as in Chinchilla): after warmup,
 ``min + (peak - min) * (1 + cos(pi * p)) / 2`` with ``p = (s - warmup) / (total - warmup)``,
@@ -54,7 +54,7 @@ def decay_steps_for(total: int, decay_fraction: float) -> int:
 
 def lr_at(step: int, budget, schedule: str, peak: float, warmup: int, min_ratio: float = 0.1) -> float:
     """Learning rate of update ``step`` on the way to ``budget`` (a
-    :class:`~scaling.training.branches.TokenBudget`; trunk: the largest budget)."""
+    :class:`~scaling.training.loop.branches.TokenBudget`; trunk: the largest budget)."""
     if schedule == "wsd":
         return wsd_lr(step, peak, warmup, budget.steps, budget.decay_steps)
     return cosine_lr(step, peak, warmup, budget.steps, min_ratio)

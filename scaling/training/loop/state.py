@@ -1,9 +1,9 @@
 """The trainer's state: everything besides tensors that a resumed run needs to continue exactly.
 
 A :class:`TrainState` is written beside the model and optimizer in every checkpoint (as JSON in
-the checkpoint's ``meta.json``, see :mod:`scaling.training.checkpoint`) and read back on resume.
+the checkpoint's ``meta.json``, see :mod:`scaling.training.loop.checkpoint`) and read back on resume.
 The position in the run (trunk step, open branch, next branch; see
-:mod:`scaling.training.branches`) is also the data position and the scheduler step: a batch is a
+:mod:`scaling.training.loop.branches`) is also the data position and the scheduler step: a batch is a
 pure function of (seed, step) and the learning rate a pure function of (step, budget).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from scaling.training.branches import Position
+from scaling.training.loop.branches import Position
 
 
 @dataclass

@@ -1,16 +1,16 @@
 """The trainer: a short loop over components (AdamW, WSD cooldown branches, resume, data parallel).
 
-One run trains one model on the corpus of :mod:`scaling.training.corpus` and yields one (N, D, loss)
+One run trains one model on the corpus of :mod:`scaling.training.data.corpus` and yields one (N, D, loss)
 point per token budget. The components, each in its own module:
 
-* :class:`~scaling.training.branches.BranchPlan`: trunk to the largest budget, a cooldown branch
+* :class:`~scaling.training.loop.branches.BranchPlan`: trunk to the largest budget, a cooldown branch
   from step ``P_i = S_i - K_i`` at each smaller budget, where evaluations happen (pure, no torch);
-* :class:`~scaling.training.state.TrainState`: the position in the plan and what the run has done;
-* :class:`~scaling.training.checkpoint.Checkpointer`: DCP checkpoints in ``<run_dir>/checkpoints``,
+* :class:`~scaling.training.loop.state.TrainState`: the position in the plan and what the run has done;
+* :class:`~scaling.training.loop.checkpoint.Checkpointer`: DCP checkpoints in ``<run_dir>/checkpoints``,
   atomic, identity-checked, resumable on another world size;
-* :class:`~scaling.training.evaluate.Evaluator`: validation loss with the same number of forward
+* :class:`~scaling.training.loop.evaluate.Evaluator`: validation loss with the same number of forward
   passes on every rank, overall and per data source;
-* :class:`~scaling.training.metrics.MetricsSink`: ``metrics.jsonl`` (+ TensorBoard / W&B mirrors),
+* :class:`~scaling.training.loop.metrics.MetricsSink`: ``metrics.jsonl`` (+ TensorBoard / W&B mirrors),
   with MFU, peak memory and data wait per logged update.
 
 Objective: ``CE + aux_coef * load_balance + z_coef * router_z`` (defaults 0.01 and 1e-3, as
@@ -26,7 +26,8 @@ and branches), ``final.json`` and ``checkpoints/``. A run killed at any moment a
 exactly what an uninterrupted run logs.
 
 Data parallel: under ``torchrun`` or a multi-task submitit job (``WORLD_SIZE`` > 1, see
-:mod:`scaling.training.distributed`) the model is built by :func:`scaling.training.parallel.build_model`
+:mod:`scaling.training.parallel.distributed`) the model is built by
+:func:`scaling.training.parallel.data_parallel.build_model`
 (DDP, or FSDP2/HSDP from the meta device, per ``TrainConfig.parallel``); rank r takes rows
 [r*B/W, (r+1)*B/W) of each global batch, so the result equals a single process with
 ``micro_batch_size`` = B/W and W accumulation steps. Only rank 0 writes the run log.
@@ -52,15 +53,13 @@ from scaling.accounting.costs import costs as accounting
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.training import runlog
-from scaling.training.branches import BranchPlan, Position, TokenBudget
-from scaling.training.checkpoint import Checkpointer, identity_diff, run_identity
-from scaling.training.corpus import DataSpec
-from scaling.training.data import open_data
-from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
-from scaling.training.evaluate import Evaluator, autocast
-from scaling.training.launcher import stop_requested
-from scaling.training.lock import RunLock, check_free
-from scaling.training.metrics import (
+from scaling.training.data.corpus import DataSpec
+from scaling.training.data.loader import open_data
+from scaling.training.loop.branches import BranchPlan, Position, TokenBudget
+from scaling.training.loop.checkpoint import Checkpointer, identity_diff, run_identity
+from scaling.training.loop.evaluate import Evaluator, autocast
+from scaling.training.loop.lock import RunLock, check_free
+from scaling.training.loop.metrics import (
     MetricsSink,
     check_log_to,
     mfu,
@@ -68,7 +67,10 @@ from scaling.training.metrics import (
     require_trackers,
     resolve_peak_flops,
 )
-from scaling.training.parallel import (
+from scaling.training.loop.progress import Progress
+from scaling.training.loop.schedule import lr_at
+from scaling.training.loop.state import TrainState
+from scaling.training.parallel.data_parallel import (
     GRAD_SYNC,
     build_model,
     full_state_dict,
@@ -78,10 +80,9 @@ from scaling.training.parallel import (
     split_batch,
     train_step,
 )
-from scaling.training.progress import Progress
-from scaling.training.schedule import lr_at
+from scaling.training.parallel.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
+from scaling.training.parallel.launcher import stop_requested
 from scaling.training.schema import check_fields, check_value
-from scaling.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class TrainConfig:
     device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads           torch intra-op threads on CPU (None: torch default)
     parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
-                      (scaling.training.parallel)
+                      (scaling.training.parallel.data_parallel)
     activation_checkpointing, compile   passed to parallelize (recompute each layer pass in the
                       backward; torch.compile the blocks: None = on CUDA, off on the CPU; on
                       CUDA the first step then takes ~1-2 minutes of compilation per
@@ -132,7 +133,7 @@ class TrainConfig:
                       fsdp/hsdp, "last" otherwise (the memory planner's rule)
     replicate         HSDP replicate degree (None: the number of nodes)
     ep                expert-parallel degree (fsdp/hsdp only; 1: every rank holds every expert's
-                      shard): scaling.training.expert_parallel
+                      shard): scaling.training.parallel.expert_parallel
     """
 
     tokens: tuple[float, ...]
@@ -518,7 +519,7 @@ class Trainer:
             self.state = self.checkpointer.load(latest, self.model, self.optimizer)
         self.checkpointer.prune_branch_points(self.state)
         if dist.is_main:
-            from scaling.training.metrics import resume_metrics
+            from scaling.training.loop.metrics import resume_metrics
 
             resume_metrics(run_dir / runlog.METRICS, self.state.iter)
         self.metrics = MetricsSink(run_dir, enabled=dist.is_main, log_to=cfg.log_to,

@@ -27,7 +27,7 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.conf
   captures a whole block. (``x[idx]`` advanced indexing is avoided: its backward was ~50x
   slower than ``index_select``'s on CPU.)
 * Loss: with targets, cross-entropy is computed ``model.ce_chunk`` tokens at a time by
-  ``scaling.training.chunked_ce`` (the [N, V] fp32 logits never exist whole; same loss and
+  ``scaling.training.model.chunked_ce`` (the [N, V] fp32 logits never exist whole; same loss and
   gradients as ``F.cross_entropy`` up to summation order); ``model.ce_chunk = 0`` switches to
   the plain ``F.cross_entropy`` over the whole logits.
 * Auxiliary losses, returned separately and averaged over layer passes (the caller weights
@@ -41,7 +41,7 @@ Architecture (pre-norm; no biases anywhere; sizes from ``scaling.accounting.conf
 
 The parameter count equals ``scaling.accounting.costs.total_params(cfg)`` exactly (tested).
 
-CPU speed: call ``scaling.training.cpu.tune_cpu_allocator()`` once per training process (~1.2x
+CPU speed: call ``scaling.training.loop.cpu.tune_cpu_allocator()`` once per training process (~1.2x
 per step here). The model compiles with ``torch.compile(model, fullgraph=True)`` (grouped_mm is wrapped
 as a custom op for that), but on CPU fp32 that measured no faster than eager (~1%): the step
 is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scaling.accounting.config import ModelConfig
-from scaling.training.chunked_ce import chunked_cross_entropy, default_chunk
+from scaling.training.model.chunked_ce import chunked_cross_entropy, default_chunk
 
 IGNORE_INDEX = -100
 
@@ -364,7 +364,7 @@ class MoE(nn.Module):
         # loop is the fallback where grouped_mm cannot run (old torch; CUDA without bf16) and
         # the one place that syncs (its slice sizes come to the host).
         self.dispatch = "grouped_mm" if hasattr(F, "grouped_mm") else "loop"
-        # expert parallelism: the EPGroup (scaling.training.expert_parallel) and the hook that
+        # expert parallelism: the EPGroup (scaling.training.parallel.expert_parallel) and the hook that
         # sends the rows to their experts' ranks; None = all E experts here
         self.ep = None
         self.expert_fn = None
@@ -482,9 +482,9 @@ class MoETransformer(nn.Module):
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.schedule = cfg.schedule()
         # expert parallelism: parameter name -> (full shape, first row, end row) of the expert
-        # stacks this rank holds (scaling.training.expert_parallel.localize_experts)
+        # stacks this rank holds (scaling.training.parallel.expert_parallel.localize_experts)
         self.ep_slices: dict[str, tuple[tuple[int, ...], int, int]] = {}
-        # tokens per chunk of the cross-entropy (scaling.training.chunked_ce); 0 = one plain
+        # tokens per chunk of the cross-entropy (scaling.training.model.chunked_ce); 0 = one plain
         # F.cross_entropy over the whole [N, V] logits
         self.ce_chunk = default_chunk(cfg.vocab_size)
         cos, sin = rope_tables(cfg.rotary_dim, cfg.seq_len, cfg.rope_theta)
@@ -517,7 +517,7 @@ class MoETransformer(nn.Module):
         comparable to one pass. Deterministic given ``seed`` (own generator, fixed order).
 
         ``write(param, full_value)`` stores one parameter's full fp32 initial value (default: a
-        copy). ``scaling.training.parallel.materialize`` passes one that keeps only the local
+        copy). ``scaling.training.parallel.data_parallel.materialize`` passes one that keeps only the local
         shard of a sharded parameter, so a sharded model gets bitwise these values.
         """
         write = write or (lambda p, value: p.copy_(value.to(p)))

@@ -1,6 +1,6 @@
 """Data parallelism for the MoE Transformer with PyTorch's own parts: DDP, FSDP2, HSDP.
 
-One way to build a model for training on ``DistEnv`` (see :mod:`scaling.training.distributed`)::
+One way to build a model for training on ``DistEnv`` (see :mod:`scaling.training.parallel.distributed`)::
 
     dist = setup_distributed(device, mode)                  # process group + DeviceMesh
     model = build_model(cfg, seed, dist, mode, activation_checkpointing=..., compile=...)
@@ -36,7 +36,7 @@ The wrapper checkpoints each *call*, so a looped layer stores its input once per
 recomputes each pass in backward: per layer pass, as the memory planner counts.
 **torch.compile** compiles each block in place (``Module.compile(fullgraph=True)``, as
 torchtitan does per block) before sharding, so the FSDP2 hooks stay outside the graphs. The MoE
-layer has static shapes and no host sync (scaling/training/model.py), so each block is one
+layer has static shapes and no host sync (scaling/training/model/transformer.py), so each block is one
 graph. The trainer compiles by default on CUDA (``resolve_compile``) and not on the CPU, where
 compiling measured no faster than eager and costs minutes of inductor time per run.
 
@@ -72,7 +72,7 @@ from torch import nn
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
-from scaling.training.distributed import PARALLEL_MODES, DistEnv, resolve_mode
+from scaling.training.parallel.distributed import PARALLEL_MODES, DistEnv, resolve_mode
 
 GRAD_SYNC = ("last", "every")
 
@@ -159,7 +159,7 @@ def parallelize(
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if mixed_precision else MixedPrecisionPolicy())
         if ep_meshes is not None:
-            from scaling.training.expert_parallel import shard_with_ep
+            from scaling.training.parallel.expert_parallel import shard_with_ep
 
             shard_with_ep(model, ep_meshes, mp)
             return model
@@ -226,7 +226,7 @@ def build_model(
     fsdp/hsdp build on the meta device and materialise shard by shard (no rank ever holds the
     whole model); none/ddp build on the device. One rank runs unwrapped.
     """
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     if dist.mesh is None:  # with a mesh (even of one rank) fsdp/hsdp are taken as asked
         mode = resolve_mode(mode, dist.world)
@@ -236,7 +236,7 @@ def build_model(
         with torch.device("meta"):
             model = MoETransformer(cfg, seed=seed)
         if dist.ep is not None:
-            from scaling.training.expert_parallel import localize_experts
+            from scaling.training.parallel.expert_parallel import localize_experts
 
             localize_experts(model, dist.ep)
         model = parallelize(model, mode, dist.mesh, mixed_precision=mixed_precision,
@@ -244,7 +244,7 @@ def build_model(
                             ep_meshes=dist.ep)
         materialize(model, dist.device, seed)
         if dist.ep is not None:
-            from scaling.training.expert_parallel import tag_expert_params
+            from scaling.training.parallel.expert_parallel import tag_expert_params
 
             tag_expert_params(model)
         return model
@@ -389,7 +389,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if not torch.distributed.is_initialized():
         return {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
     if getattr(unwrap(model), "ep_slices", None):  # expert parallelism: shares over the EP group
-        from scaling.training.expert_parallel import full_state_dict as ep_full_state_dict
+        from scaling.training.parallel.expert_parallel import full_state_dict as ep_full_state_dict
 
         return ep_full_state_dict(unwrap(model))
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

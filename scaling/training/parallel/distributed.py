@@ -17,7 +17,7 @@ rank. The ``DeviceMesh`` for FSDP2 is 1-D ``("dp_shard",)`` over all ranks; for 
 ``("dp_replicate", "dp_shard")``: replicate across nodes, shard within a node (the replicate
 degree defaults to ``WORLD_SIZE / LOCAL_WORLD_SIZE``, the node count). DDP and one process need
 no mesh. With expert parallelism (``ep`` > 1) the mesh gains an innermost ``ep`` dimension
-(:mod:`scaling.training.expert_parallel`).
+(:mod:`scaling.training.parallel.expert_parallel`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class DistEnv:
     device: torch.device = torch.device("cpu")
     mesh: object | None = None  # torch.distributed.device_mesh.DeviceMesh for fsdp/hsdp
     initialized_here: bool = False
-    # scaling.training.expert_parallel.EPMeshes with expert parallelism (then ``mesh`` is its
+    # scaling.training.parallel.expert_parallel.EPMeshes with expert parallelism (then ``mesh`` is its
     # ``dp`` mesh, for the non-expert parameters); None without
     ep: object | None = None
 
@@ -136,7 +136,7 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
         torch.cuda.set_device(device)
     here = False
     if world > 1:
-        from scaling.training.launcher import watch_launcher
+        from scaling.training.parallel.launcher import watch_launcher
 
         watch_launcher()  # stop when torchrun dies (parent-death signal), not train on as an orphan
     if world > 1 and not torch.distributed.is_initialized():
@@ -145,8 +145,8 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
         torch.distributed.init_process_group(backend=backend, **kwargs)
         here = True
     resolved = resolve_mode(mode, world)
-    if ep > 1:  # expert parallelism: its own mesh dimension (scaling.training.expert_parallel)
-        from scaling.training.expert_parallel import build_ep_meshes
+    if ep > 1:  # expert parallelism: its own mesh dimension (scaling.training.parallel.expert_parallel)
+        from scaling.training.parallel.expert_parallel import build_ep_meshes
 
         if world % ep:
             raise UserError(f"expert-parallel degree {ep} does not divide the world size {world}")

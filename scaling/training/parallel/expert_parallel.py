@@ -118,7 +118,7 @@ def dispatch(ep: EPGroup, xs: Tensor, counts: Tensor, run_local) -> Tensor:
 
 
 def _route_forward(router, top_k: int, x: Tensor):
-    from scaling.training.model import route
+    from scaling.training.model.transformer import route
 
     return route(x, router.weight, top_k)
 

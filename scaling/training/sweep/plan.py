@@ -14,7 +14,7 @@ Format (see ``plans/cpu-proxy.toml``)::
     batch_size = 16
     lr = 3e-3
 
-    [data]                                 # what every run trains on (scaling.training.data)
+    [data]                                 # what every run trains on (scaling.training.data.loader)
     path = "~/data/fineweb-10B"            # shards from `smelt-scale prepare-data` (absent: the
     tokenizer = "tokenizer.json"           # built-in corpus); optional: the tokenizer they must
     allow_repeat = false                   # have; allow_repeat: permit > max_epochs passes
@@ -86,8 +86,8 @@ from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.training import schema
-from scaling.training.branches import BranchPlan
-from scaling.training.data import DATA_TO_TRAIN, check_data_table, expand_path
+from scaling.training.data.loader import DATA_TO_TRAIN, check_data_table, expand_path
+from scaling.training.loop.branches import BranchPlan
 from scaling.training.schema import check_name, check_table
 
 EXECUTORS = ("local", "slurm", "debug")
@@ -153,7 +153,7 @@ class PlannedRun:
     def train_config(self, threads: int | None = None):
         """The TrainConfig this run trains with: [train] + [tier] keys, [data], its seed and budgets,
         and the [parallel] mode (UserError for contradictions and for what TrainConfig refuses)."""
-        from scaling.training.trainer import TrainConfig
+        from scaling.training.loop.trainer import TrainConfig
 
         fields = train_fields(self.train, self.data, self.parallel, f"run {self.name}")
         fields.update(tokens=self.budgets, seed=self.seed)
@@ -176,7 +176,7 @@ def train_fields(train: dict[str, Any], data: dict[str, Any], parallel: dict[str
     plans and ``train --config``: [data] keys map to their ``data_*`` fields, [parallel] mode /
     grad_sync / replicate to ``parallel`` / ``grad_sync`` / ``replicate``; a key set in two tables
     is an error (UserError naming ``what``)."""
-    from scaling.training.trainer import TrainConfig
+    from scaling.training.loop.trainer import TrainConfig
 
     fields = {k: v for k, v in train.items() if k not in RUN_OPTIONS}
     unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
@@ -358,7 +358,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
 @functools.cache
 def _train_schema() -> dict[str, schema.Key]:
     """The [train] / [tier."x"] keys: TrainConfig's fields, typed by its annotations, + RUN_OPTIONS."""
-    from scaling.training.trainer import TrainConfig
+    from scaling.training.loop.trainer import TrainConfig
 
     hints = typing.get_type_hints(TrainConfig)
     out = {f.name: schema.Key(hints[f.name], "TrainConfig field") for f in dataclasses.fields(TrainConfig)}

@@ -3,14 +3,14 @@
 Local executor: the runs are packed into ``concurrency`` lanes (longest estimated run first,
 each to the least-loaded lane), and each lane is one submitit job that trains its runs in
 order, so at most ``concurrency`` trainings share the machine. Slurm executor: one job per
-run, submitted as an array. Every run goes through ``scaling.training.trainer.train(resume=True)``:
+run, submitted as an array. Every run goes through ``scaling.training.loop.trainer.train(resume=True)``:
 a finished run is skipped, an interrupted one resumes from its last checkpoint.
 
 One distributed training per job, shaped by the run's ``[parallel]`` layout (the one the memory
 planner checked): a Slurm job has ``nodes`` x ``gpus_per_node`` tasks, one per GPU
 (``ntasks_per_node = gpus_per_node``); a local job has ``gpus_per_node`` processes on this
 machine (gloo on the CPU, or one per GPU of a workstation). submitit starts every task with the
-same function; ``scaling.training.distributed.setup_distributed`` exports the torch distributed
+same function; ``scaling.training.parallel.distributed.setup_distributed`` exports the torch distributed
 variables from submitit's job environment (``submitit.helpers.TorchDistributedEnvironment``), so
 the tasks form one process group and only rank 0 writes the run folder. Runs of different shapes
 (``[tier."1.6B".parallel] nodes = 4``) go in separate arrays.
@@ -30,7 +30,7 @@ from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.accounting.steptime import StepTime, predict_step_time
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
-from scaling.training.sweep_plan import PlannedRun, SweepPlan
+from scaling.training.sweep.plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
 
@@ -53,7 +53,7 @@ def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
     ``section.key old -> new`` strings (empty: the same run, or no run there yet). The keys a
     resume may change (``trainer.RESUME_FREE``: logging, checkpoint cadence, device, threads,
     parallel layout) are not compared; an unreadable config.json is a difference."""
-    from scaling.training.trainer import RESUME_FREE
+    from scaling.training.loop.trainer import RESUME_FREE
 
     path = runs_dir / run.name / "config.json"
     if not path.exists():
@@ -127,7 +127,7 @@ def train_config(run: PlannedRun, threads: int | None = None):
 def execute_run(run: PlannedRun, runs_dir: str, threads: int | None = None,
                 ckpt_dir: str | None = None) -> dict:
     """Train (or resume, or skip) one planned run; returns its final.json document."""
-    from scaling.training.trainer import train
+    from scaling.training.loop.trainer import train
 
     return train(run.model, train_config(run, threads), tier=run.tier, proxy=run.proxy,
                  run_name=run.name, runs_dir=runs_dir, ckpt_dir=ckpt_dir,
@@ -153,7 +153,7 @@ def probe_tokens_per_s(
     """
     import torch
 
-    from scaling.training.model import MoETransformer
+    from scaling.training.model.transformer import MoETransformer
 
     old_threads = torch.get_num_threads()
     if threads:
