@@ -457,11 +457,51 @@ def prepare(
     Resumes an interrupted run with the same inputs and options; a finished folder with the same
     inputs and options is returned as is; anything else in ``out`` needs ``overwrite``, which
     replaces only an earlier preparation's files, and only once the new ones are complete
-    (:func:`_prepare_over`).
+    (:func:`_prepare_over`). Stages: hash the inputs and fingerprint them with the options;
+    check the folder (:func:`_finished`, :func:`_read_state`); fix the tokenizer
+    (:func:`_tokenizer`); bring the work files back to the last checkpoint (:func:`_restore`);
+    tokenize into training shards (:func:`_tokenize`); sort the validation documents into their
+    shards (:func:`_write_val`); write the manifest (:func:`_manifest`).
     """
     out = Path(out)
     files = find_inputs(specs)
-    total = sum(f.bytes for f in files)
+    tick = _ticker(progress, sum(f.bytes for f in files))
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output {out} exists and is not a folder")
+    if overwrite and out.exists() and any(out.iterdir()):
+        return _prepare_over(specs, files, out, opts, progress)
+    try:
+        (out / WORK).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"cannot create the output folder {out} (a file is in the way)") from None
+    sha = _hash_inputs(files, out / WORK, tick)
+    fp = _fingerprint(files, opts, sha)
+    if (out / MANIFEST).exists():
+        return _finished(out, fp)
+    state, tok = _tokenizer(out, files, opts, _read_state(out, fp), fp, tick)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    work = _restore(out, state, DTYPES[dtype_for_vocab(vocab)])
+    bos, eos = _separators(tok, opts)
+    _tokenize(files, opts, state, work, tok, (bos, eos), tick)
+    shards = list(state.train_shards)
+    if state.partial_tokens:
+        shards.append(_finish_shard(work.partial, out / _shard_name("train", work.k), work.dtype))
+    index = [json.loads(line) for line in work.val_index.read_text().splitlines()]
+    if not shards:
+        raise UserError("no document went to the training split; add data or lower the validation fraction")
+    if not index:
+        raise UserError("no document went to the validation split; add data or raise the validation fraction")
+    index.sort(key=lambda r: (r["source"] or "", r["id"], r["text_sha"]))
+    val_shards, val_sources = _write_val(out, index, work.val_tmp, work.dtype, opts.shard_tokens)
+    manifest = _manifest(opts, state, files, sha, fp, (vocab, work.dtype, bos, eos), shards + val_shards,
+                         index, val_sources)
+    write_json(out / MANIFEST, manifest)
+    shutil.rmtree(out / WORK, ignore_errors=True)
+    return manifest
+
+
+def _ticker(progress: Callable[[str, int, int], None] | None, total: int) -> Callable[[str, int], None]:
+    """``tick(phase, nbytes)``: count bytes per phase (from 0 at each new phase), report to ``progress``."""
     done = {"phase": None, "n": 0}
 
     def tick(phase: str, nbytes: int) -> None:
@@ -471,45 +511,47 @@ def prepare(
         if progress:
             progress(phase, done["n"], total)
 
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output {out} exists and is not a folder")
-    if overwrite and out.exists() and any(out.iterdir()):
-        return _prepare_over(specs, files, out, opts, progress)
+    return tick
+
+
+def _finished(out: Path, fp: dict) -> dict:
+    """The manifest of a finished preparation with this fingerprint; refused for another one."""
+    manifest = read_config(out / MANIFEST, "manifest")
+    if manifest.get("fingerprint") != fp:
+        what = _differs(manifest.get("fingerprint"), fp)
+        raise UserError(f"{out} already holds shards made with {what}; "
+                        "choose another output folder or overwrite it")
+    shutil.rmtree(out / WORK, ignore_errors=True)
+    return manifest
+
+
+def _read_state(out: Path, fp: dict) -> _State | None:
+    """The checkpoint of an unfinished preparation with this fingerprint, or None for a fresh start
+    (then ``out`` must hold nothing but work files and a tokenizer)."""
     work = out / WORK
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise UserError(f"cannot create the output folder {out} (a file is in the way)") from None
-    sha = _hash_inputs(files, work, tick)
-    fp = _fingerprint(files, opts, sha)
-
-    if (out / MANIFEST).exists():
-        manifest = read_config(out / MANIFEST, "manifest")
-        if manifest.get("fingerprint") != fp:
-            what = _differs(manifest.get("fingerprint"), fp)
-            raise UserError(f"{out} already holds shards made with {what}; "
-                            "choose another output folder or overwrite it")
-        shutil.rmtree(work, ignore_errors=True)
-        return manifest
-
     state_path = work / "state.json"
-    state: _State | None = None
-    if state_path.exists():
-        try:
-            state = _State(**read_config(state_path, "preparation state"))
-        except TypeError:
-            raise UserError(f"{state_path} is not a preparation state; delete {work} to start "
-                            "again") from None
-        if state.fingerprint != fp:
-            what = _differs(state.fingerprint, fp)
-            raise UserError(f"{out} holds an unfinished preparation made with {what}; "
-                            "rerun it unchanged, choose another output folder or overwrite it")
-    else:
+    if not state_path.exists():
         leftovers = [p.name for p in out.iterdir() if p.name not in (WORK, TOKENIZER)]
         if leftovers:
             raise UserError(f"output folder {out} is not empty ({', '.join(sorted(leftovers)[:3])}, ...); "
                             "choose another folder or overwrite it")
+        return None
+    try:
+        state = _State(**read_config(state_path, "preparation state"))
+    except TypeError:
+        raise UserError(f"{state_path} is not a preparation state; delete {work} to start "
+                        "again") from None
+    if state.fingerprint != fp:
+        what = _differs(state.fingerprint, fp)
+        raise UserError(f"{out} holds an unfinished preparation made with {what}; "
+                        "rerun it unchanged, choose another output folder or overwrite it")
+    return state
 
+
+def _tokenizer(out: Path, files: list[InputFile], opts: PrepareOptions, state: _State | None, fp: dict,
+               tick) -> tuple[_State, Any]:
+    """The tokenizer of this preparation: copied or trained on a fresh start (which writes the first
+    checkpoint), checked against the checkpoint's SHA-256 on a resume."""
     tok_path = out / TOKENIZER
     if state is None:
         if opts.tokenizer is not None:
@@ -518,16 +560,34 @@ def prepare(
         else:
             _train_bpe(files, opts, tok_path, tick)
         state = _State(fp, sha256_file(tok_path), doc_counts=[0] * len(files))
-        write_json(state_path, asdict(state))
+        write_json(out / WORK / "state.json", asdict(state))
     elif not tok_path.exists() or sha256_file(tok_path) != state.tokenizer_sha256:
         raise UserError(f"{tok_path} differs from the tokenizer this unfinished preparation started with; "
                         "overwrite the output folder")
-    tok = _load_tokenizer(str(tok_path))
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    dtype = DTYPES[dtype_for_vocab(vocab)]
-    bos, eos = _separators(tok, opts)
+    return state, _load_tokenizer(str(tok_path))
 
-    # -- bring the work files back to the last checkpoint ----------------------------------
+
+@dataclass
+class _Work:
+    """The append-only work files of a preparation: the training shard being filled (index ``k``)
+    and the validation tokens and index, in input order until :func:`_write_val` sorts them."""
+
+    out: Path
+    dtype: np.dtype
+    k: int
+    partial: Path
+    val_tmp: Path
+    val_index: Path
+
+    def next_shard(self) -> None:
+        self.k += 1
+        self.partial = self.out / WORK / f"train-{self.k:05d}.partial"
+        self.partial.write_bytes(b"")  # a killed earlier attempt may have left one
+
+
+def _restore(out: Path, state: _State, dtype: np.dtype) -> _Work:
+    """Bring the work files back to the last checkpoint (truncate what a kill appended after it)."""
+    work = out / WORK
     k = len(state.train_shards)
     partial = work / f"train-{k:05d}.partial"
     if not partial.exists():
@@ -543,101 +603,102 @@ def prepare(
     for p, n in ((val_tmp, state.val_bytes), (val_index, state.val_index_bytes)):
         p.touch()
         _truncate(p, n)
+    return _Work(out, dtype, k, partial, val_tmp, val_index)
+
+
+def _doc_tokens(ids: list[int], separators: tuple[int | None, int | None], dtype: np.dtype) -> np.ndarray:
+    """``[bos] + ids + [eos]``, each separator only when it is defined."""
+    bos, eos = separators
+    a = np.empty(len(ids) + (bos is not None) + (eos is not None), dtype=dtype)
+    if bos is not None:
+        a[0] = bos
+    a[int(bos is not None):len(a) - int(eos is not None)] = ids
+    if eos is not None:
+        a[-1] = eos
+    return a
+
+
+def _tokenize(files: list[InputFile], opts: PrepareOptions, state: _State, work: _Work, tok,
+              separators: tuple[int | None, int | None], tick) -> None:
+    """Encode the inputs chunk by chunk from the checkpoint on: training tokens into shards of
+    ``shard_tokens``, validation tokens and their index into work files; after every chunk the
+    work files are fsynced and the checkpoint rewritten."""
     fault = int(os.environ.get(_FAULT_ENV, "-1"))
-
-    def doc_tokens(ids: list[int]) -> np.ndarray:
-        a = np.empty(len(ids) + (bos is not None) + (eos is not None), dtype=dtype)
-        if bos is not None:
-            a[0] = bos
-        a[int(bos is not None):len(a) - int(eos is not None)] = ids
-        if eos is not None:
-            a[-1] = eos
-        return a
-
     skip = sum(f.bytes for f in files[:state.position[0]])
     if skip:
         tick("tokenizing", skip)
-    if not state.input_done:
-        for docs, position, nbytes in _chunks(files, list(state.position), opts, state.doc_counts):
-            encs = tok.encode_batch([d.text for d in docs], add_special_tokens=False) if docs else []
-            train_parts, val_parts, val_lines = [], [], []
-            val_off = state.val_bytes
-            for d, e in zip(docs, encs):
-                split = "val" if _hash_unit(d.id) < opts.val_fraction else "train"
-                arr = doc_tokens(e.ids)
-                c = state.counts[split]
-                c["documents"] += 1
-                nb = len(d.text.encode())
-                c["bytes"] += nb
-                c["tokens"] += len(arr)
-                if split == "train":
-                    train_parts.append(arr)
-                    continue
-                val_lines.append(json.dumps({"source": d.source, "id": d.id,
-                                             "text_sha": hashlib.sha256(d.text.encode()).hexdigest(),
-                                             "offset": val_off, "tokens": len(arr), "bytes": nb,
-                                             "doc_tokens": len(e.ids)}) + "\n")
-                val_parts.append(arr)
-                val_off += arr.nbytes
-            stream = np.concatenate(train_parts) if train_parts else np.empty(0, dtype)
-            while len(stream):
-                take = min(len(stream), opts.shard_tokens - state.partial_tokens)
-                _append(partial, stream[:take])
-                stream, state.partial_tokens = stream[take:], state.partial_tokens + take
-                if state.partial_tokens == opts.shard_tokens:
-                    state.train_shards.append(_finish_shard(partial, out / _shard_name("train", k), dtype))
-                    if len(state.train_shards) == fault:
-                        raise RuntimeError(f"fault injected after {fault} shards")
-                    k, state.partial_tokens = k + 1, 0
-                    partial = work / f"train-{k:05d}.partial"
-                    partial.write_bytes(b"")  # a killed earlier attempt may have left one
-            if val_parts:
-                _append(val_tmp, np.concatenate(val_parts))
-            with open(val_index, "a") as fh:
-                fh.writelines(val_lines)
-            for p in (partial, val_tmp, val_index):
-                _fsync(p)
-            state.position = position
-            state.val_bytes = val_tmp.stat().st_size
-            state.val_index_bytes = val_index.stat().st_size
-            state.input_done = position[0] >= len(files)
-            write_json(state_path, asdict(state))
-            tick("tokenizing", nbytes)
+    if state.input_done:
+        return
+    for docs, position, nbytes in _chunks(files, list(state.position), opts, state.doc_counts):
+        encs = tok.encode_batch([d.text for d in docs], add_special_tokens=False) if docs else []
+        train_parts, val_parts, val_lines = _split_chunk(docs, encs, opts, state, separators, work.dtype)
+        stream = np.concatenate(train_parts) if train_parts else np.empty(0, work.dtype)
+        while len(stream):
+            take = min(len(stream), opts.shard_tokens - state.partial_tokens)
+            _append(work.partial, stream[:take])
+            stream, state.partial_tokens = stream[take:], state.partial_tokens + take
+            if state.partial_tokens == opts.shard_tokens:
+                state.train_shards.append(_finish_shard(work.partial, work.out / _shard_name("train", work.k),
+                                                        work.dtype))
+                if len(state.train_shards) == fault:
+                    raise RuntimeError(f"fault injected after {fault} shards")
+                state.partial_tokens = 0
+                work.next_shard()
+        if val_parts:
+            _append(work.val_tmp, np.concatenate(val_parts))
+        with open(work.val_index, "a") as fh:
+            fh.writelines(val_lines)
+        for p in (work.partial, work.val_tmp, work.val_index):
+            _fsync(p)
+        state.position = position
+        state.val_bytes = work.val_tmp.stat().st_size
+        state.val_index_bytes = work.val_index.stat().st_size
+        state.input_done = position[0] >= len(files)
+        write_json(work.out / WORK / "state.json", asdict(state))
+        tick("tokenizing", nbytes)
 
-    # -- finish: last training shard, sorted validation shards, manifest -------------------
-    shards = list(state.train_shards)
-    if state.partial_tokens:
-        shards.append(_finish_shard(partial, out / _shard_name("train", k), dtype))
-    index = [json.loads(line) for line in val_index.read_text().splitlines()]
-    if not shards:
-        raise UserError("no document went to the training split; add data or lower the validation fraction")
-    if not index:
-        raise UserError("no document went to the validation split; add data or raise the validation fraction")
-    index.sort(key=lambda r: (r["source"] or "", r["id"], r["text_sha"]))
+
+def _split_chunk(docs: list[_Doc], encs: list, opts: PrepareOptions, state: _State,
+                 separators: tuple[int | None, int | None], dtype: np.dtype
+                 ) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+    """One chunk's documents by split: training token arrays, validation token arrays and their
+    index lines (offsets continue the validation work file); counts the split totals in ``state``."""
+    train_parts, val_parts, val_lines = [], [], []
+    val_off = state.val_bytes
+    for d, e in zip(docs, encs):
+        split = "val" if _hash_unit(d.id) < opts.val_fraction else "train"
+        arr = _doc_tokens(e.ids, separators, dtype)
+        c = state.counts[split]
+        c["documents"] += 1
+        nb = len(d.text.encode())
+        c["bytes"] += nb
+        c["tokens"] += len(arr)
+        if split == "train":
+            train_parts.append(arr)
+            continue
+        val_lines.append(json.dumps({"source": d.source, "id": d.id,
+                                     "text_sha": hashlib.sha256(d.text.encode()).hexdigest(),
+                                     "offset": val_off, "tokens": len(arr), "bytes": nb,
+                                     "doc_tokens": len(e.ids)}) + "\n")
+        val_parts.append(arr)
+        val_off += arr.nbytes
+    return train_parts, val_parts, val_lines
+
+
+def _write_val(out: Path, index: list[dict], val_tmp: Path, dtype: np.dtype, shard_tokens: int
+               ) -> tuple[list[dict], dict[str, dict]]:
+    """Write the validation documents in ``index`` order (sorted by source, id) as shards of
+    ``shard_tokens``; return their manifest entries and each source's token range."""
     val = np.memmap(val_tmp, dtype=dtype, mode="r")
-    val_sources: dict[str, dict] = {}
-    buf, pos, vi = [], 0, 0
-    buffered = 0
-
-    def flush_val(final: bool) -> None:
-        nonlocal buf, buffered, vi
-        if not buf:
-            return
-        data = np.concatenate(buf)
-        while len(data) >= opts.shard_tokens or (final and len(data)):
-            piece, data = data[:opts.shard_tokens], data[opts.shard_tokens:]
-            name = _shard_name("val", vi)
-            atomic_write(out / name, lambda fh: fh.write(piece.tobytes()))
-            shards.append({"path": name, "split": "val", "tokens": int(len(piece)),
-                           "sha256": hashlib.sha256(piece.tobytes()).hexdigest(), "offset": 0})
-            vi += 1
-        buf, buffered = ([data] if len(data) else []), len(data)
-
+    shards: list[dict] = []
+    sources: dict[str, dict] = {}
+    buf, buffered, pos = [], 0, 0
     for r in index:
-        arr = np.asarray(val[r["offset"] // dtype.itemsize:(r["offset"] // dtype.itemsize) + r["tokens"]])
+        start = r["offset"] // dtype.itemsize
+        arr = np.asarray(val[start:start + r["tokens"]])
         name = r["source"] or "unnamed"
-        s = val_sources.setdefault(name, {"name": name, "start": pos, "stop": pos, "documents": 0,
-                                          "bytes": 0, "tokens": 0})
+        s = sources.setdefault(name, {"name": name, "start": pos, "stop": pos, "documents": 0,
+                                      "bytes": 0, "tokens": 0})
         s["stop"] = pos + len(arr)
         s["documents"] += 1
         s["bytes"] += r["bytes"]
@@ -645,15 +706,41 @@ def prepare(
         pos += len(arr)
         buf.append(arr)
         buffered += len(arr)
-        if buffered >= opts.shard_tokens:
-            flush_val(False)
-    flush_val(True)
+        if buffered >= shard_tokens:
+            buf = _flush_val(out, buf, shard_tokens, shards, final=False)
+            buffered = sum(len(b) for b in buf)
+    _flush_val(out, buf, shard_tokens, shards, final=True)
     del val
-    val_doc_tokens = sum(r["doc_tokens"] for r in index)
-    val_bytes = sum(r["bytes"] for r in index)
+    return shards, sources
+
+
+def _flush_val(out: Path, buf: list[np.ndarray], shard_tokens: int, shards: list[dict], final: bool
+               ) -> list[np.ndarray]:
+    """Write the full validation shards in ``buf`` (and the rest when ``final``), appending their
+    entries to ``shards``; return what is left for the next shard."""
+    if not buf:
+        return []
+    data = np.concatenate(buf)
+    while len(data) >= shard_tokens or (final and len(data)):
+        piece, data = data[:shard_tokens], data[shard_tokens:]
+        name = _shard_name("val", len(shards))
+        atomic_write(out / name, lambda fh: fh.write(piece.tobytes()))
+        shards.append({"path": name, "split": "val", "tokens": int(len(piece)),
+                       "sha256": hashlib.sha256(piece.tobytes()).hexdigest(), "offset": 0})
+    return [data] if len(data) else []
+
+
+def _manifest(opts: PrepareOptions, state: _State, files: list[InputFile], sha: dict[str, str], fp: dict,
+              vocabulary: tuple[int, np.dtype, int | None, int | None], shards: list[dict],
+              index: list[dict], val_sources: dict[str, dict]) -> dict:
+    """The shard set's manifest (:mod:`scaling.training.data.shards` reads it); ``vocabulary`` is
+    (vocab_size, token dtype, bos id, eos id)."""
     from importlib.metadata import version
 
-    manifest = {
+    vocab, dtype, bos, eos = vocabulary
+    val_doc_tokens = sum(r["doc_tokens"] for r in index)
+    val_bytes = sum(r["bytes"] for r in index)
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "dtype": dtype.name,
@@ -680,9 +767,6 @@ def prepare(
         "created_by": {"tool": "smelt-scale prepare-data", "tokenizers": version("tokenizers")},
         "fingerprint": fp,
     }
-    write_json(out / MANIFEST, manifest)
-    shutil.rmtree(work, ignore_errors=True)
-    return manifest
 
 
 def _owned(out: Path) -> set[str]:
