@@ -149,7 +149,9 @@ def profile_summary(prof, device_type: str, top: int = 15) -> dict:
             if evt.key != "cudaMemcpyAsync":
                 sync_ms += evt.cpu_time_total / 1e3
         if device_type == "cuda":
-            if evt.device_type != DeviceType.CUDA:
+            # user annotations (e.g. "Optimizer.step#AdamW.step") span kernels counted on their own:
+            # the first H200 profile double-counted the optimizer's 10% this way
+            if evt.device_type != DeviceType.CUDA or getattr(evt, "is_user_annotation", False):
                 continue
             t = evt.self_device_time_total
         else:
