@@ -94,7 +94,8 @@ def synthetic_tokens(vocab: int, rows: int, seq_len: int, seed: int = 0) -> torc
 
 
 def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: bool,
-                      grad_sync: str, device_type: str) -> tuple[float | None, float | None]:
+                      grad_sync: str, device_type: str,
+                      compiled: bool = False) -> tuple[float | None, float | None]:
     """The memory planner's per-GPU peak and activations stored at the end of the forward (GB =
     1e9 bytes), or Nones if the planner is absent."""
     try:
@@ -104,7 +105,8 @@ def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: 
     compute = "bf16" if device_type == "cuda" else "fp32"
     layout = Layout(mode=mode if world > 1 or mode != "ddp" else "none", gpus_per_node=world,
                     micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
-                    grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len)
+                    grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len,
+                    compiled=compiled)
     m = estimate_memory(cfg, layout)
     return m.total / 1e9, m.activations_stored / 1e9
 
@@ -147,7 +149,9 @@ def profile_summary(prof, device_type: str, top: int = 15) -> dict:
             if evt.key != "cudaMemcpyAsync":
                 sync_ms += evt.cpu_time_total / 1e3
         if device_type == "cuda":
-            if evt.device_type != DeviceType.CUDA:
+            # user annotations (e.g. "Optimizer.step#AdamW.step") span kernels counted on their own:
+            # the first H200 profile double-counted the optimizer's 10% this way
+            if evt.device_type != DeviceType.CUDA or getattr(evt, "is_user_annotation", False):
                 continue
             t = evt.self_device_time_total
         else:
@@ -273,7 +277,8 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         del out
         opt.zero_grad(set_to_none=True)
     planned, planned_stored = planned_memory_gb(cfg, mode, dist.world, micro, n_micro,
-                                                activation_checkpointing, grad_sync, dist.device.type)
+                                                activation_checkpointing, grad_sync, dist.device.type,
+                                                compiled=compile)
     tail = losses[-10:]
     return {
         "arch": cfg.arch,

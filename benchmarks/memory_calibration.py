@@ -2,14 +2,12 @@
 
     python benchmarks/memory_calibration.py          # markdown table (docs/gpu-memory.md)
 
-Measured: ``torch.cuda.max_memory_allocated`` of ``benchmarks/gpu_check.py`` (torch 2.11.0+cu130,
-world size 1, FSDP2 bf16, seq_len 4096, grad_sync every) with the MoE layer *before* issue 31
-(bincount + index_add_ combine, explicit fp32 RMSNorm). "old planner" is the planner those runs
-printed. "new planner" is this planner for the current layer; "new planner, old layer" adds back
-what the old layer stored and the current one does not (per token and layer pass: the gated
-expert output k*c*d' kept by the index_add_ combine; its fp32 norm copies 2*(4-c)*d; less the
-current router's fp32 input copy 4*d), so that it can be compared with those measurements.
-Pure arithmetic: no GPU, no torch.
+The current, sync-free MoE layer measured on one H200 on 2026-12-04
+(``benchmarks/results/gpu-h200-2026-12-04*.json``, written by ``gpu_check.py --configs ...
+--profile --out``: torch 2.11.0+cu130, world size 1 with a 1-rank FSDP2 mesh, bf16, seq_len 4096),
+against this planner with ``compiled`` set as each run was; tests/test_memory.py asserts every row
+within +-10%. Pure arithmetic: no GPU, no torch. (The first measurements, of the layer before
+issue 31, are kept as history in docs/gpu-memory.md.)
 """
 
 from __future__ import annotations
@@ -19,50 +17,46 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaling.accounting.memory import Layout, _expert_dims, estimate_memory  # noqa: E402
+from scaling.accounting.memory import Layout, estimate_memory  # noqa: E402
 from scaling.accounting.tiers import get_config  # noqa: E402
 
-# (tier, arch, micro-batch, accumulation, compiled, measured GB, old planner GB): issue 31's table
-H200 = (
-    ("100M", "baseline", 2, 2, False, 70.7, 74.8),
-    ("100M", "smelt", 2, 2, False, 87.4, 76.5),
-    ("100M", "baseline", 8, 1, False, 87.7, 108.1),
-    ("100M", "baseline", 8, 1, True, 80.2, 108.1),
-    ("100M", "smelt", 8, 1, True, 84.8, 115.6),
-    ("200M", "baseline", 4, 1, False, 79.2, 100.6),
-    ("200M", "smelt", 4, 1, False, 100.6, 106.2),
-)
 
+def measured_rows(results: Path | None = None) -> list[dict]:
+    """The current layer on the H200: one row per (file, configuration, architecture) measured."""
+    import json
 
-def rows() -> list[dict]:
+    results = results or Path(__file__).resolve().parent / "results"
     out = []
-    for tier, arch, mb, acc, compiled, measured, old in H200:
-        cfg = get_config(tier, arch)
-        layout = Layout(mode="fsdp", gpus_per_node=1, micro_batch_size=mb, grad_accum_steps=acc,
-                        compute_dtype="bf16", seq_len=4096)
-        m = estimate_memory(cfg, layout)
-        c, N, d = 2, mb * 4096, cfg.d_model
-        dp, _ = _expert_dims(cfg, c)
-        old_layer_extra = N * (cfg.top_k * c * dp + 2 * (4 - c) * d - 4 * d)
-        # every moment of the walk holds the stored passes; the peak is at the head in every row
-        stored_passes = cfg.n_layer_passes if m.peak_at == "head" else None
-        old_layer = m.total + old_layer_extra * stored_passes if stored_passes else None
-        out.append({"tier": tier, "arch": arch, "micro": mb, "accum": acc, "compiled": compiled,
-                    "measured": measured, "old": old, "new": m.total / 1e9,
-                    "new_old_layer": old_layer / 1e9 if old_layer else None, "peak_at": m.peak_at})
+    for path in sorted(results.glob("gpu-h200-*.json")):
+        doc = json.loads(path.read_text())
+        for config in doc["configs"]:
+            for a in config["archs"]:
+                if "error" in a or a.get("peak_memory_gb") is None:
+                    continue
+                cfg = get_config(doc["tier"], a["arch"])
+                m = estimate_memory(cfg, Layout(
+                    mode="fsdp", gpus_per_node=1, micro_batch_size=a["micro_batch_size"],
+                    grad_accum_steps=a["grad_accum_steps"], compute_dtype="bf16", seq_len=cfg.seq_len,
+                    compiled=a["compile"]))
+                out.append({"file": path.name, "tier": doc["tier"], "arch": a["arch"],
+                            "micro": a["micro_batch_size"], "accum": a["grad_accum_steps"],
+                            "compiled": a["compile"], "measured": a["peak_memory_gb"],
+                            "planned": m.total / 1e9, "stored": a["stored_after_forward_gb"],
+                            "planned_stored": m.activations_stored / 1e9})
     return out
 
 
 def main() -> int:
-    print("| tier | arch | micro-batch x accum | compiled | measured GB | old planner | "
-          "new planner, old layer | new planner (current layer) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows():
-        def pct(v):
-            return f"{v:.1f} ({(v / r['measured'] - 1) * 100:+.0f}%)"
+    print("| run file | tier | arch | micro-batch x accum | compiled | peak GB measured | planned | "
+          "stored by a forward, GB measured | planned |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in measured_rows():
         compiled = "yes" if r["compiled"] else "no"
-        print(f"| {r['tier']} | {r['arch']} | {r['micro']} x {r['accum']} | {compiled} | "
-              f"{r['measured']:.1f} | {pct(r['old'])} | {pct(r['new_old_layer'])} | {r['new']:.1f} |")
+        err = (r["planned"] / r["measured"] - 1) * 100
+        print(f"| {r['file']} | {r['tier']} | {r['arch']} | {r['micro']} x {r['accum']} | {compiled} | "
+              f"{r['measured']:.1f} | {r['planned']:.1f} ({err:+.1f}%) | "
+              f"{r['stored']:.2f} | {r['planned_stored']:.2f} "
+              f"({(r['planned_stored'] / r['stored'] - 1) * 100:+.1f}%) |")
     return 0
 
 

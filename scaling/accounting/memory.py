@@ -147,6 +147,13 @@ GB = 1e9
 MODES = ("none", "ddp", "fsdp", "hsdp")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_SYNCS = ("every", "last")
+# torch.compile (inductor, per block) fuses the layer's elementwise chains (SwiGLU, norms, rotary,
+# gate products) and stores fewer, smaller tensors for backward: the bytes one forward leaves
+# allocated were 0.807 / 0.793 / 0.805 / 0.792 of this module's eager per-layer count on one H200
+# (100M tier Baseline / SMELT at micro-batch 8 and 16, torch 2.11, FSDP2 bf16, the sync-free layer;
+# benchmarks/results/gpu-h200-2026-12-04*.json, "stored_after_forward_gb"). An empirical factor,
+# calibrated and checked on the same four runs (docs/gpu-memory.md), not derived
+COMPILED_LAYER_ACTIVATIONS = 0.80
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -230,6 +237,8 @@ class Layout:
                       its shard group; must divide the shard degree S
     chunked_ce        the loss is computed in token chunks (the trainer's default; see
                       ``head_activation_bytes``); False: plain cross-entropy over [N, V] logits
+    compiled          blocks run under torch.compile (the trainer's default on CUDA): each layer
+                      pass stores ``COMPILED_LAYER_ACTIVATIONS`` of the eager bytes (measured)
     """
 
     mode: str = "none"
@@ -248,6 +257,7 @@ class Layout:
     reduce_dtype: str = "fp32"
     chunked_ce: bool = True
     ep: int = 1
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -494,6 +504,8 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c)
     resid = c if layout.sharded else pb  # FSDP2 mixed precision casts the residual stream too
     stored_pass = resid * N * d if layout.activation_checkpointing else A
+    if layout.compiled and not layout.activation_checkpointing:  # recompute under AC: unmeasured
+        stored_pass = round(stored_pass * COMPILED_LAYER_ACTIVATIONS)
     head_stored = head_activation_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
     head_work = head_working_bytes(cfg, layout.micro_batch_size, T, c, layout.chunked_ce)
     dp, fp = _expert_dims(cfg, c)

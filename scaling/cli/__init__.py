@@ -106,6 +106,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("compare", "Paired loss difference candidate − reference at matched (tier, budget, seed)."),
     "savings": ("savings", "Compute saved by the candidate over the reference at equal loss."),
     "plan": ("plan", "Propose the next IsoFLOP set for both architectures, as a sweep plan."),
+    "plan-grid": ("plan_grid", "Plan an IsoFLOP study on one shared size grid (WSD trunks with a branch "
+                               "per budget), as sweep plans."),
     "simulate": ("plan", "Simulate a study: how well would it recover the savings?"),
     "export": ("evaluate",
                "Export a run as a plain Hugging Face Mixtral folder (AutoModelForCausalLM loads it)."),

@@ -133,7 +133,9 @@ class PlannedRun:
         """
         par = {k: v for k, v in self.parallel.items() if k not in PLANNER_ONLY_KEYS}
         cpu = str(self.train.get("device", "auto")) == "cpu"
-        layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16")  # checks the values
+        compile_ = self.train.get("compile")  # the trainer's default: compiled on CUDA
+        compiled = (not cpu) if compile_ is None else bool(compile_)
+        layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16", compiled=compiled)  # checks values
         world = layout.world
         batch = int(self.train.get("batch_size", 16))
         if batch % world:

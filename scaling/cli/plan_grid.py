@@ -1,0 +1,163 @@
+"""`smelt-scale plan-grid`: an IsoFLOP study on one shared size grid (scaling.design.grid), as
+sweep plans: the main study and, when asked, a second seed."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from scaling.cli._util import (
+    FORCE_HELP,
+    check_output_file,
+    emit_json,
+    parse_budgets,
+    run_cli,
+    stderr,
+    stdout,
+)
+from scaling.common.errors import UserError
+from scaling.common.files import read_config
+
+
+def _ints(text: Optional[str], what: str) -> tuple[int, ...]:
+    if text is None or not text.strip():
+        return ()
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _pairs(text: Optional[str], what: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        d, sep, j = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(d)] = int(j)
+        except ValueError:
+            raise UserError(f"{what}: expected D_MODEL:BUDGET_INDEX pairs like 4:2,6:2, "
+                            f"got {item!r}") from None
+    return out
+
+
+def _lr_rule(text: str):
+    from scaling.design.grid import LrRule
+
+    try:
+        parts = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise UserError(f"--lr-rule: expected LR,EXPONENT[,D_REF], got {text!r}") from None
+    if len(parts) not in (2, 3):
+        raise UserError(f"--lr-rule: expected LR,EXPONENT[,D_REF], got {text!r}")
+    return LrRule(*parts)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # never a half-written plan
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan-grid")
+    @run_cli
+    def plan_grid_cmd(
+        grid: str = typer.Option(..., "--grid",
+                                 help="Baseline d_model values, e.g. 4,6,10,14,20,28,40,56,80."),
+        budgets: str = typer.Option(..., "--budgets", help="IsoFLOP budgets in FLOPs: a,b,c or lo:hi:n."),
+        lr_rule: str = typer.Option(..., "--lr-rule",
+                                    help="LR,EXPONENT[,D_REF]: lr(d) = LR * (d / D_REF)^-EXPONENT "
+                                         "(D_REF default 6), e.g. from an lr sweep."),
+        shape: str = typer.Option("proxy-xxs", "--shape", help="Tier whose Baseline shape is scaled."),
+        min_tokens: int = typer.Option(
+            150_000, "--min-tokens", min=1,
+            help="A size serves a budget only if it trains at least this many tokens."),
+        last_budget: Optional[str] = typer.Option(
+            None, "--last-budget",
+            help="D_MODEL:INDEX pairs: the last budget (0-based) a size trains to, e.g. 4:2,6:2 "
+                 "(default: the last)."),
+        seed1_sizes: Optional[str] = typer.Option(None, "--seed1-sizes",
+                                                  help="d_model values that also train with seed 1."),
+        seed1_budgets: str = typer.Option("0,1", "--seed1-budgets", help="Budget indices seed 1 trains to."),
+        template: Path = typer.Option(..., "--template",
+                                      help="Plan whose [train] and [executor] tables the study copies "
+                                           "(the lr comes from --lr-rule)."),
+        runs_dir: str = typer.Option("runs", "--runs-dir", help="Where the sweep writes the runs."),
+        out: Path = typer.Option(Path("plans/isoflop-study.toml"), "--out",
+                                 help="Plan file; the second seed goes beside it as <stem>-seed1.toml."),
+        force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the grid; write nothing."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    ) -> None:
+        """Plan an IsoFLOP study on one shared size grid: one WSD trunk per size, a cooldown branch at each
+        budget's D = C / F. Use it before a law is worth centring sizes on (`smelt-scale plan` does that)."""
+        import tomli_w
+
+        from scaling.accounting.tiers import get_config
+        from scaling.design.grid import grid_documents, grid_header, grid_plan
+        from scaling.training.sweep_plan import load_plan
+
+        C = parse_budgets(None, budgets)
+        plan = grid_plan(get_config(shape, "baseline"), _ints(grid, "--grid"), [float(c) for c in C],
+                         lr_rule=_lr_rule(lr_rule), min_tokens=min_tokens,
+                         last_budget=_pairs(last_budget, "--last-budget"),
+                         seed1_sizes=_ints(seed1_sizes, "--seed1-sizes"),
+                         seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"))
+        second_out = out.with_name(f"{out.stem}-seed1{out.suffix}")
+        if not dry_run:
+            check_output_file(out, "plan file (--out)", force=force, inputs=[template])
+            check_output_file(second_out, "second-seed plan file", force=force, inputs=[template])
+        tpl = read_config(template)
+        main, second = grid_documents(plan, name=out.stem, runs_dir=runs_dir, train=tpl.get("train", {}),
+                                      executor=tpl.get("executor", {}))
+        written: list[str] = []
+        if not dry_run:
+            # the command as given, in a fixed order, so the header says how to write the file again
+            args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule), ("--shape", shape),
+                    ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
+                    ("--seed1-sizes", seed1_sizes), ("--seed1-budgets", seed1_budgets),
+                    ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
+            command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
+            header = grid_header(plan, command)
+            for path, doc in ((out, main), (second_out, second)):
+                if doc is None:
+                    continue
+                _write(path, header + tomli_w.dumps(doc))
+                load_plan(path)  # what the sweep will read
+                written.append(str(path))
+        if json_out:
+            emit_json(_json(plan, written))
+            return
+        table = Table(title=plan.summary().splitlines()[0], title_justify="left")
+        for col in ("size", "N (active)", "F (FLOPs/token)", "lr", "budgets (tokens)"):
+            table.add_column(col, justify="left" if col in ("size", "budgets (tokens)") else "right")
+        for s in plan.sizes:
+            served = ", ".join(f"{plan.budgets[j]:.3g}: {t:,}" for j, t in zip(s.budget_indices, s.tokens))
+            table.add_row(s.name, f"{s.active_params:,}", f"{s.flops_per_token:.4g}", f"{s.lr:.3g}", served)
+        stdout.print(table)
+        for w in written:
+            stderr.print(f"wrote {w}", highlight=False)
+
+
+def _json(plan: Any, written: list[str]) -> dict[str, Any]:
+    return {
+        "shape": plan.shape,
+        "budgets": list(plan.budgets),
+        "lr_rule": {"lr_ref": plan.lr_rule.lr_ref, "exponent": plan.lr_rule.exponent,
+                    "d_ref": plan.lr_rule.d_ref},
+        "sizes": [{"name": s.name, "d_model": s.config.d_model, "active_params": s.active_params,
+                   "flops_per_token": s.flops_per_token, "lr": s.lr,
+                   "budgets": [plan.budgets[j] for j in s.budget_indices], "tokens": list(s.tokens)}
+                  for s in plan.sizes],
+        "sizes_per_budget": [len(plan.sizes_at(j)) for j in range(len(plan.budgets))],
+        "plan_files": written,
+    }

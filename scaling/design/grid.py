@@ -1,0 +1,181 @@
+"""An IsoFLOP study on one shared size grid: one WSD trunk per size, a cooldown branch per budget.
+
+``scaling.design.proposal`` centres each budget's sizes on a fitted law's optimum. Before there is a
+law worth trusting (a first study, or one whose laws are not identified) a lab trains a fixed grid
+of widths instead, and with a warmup-stable-decay schedule one training run per size serves every
+budget: the stable trunk is shared and a short cooldown branches off at each budget's token count
+D = C / F (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+Durations"; the trainer's ``budgets`` list, ``scaling.training.branches``). k sizes x m budgets
+then cost about k runs at the largest budget, not k x m separate runs.
+
+Rules, all stated in the plan file the documents become:
+
+- Sizes: the reference shape's Baseline with d_model (and the expert width) scaled to each grid
+  value (``scaling.design.sizing.scaled_baseline``); the SMELT twin is the matcher's, derived again
+  when the plan is read, and trains the same tokens.
+- Tokens: D_j = floor(C_j / F), F = the Baseline's exact training FLOPs per token
+  (``scaling.accounting.costs``). A size serves budget j only if D_j >= ``min_tokens`` (fewer
+  updates sit on the early plateau, not on a converged end point) and j <= its last budget (the
+  smallest sizes stop early: at large budgets they are far from the optimum and cost the CPU's
+  worst FLOP rate).
+- Learning rate per size: lr(d) = lr_ref * (d / d_ref) ** -exponent, rounded to 3 significant
+  digits (a rule fitted on an lr sweep; docs/proxy-study.md).
+- A second seed of chosen sizes trains to chosen budgets for the seed-to-seed noise.
+
+Pure: no I/O; ``scaling.cli.plan`` writes the documents (``plan --grid``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import costs
+from scaling.accounting.tiers import ARCHS
+from scaling.common.errors import UserError
+from scaling.design.sizing import scaled_baseline
+
+# ModelConfig fields a [model] table leaves out (as scaling.design.output): the tier names it,
+# and a Baseline has no loop
+_NOT_IN_PLAN = ("name", "loop_start", "loop_end", "n_loops")
+
+
+@dataclass(frozen=True)
+class LrRule:
+    """lr(d) = lr_ref * (d / d_ref) ** -exponent, to 3 significant digits."""
+
+    lr_ref: float
+    exponent: float
+    d_ref: float = 6.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lr_ref) and 0 < self.lr_ref <= 100):
+            raise UserError(f"lr rule: the reference lr must be in (0, 100], got {self.lr_ref!r}")
+        if not (math.isfinite(self.exponent) and abs(self.exponent) <= 10):
+            raise UserError(f"lr rule: the exponent must be within [-10, 10], got {self.exponent!r}")
+        if not (math.isfinite(self.d_ref) and self.d_ref > 0):
+            raise UserError(f"lr rule: the reference d_model must be positive, got {self.d_ref!r}")
+
+    def __call__(self, d_model: int) -> float:
+        return float(f"{self.lr_ref * (d_model / self.d_ref) ** -self.exponent:.3g}")
+
+    def describe(self) -> str:
+        return f"lr = {self.lr_ref:g} * (d_model/{self.d_ref:g})^-{self.exponent:g}"
+
+
+@dataclass(frozen=True)
+class GridSize:
+    """One size of the grid: its Baseline config and the budgets (indices, tokens) it serves."""
+
+    name: str
+    config: ModelConfig
+    flops_per_token: float
+    active_params: int
+    lr: float
+    budget_indices: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """The grid study: budgets (FLOPs), sizes, lr rule, second-seed choice."""
+
+    shape: str
+    budgets: tuple[float, ...]
+    sizes: tuple[GridSize, ...]
+    lr_rule: LrRule
+    seed1_sizes: tuple[int, ...]
+    seed1_budgets: tuple[int, ...]
+
+    def sizes_at(self, j: int) -> list[GridSize]:
+        return [s for s in self.sizes if j in s.budget_indices]
+
+    def summary(self) -> str:
+        lines = [f"IsoFLOP grid on the {self.shape} shape, {self.lr_rule.describe()}"]
+        for s in self.sizes:
+            lines.append(f"{s.name}: N={s.active_params:,} F={s.flops_per_token:.4g} lr={s.lr:.3g} "
+                         f"budgets={[f'{self.budgets[j]:.3g}' for j in s.budget_indices]} "
+                         f"tokens={list(s.tokens)}")
+        return "\n".join(lines)
+
+
+def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[float], *,
+              lr_rule: LrRule, min_tokens: int, last_budget: Mapping[int, int] | None = None,
+              seed1_sizes: Sequence[int] = (), seed1_budgets: Sequence[int] = (0, 1),
+              width_multiple: int = 1) -> GridPlan:
+    """The grid study over ``d_models`` x ``budgets`` (see the module docstring for the rules)."""
+    budgets = tuple(float(c) for c in budgets)
+    if (not budgets or any(not (math.isfinite(c) and c > 0) for c in budgets)
+            or list(budgets) != sorted(set(budgets))):
+        raise UserError("grid: budgets must be positive, finite and increasing")
+    if not d_models or len(set(d_models)) != len(d_models) or any(d < 1 for d in d_models):
+        raise UserError("grid: d_model values must be distinct positive integers")
+    if min_tokens < 1:
+        raise UserError(f"grid: min_tokens must be positive, got {min_tokens}")
+    last_budget = dict(last_budget or {})
+    for d, j in last_budget.items():
+        if d not in d_models or not 0 <= j < len(budgets):
+            raise UserError(f"grid: last budget {d}:{j} names no grid size or no budget index")
+    if any(j not in range(len(budgets)) for j in seed1_budgets):
+        raise UserError("grid: a second-seed budget index is out of range")
+    sizes = []
+    for d in d_models:
+        cfg = scaled_baseline(shape, d / shape.d_model, width_multiple)
+        if cfg.d_model != d:
+            raise UserError(f"grid: d_model {d} cannot be built from the {shape.name} shape at width "
+                            f"multiple {width_multiple} (got {cfg.d_model})")
+        b = costs(cfg)
+        last = last_budget.get(d, len(budgets) - 1)
+        uses = tuple(j for j in range(last + 1) if budgets[j] / b.flops_per_token >= min_tokens)
+        sizes.append(GridSize(
+            name=f"iso-d{d:02d}", config=cfg, flops_per_token=float(b.flops_per_token),
+            active_params=int(b.active_params), lr=lr_rule(d), budget_indices=uses,
+            tokens=tuple(int(math.floor(budgets[j] / b.flops_per_token)) for j in uses)))
+    return GridPlan(shape=shape.name, budgets=budgets, sizes=tuple(sizes), lr_rule=lr_rule,
+                    seed1_sizes=tuple(seed1_sizes), seed1_budgets=tuple(seed1_budgets))
+
+
+def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[str, Any],
+                   executor: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The sweep-plan documents (``scaling.training.sweep_plan``'s TOML format): the main study
+    (seed 0, every size to its budgets) and the second seed (``None`` when no size takes one)."""
+    models, tiers, seed1 = {}, {}, {}
+    for s in plan.sizes:
+        models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in _NOT_IN_PLAN},
+                          "width_multiple": 1, "proxy": True}
+        tiers[s.name] = {"budgets": list(s.tokens), "lr": s.lr}
+        seed_tokens = [t for j, t in zip(s.budget_indices, s.tokens) if j in plan.seed1_budgets]
+        if seed_tokens and s.config.d_model in plan.seed1_sizes:
+            seed1[s.name] = {"budgets": seed_tokens, "lr": s.lr}
+    rule = plan.lr_rule.describe()
+    common = {"train": {**train, "lr": plan.lr_rule.lr_ref}, "executor": dict(executor)}
+    per_budget = [len(plan.sizes_at(j)) for j in range(len(plan.budgets))]
+    main = {
+        "sweep": {"name": name,
+                  "description": f"IsoFLOP sets at C = {', '.join(f'{c:.3g}' for c in plan.budgets)} FLOPs; "
+                                 f"{len(plan.sizes)} sizes, {min(per_budget)}-{max(per_budget)} per budget; "
+                                 f"seed 0; {rule}",
+                  "tiers": list(models), "archs": list(ARCHS), "seeds": [0], "runs_dir": runs_dir},
+        **common, "tier": tiers, "model": models}
+    if not seed1:
+        return main, None
+    second = {
+        "sweep": {"name": f"{name}-seed1",
+                  "description": "second seed at C = "
+                                 f"{', '.join(f'{plan.budgets[j]:.3g}' for j in plan.seed1_budgets)}: "
+                                 "the seed-to-seed noise",
+                  "tiers": list(seed1), "archs": list(ARCHS), "seeds": [1], "runs_dir": runs_dir},
+        **common, "tier": seed1, "model": {k: models[k] for k in seed1}}
+    return main, second
+
+
+def grid_header(plan: GridPlan, command: str) -> str:
+    """The comment block a grid plan file starts with: how it was written and its rules."""
+    return (
+        f"# Written by `{command}` (do not edit by hand; rerun the command).\n"
+        f"# IsoFLOP proxy study: budgets {', '.join(f'{c:.3g}' for c in plan.budgets)} FLOPs, sizes d_model "
+        f"{', '.join(str(s.config.d_model) for s in plan.sizes)}\n# ({plan.shape} shape scaled), one WSD "
+        f"trunk per size with a cooldown branch at each budget it serves.\n# Per-size peak lr: "
+        f"{plan.lr_rule.describe()} (lr sweep, docs/proxy-study.md).\n")

@@ -1,0 +1,93 @@
+"""`smelt-scale plan-grid` (scaling.design.grid): the shipped study plans are its output, and its
+token counts, lr rule and budget choice follow the stated rules (checked against the accounting)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from scaling.accounting.costs import costs
+from scaling.accounting.tiers import get_config
+from scaling.cli import app
+from scaling.common.errors import UserError
+from scaling.design.grid import LrRule, grid_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "plans"
+
+
+def _command_of(plan_file: Path) -> list[str]:
+    first = plan_file.read_text().splitlines()[0]
+    assert first.startswith("# Written by `smelt-scale plan-grid ")
+    return first.split("`")[1].split()[2:]  # after "smelt-scale plan-grid"
+
+
+def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
+    """Rerunning the command in the header of plans/isoflop-study.toml writes both shipped files
+    byte for byte (the second seed's beside it)."""
+    args = _command_of(PLANS / "isoflop-study.toml")
+    out_at = args.index("--out") + 1
+    assert args[out_at] == "plans/isoflop-study.toml"
+    args[args.index("--template") + 1] = str(PLANS / "isoflop-template.toml")
+    shutil.copy(PLANS / "isoflop-template.toml", tmp_path / "isoflop-template.toml")
+    args[out_at] = str(tmp_path / "isoflop-study.toml")
+    res = CliRunner().invoke(app, ["plan-grid", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    for name in ("isoflop-study.toml", "isoflop-study-seed1.toml"):
+        body = lambda p: p.read_text().split("\n", 1)[1]  # noqa: E731 - the header names the paths
+        assert body(tmp_path / name) == body(PLANS / name), name
+
+
+def test_tokens_budgets_and_lr_follow_the_rules():
+    shape = get_config("proxy-xxs", "baseline")
+    budgets = (3.56e11, 1.12e12, 3.56e12)
+    rule = LrRule(0.05, 1.27)
+    plan = grid_plan(shape, (4, 14, 56), budgets, lr_rule=rule, min_tokens=200_000, last_budget={4: 1},
+                     seed1_sizes=(14,), seed1_budgets=(0,))
+    for s in plan.sizes:
+        F = costs(s.config).flops_per_token
+        assert s.flops_per_token == F and s.config.d_model == int(s.name[5:])
+        assert s.lr == float(f"{0.05 * (s.config.d_model / 6) ** -1.27:.3g}")
+        want = [j for j in range(len(budgets))
+                if budgets[j] / F >= 200_000 and (s.config.d_model != 4 or j <= 1)]
+        assert list(s.budget_indices) == want
+        assert list(s.tokens) == [math.floor(budgets[j] / F) for j in want]
+        for j, t in zip(s.budget_indices, s.tokens):  # each point within one token of its budget
+            assert t * F <= budgets[j] < (t + 1) * F
+    assert [s.name for s in plan.sizes_at(2)] == ["iso-d14", "iso-d56"]  # d4 stops at index 1
+    assert plan.sizes[1].config.d_model == 14 and plan.sizes[0].budget_indices == (0, 1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"budgets": (1e12, 1e11)}, "increasing"),
+    ({"d_models": (6, 6)}, "distinct"),
+    ({"last_budget": {7: 0}}, "names no grid size"),
+    ({"seed1_budgets": (5,)}, "out of range"),
+])
+def test_bad_grids_are_refused(kwargs, message):
+    args = {"d_models": (6, 10), "budgets": (1e11, 1e12), **kwargs}
+    with pytest.raises(UserError, match=message):
+        grid_plan(get_config("proxy-xxs", "baseline"), args.pop("d_models"), args.pop("budgets"),
+                  lr_rule=LrRule(0.05, 1.0), min_tokens=1, **args)
+
+
+def test_never_overwrites_without_force(tmp_path):
+    out = tmp_path / "study.toml"
+    out.write_text("# mine\n")
+    base = ["plan-grid", "--grid", "6,10", "--budgets", "3.56e11,6.32e11", "--lr-rule", "0.05,1.27",
+            "--template", str(PLANS / "isoflop-template.toml"), "--out", str(out)]
+    res = CliRunner().invoke(app, base)
+    assert res.exit_code == 2 and "exists; give --force" in res.output
+    assert out.read_text() == "# mine\n" and not (tmp_path / "study-seed1.toml").exists()
+    res = CliRunner().invoke(app, [*base, "--force", "--seed1-sizes", "6"])
+    assert res.exit_code == 0, res.output
+    doc = tomllib.loads(out.read_text())
+    assert doc["tier"]["iso-d06"]["lr"] == 0.05 and doc["train"]["batch_size"] == 8
+    assert tomllib.loads((tmp_path / "study-seed1.toml").read_text())["sweep"]["seeds"] == [1]
+    res = CliRunner().invoke(app, [*base, "--force", "--lr-rule", "abc"])
+    assert res.exit_code == 2 and "--lr-rule" in res.output
