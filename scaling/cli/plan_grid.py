@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
 
         from scaling.accounting.tiers import get_config
         from scaling.design.grid import grid_documents, grid_header, grid_plan
-        from scaling.training.sweep_plan import load_plan
+        from scaling.training.sweep.plan import load_plan
 
         C = parse_budgets(None, budgets)
         plan = grid_plan(get_config(shape, "baseline"), _ints(grid, "--grid"), [float(c) for c in C],

@@ -5,7 +5,7 @@ law worth trusting (a first study, or one whose laws are not identified) a lab t
 of widths instead, and with a warmup-stable-decay schedule one training run per size serves every
 budget: the stable trunk is shared and a short cooldown branches off at each budget's token count
 D = C / F (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
-Durations"; the trainer's ``budgets`` list, ``scaling.training.branches``). k sizes x m budgets
+Durations"; the trainer's ``budgets`` list, ``scaling.training.loop.branches``). k sizes x m budgets
 then cost about k runs at the largest budget, not k x m separate runs.
 
 Rules, all stated in the plan file the documents become:
@@ -139,7 +139,7 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
 
 def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[str, Any],
                    executor: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The sweep-plan documents (``scaling.training.sweep_plan``'s TOML format): the main study
+    """The sweep-plan documents (``scaling.training.sweep.plan``'s TOML format): the main study
     (seed 0, every size to its budgets) and the second seed (``None`` when no size takes one)."""
     models, tiers, seed1 = {}, {}, {}
     for s in plan.sizes:
