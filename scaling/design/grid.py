@@ -35,11 +35,8 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.tiers import ARCHS
 from scaling.common.errors import UserError
+from scaling.design.output import NOT_IN_PLAN
 from scaling.design.sizing import scaled_baseline
-
-# ModelConfig fields a [model] table leaves out (as scaling.design.output): the tier names it,
-# and a Baseline has no loop
-_NOT_IN_PLAN = ("name", "loop_start", "loop_end", "n_loops")
 
 
 @dataclass(frozen=True)
@@ -143,7 +140,7 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
     (seed 0, every size to its budgets) and the second seed (``None`` when no size takes one)."""
     models, tiers, seed1 = {}, {}, {}
     for s in plan.sizes:
-        models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in _NOT_IN_PLAN},
+        models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in NOT_IN_PLAN},
                           "width_multiple": 1, "proxy": True}
         tiers[s.name] = {"budgets": list(s.tokens), "lr": s.lr}
         seed_tokens = [t for j, t in zip(s.budget_indices, s.tokens) if j in plan.seed1_budgets]

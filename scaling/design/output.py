@@ -12,7 +12,7 @@ from scaling.design.proposal import Proposal
 
 # ModelConfig fields a [model] table leaves out: the tier names it, and a Baseline has no loop
 # (n_loops in a [model] table is the matcher's option, scaling.training.sweep.plan).
-_NOT_IN_PLAN = ("name", "loop_start", "loop_end", "n_loops")
+NOT_IN_PLAN = ("name", "loop_start", "loop_end", "n_loops")
 
 
 def sweep_plan_document(
@@ -32,7 +32,7 @@ def sweep_plan_document(
     for s in proposal.sets:
         for p in s.arch_points("baseline"):
             models[p.tier] = {
-                **{k: v for k, v in p.config.to_dict().items() if k not in _NOT_IN_PLAN},
+                **{k: v for k, v in p.config.to_dict().items() if k not in NOT_IN_PLAN},
                 "width_multiple": proposal.width_multiple,
                 "proxy": proposal.proxy,
             }
