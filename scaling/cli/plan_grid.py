@@ -3,7 +3,6 @@ sweep plans: the main study and, when asked, a second seed."""
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any, Optional
@@ -61,12 +60,6 @@ def _lr_rule(text: str):
     return LrRule(*parts)
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # never a half-written plan
-
-
 def register(app: typer.Typer) -> None:
     @app.command("plan-grid")
     @run_cli
@@ -104,6 +97,7 @@ def register(app: typer.Typer) -> None:
 
         from scaling.accounting.tiers import get_config
         from scaling.design.grid import grid_documents, grid_header, grid_plan
+        from scaling.training.runlog import atomic_write_bytes
         from scaling.training.sweep.plan import load_plan
 
         C = parse_budgets(None, budgets)
@@ -131,7 +125,7 @@ def register(app: typer.Typer) -> None:
             for path, doc in ((out, main), (second_out, second)):
                 if doc is None:
                     continue
-                _write(path, header + tomli_w.dumps(doc))
+                atomic_write_bytes(path, (header + tomli_w.dumps(doc)).encode())  # never half-written
                 load_plan(path)  # what the sweep will read
                 written.append(str(path))
         if json_out:
