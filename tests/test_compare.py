@@ -38,17 +38,18 @@ def shipped() -> pd.DataFrame:
 def test_shipped_runs_reproduce_the_readme(shipped):
     res = compare(with_validation_ids(RUNS, shipped))
     o = res.overall
-    # README: "-0.058 ± 0.053 nats (mean ± cluster-robust s.e., 34 pairs in 15 run pairs; i.i.d. 0.038)"
-    assert (o.n_pairs, o.n_clusters) == (34, 15)
-    assert round(o.mean, 3) == -0.058 and round(o.se, 3) == 0.053 and round(o.se_iid, 3) == 0.038
-    assert (res.n_cells_candidate_better, len(res.cells)) == (10, 22)
-    assert round(res.seed_spread, 3) == 0.131 and not res.dropped
-    # the IsoFLOP budgets, grouped by their compute (not by budget index: d_model 40 and 56 start
-    # at the second budget)
+    # README: "-0.030 ± 0.041 nats (mean ± cluster-robust s.e., 54 pairs in 16 run pairs; i.i.d. 0.025)"
+    assert (o.n_pairs, o.n_clusters) == (54, 16)
+    assert round(o.mean, 3) == -0.030 and round(o.se, 3) == 0.041 and round(o.se_iid, 3) == 0.025
+    assert (res.n_cells_candidate_better, len(res.cells)) == (16, 35)
+    assert round(res.seed_spread, 3) == 0.117 and not res.dropped
+    # the IsoFLOP budgets, grouped by their compute (not by budget index: the larger sizes start
+    # at a later budget)
     assert [(b.label, b.n_pairs) for b in res.by_budget] == [
-        ("C 3.56e+11 FLOPs", 11), ("C 6.32e+11 FLOPs", 15), ("C 1.12e+12 FLOPs", 8)]
-    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.002 ± 0.065 at 0.3M tokens and above"
-    assert late.n_pairs == 16 and round(late.mean, 3) == -0.002 and round(late.se, 3) == 0.065
+        ("C 3.56e+11 FLOPs", 11), ("C 6.32e+11 FLOPs", 15), ("C 1.12e+12 FLOPs", 16),
+        ("C 2e+12 FLOPs", 7), ("C 3.56e+12 FLOPs", 5)]
+    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.026 ± 0.045 at 0.3M tokens and above"
+    assert late.n_pairs == 34 and round(late.mean, 3) == -0.026 and round(late.se, 3) == 0.045
     assert any("no per-source loss" in n for n in res.notes) and not res.by_source
 
 
@@ -129,12 +130,12 @@ def test_cli_json_table_and_figure(tmp_path):
     res = runner.invoke(app, ["compare", str(RUNS), "--json"])
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
-    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 34
-    assert d["cluster"] == "run" and len(d["by_tier"]) == 8 and len(d["cells"]) == 22 and d["dropped"] == []
+    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 54
+    assert d["cluster"] == "run" and len(d["by_tier"]) == 9 and len(d["cells"]) == 35 and d["dropped"] == []
     out = tmp_path / "cmp.png"
     res = runner.invoke(app, ["compare", str(RUNS), "--plot", str(out), "--cells"])
     assert res.exit_code == 0, res.stderr
-    assert out.stat().st_size > 10_000 and "10 of 22" in res.stdout
+    assert out.stat().st_size > 10_000 and "16 of 35" in res.stdout
     seed = json.loads(runner.invoke(app, ["compare", str(RUNS), "--cluster", "seed", "--json"]).stdout)
     assert seed["overall"]["n_clusters"] == 2
 

@@ -31,7 +31,7 @@ def test_1e21_gives_no_number_but_a_reason():
     row = json.loads(res.stdout)["rows"][0]
     assert row["savings"] is None and row["savings_ci"] is None and row["candidate_loss"] is None
     assert row["method"] == "law" and "not identified" in row["reason"] and "E on its bound" in row["reason"]
-    assert row["extrapolation_decades"] == pytest.approx(8.95, abs=0.01)   # 1e21 / 1.12e12
+    assert row["extrapolation_decades"] == pytest.approx(8.45, abs=0.01)   # 1e21 / 3.57e12
     lines = res.stderr.strip().splitlines()
     assert len(lines) == len(set(lines))        # each warning once
     assert not any("treat those savings as extrapolations" in x for x in lines)   # none is shown
@@ -43,10 +43,10 @@ def test_table_says_why_and_extrapolate_prints_it_marked():
     res = run("--budget", "1e14", "--bootstrap", "20")   # two decades beyond the study
     assert "no estimate" in res.stdout and "the data cannot speak to it" in res.stdout
     assert "(extrapolated!)" in run("--budget", "1e14", "--bootstrap", "20", "--extrapolate").stdout
-    # at 1e21 the two fitted frontiers never meet: no number even with --extrapolate, and the row says so
+    # --extrapolate is the user's override: the law's number at 1e21, 8.4 decades out, marked as such
     far = json.loads(run("--budget", "1e21", "--bootstrap", "20", "--extrapolate",
                          "--json").stdout)["rows"][0]
-    assert far["savings"] is None and "already beats" in far["reason"]
+    assert far["method"] == "law" and far["extrapolation_decades"] > 8
 
 
 def test_budgets_inside_the_data_use_the_envelope():
@@ -61,9 +61,9 @@ def test_budgets_inside_the_data_use_the_envelope():
     assert "inside the data the envelope answers, not the laws" in res.stderr
     assert "not identified" in res.stderr
     # just above the data: the law, with its method named
-    mixed = json.loads(run("--budgets", "6.32e11,3e12", "--bootstrap", "20", "--json").stdout)["rows"]
+    mixed = json.loads(run("--budgets", "6.32e11,1e13", "--bootstrap", "20", "--json").stdout)["rows"]
     assert [r["method"] for r in mixed] == ["envelope", "law"]
-    only = json.loads(run("--budgets", "6.32e11,3e12", "--bootstrap", "20", "--method", "envelope",
+    only = json.loads(run("--budgets", "6.32e11,1e13", "--bootstrap", "20", "--method", "envelope",
                           "--json").stdout)["rows"]
     assert only[1]["savings"] is None and "outside the observed compute" in only[1]["reason"]
     # --method law answers inside the data too, and says that the laws are not identified
