@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from scaling.cli import app
 from scaling.common.errors import UserError
-from scaling.fitting import fit as fitmod
+from scaling.fitting import objective as objective_module
 from scaling.fitting.fit import (
     Constraints,
     FitSet,
@@ -213,7 +213,7 @@ def test_subsample_screen_and_blocked_objective_give_the_same_optimum(monkeypatc
     obj = Objective(CHIN, {"N": N, "D": D}, np.log(L))
     starts = CHIN.starts()[::3]
     full = multistart(obj, starts, screen_points=10 ** 9)
-    monkeypatch.setattr(fitmod, "EVAL_BLOCK", 3 * N.size * 7)      # 7 starts per objective block
+    monkeypatch.setattr(objective_module, "EVAL_BLOCK", 3 * N.size * 7)      # 7 starts per objective block
     sub = multistart(obj, starts, screen_points=100)
     assert sub.objective <= full.objective * (1 + 1e-10)
     np.testing.assert_allclose(sub.z, full.z, rtol=1e-5)

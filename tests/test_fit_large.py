@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from scaling.fitting import fit as F
+from scaling.fitting import optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from fit_scaling import TRUE, synthetic  # noqa: E402
@@ -25,7 +26,7 @@ def points():
 
 def test_subset_refinement_reaches_the_full_optimum(points, monkeypatch):
     full = F.fit_law(points, n_bootstrap=0, starts=STARTS)
-    monkeypatch.setattr(F, "REFINE_POINTS", 1000)
+    monkeypatch.setattr(optimizer, "REFINE_POINTS", 1000)
     large = F.fit_law(points, n_bootstrap=0, starts=STARTS)
     for p in full.params:
         assert large.params[p] == pytest.approx(full.params[p], rel=1e-5), p

@@ -1,0 +1,376 @@
+"""Fit results: ``FitResult`` (one group: estimates, bootstrap intervals, diagnostics), ``FitSet`` (fits
+by group, the JSON that ``smelt-scale fit --json`` prints and ``--out`` writes), and the checks that
+read a fits file back (a fits file is user input)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from scaling.common.errors import UserError
+from scaling.common.files import read_json
+from scaling.fitting.laws import Law, frontier, get_law
+from scaling.fitting.objective import DEFAULT_DELTA, DEFAULT_OBJECTIVE
+
+CI_LEVEL = 0.95
+FITS_SCHEMA = "smelt-scale.fit"
+FITS_VERSION = 2  # 2: parameters under "params"; 1 (no "schema" key): parameters as top-level keys
+
+
+def _percentile_ci(samples: np.ndarray, level: float) -> tuple[float, float]:
+    samples = samples[np.isfinite(samples)]
+    if samples.size == 0:
+        return (math.nan, math.nan)
+    q = 100 * (1 - level) / 2
+    lo, hi = np.percentile(samples, [q, 100 - q])
+    return (float(lo), float(hi))
+
+
+def _import_lmfit():
+    try:
+        import lmfit
+    except ImportError:
+        raise UserError("the lmfit report needs lmfit: pip install 'smelt-scale[lmfit]'") from None
+    return lmfit
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """One approach-3 fit of one group: point estimate, bootstrap intervals, diagnostics.
+
+    ``params`` and ``derived`` are in natural units; ``bootstrap`` holds the K resampled
+    parameter vectors (K x P, ``Law.params`` order; K = 0 without a bootstrap); ``ci`` maps
+    every parameter and derived quantity to its percentile interval at ``settings["ci_level"]``.
+    ``data_summary`` has the ranges of the fitted points, ``compute_min``/``compute_max``
+    (total training FLOPs) and ``flops_per_param_k`` (median flops/(N D); 6 when unrecorded).
+    """
+
+    law: str
+    group: str
+    params: dict[str, float]
+    ci: dict[str, tuple[float, float]]
+    bootstrap: np.ndarray
+    diagnostics: dict[str, Any]
+    n_points: int
+    data_summary: dict[str, Any]
+    derived: dict[str, float] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    cross_checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def law_obj(self) -> Law:
+        return get_law(self.law)
+
+    @property
+    def theta(self) -> np.ndarray:
+        return self.law_obj.theta_array(self.params)
+
+    @property
+    def k(self) -> float:
+        return float(self.data_summary.get("flops_per_param_k", 6.0))
+
+    def predict(self, **inputs: object) -> np.ndarray:
+        """Loss at the law's inputs (chinchilla: N, D; smelt: F, S, D), numpy broadcasting."""
+        return self.law_obj.predict(self.params, **inputs)
+
+    def predict_bootstrap(self, **inputs: object) -> np.ndarray:
+        """Loss under every bootstrap sample: shape (K,) + broadcast input shape."""
+        if self.bootstrap.shape[0] == 0:
+            raise UserError("this fit has no bootstrap samples (fitted with 0 resamples)")
+        return self.law_obj.predict(self.bootstrap, **inputs)
+
+    def optimal(self, C: np.ndarray | float, k: float | None = None,
+                **fixed: object) -> dict[str, np.ndarray]:
+        """Compute-optimal allocation at total training FLOPs C (``scaling.fitting.laws.frontier``).
+
+        chinchilla: C = k N D with k = ``flops_per_param_k`` of the data unless given;
+        returns {"N", "D", "loss"}. smelt: C = F D at fixed ``S=``; returns {"F", "D", "loss"}.
+        """
+        return frontier(self.law_obj, self.params, C, k=self.k if k is None else k,
+                        S=fixed.get("S")).as_dict()
+
+    def at_budget(self, C: float, S: float | None = None) -> dict[str, Any]:
+        """x*, D*, L* at budget C with their bootstrap percentile intervals:
+        {"C": C, name: value, f"{name}_ci": [lo, hi], ...} for name in (size input, "D", "loss")."""
+        law = self.law_obj
+        if S is None and "S" in law.fixed_inputs and len(self.data_summary.get("sparsities", [])) == 1:
+            S = self.data_summary["sparsities"][0]
+        level = self.settings.get("ci_level", CI_LEVEL)
+        est = frontier(law, self.params, C, k=self.k, S=S).as_dict()
+        out: dict[str, Any] = {"C": float(C)}
+        boot = frontier(law, self.bootstrap, C, k=self.k, S=S).as_dict() if self.bootstrap.shape[0] else None
+        for name, v in est.items():
+            out[name] = float(v)
+            ci = _percentile_ci(np.asarray(boot[name]), level) if boot else (math.nan, math.nan)
+            out[f"{name}_ci"] = list(ci)
+        return out
+
+    @property
+    def joint_groups(self) -> list[str]:
+        """Groups fitted jointly with this one (shared parameters); their bootstrap rows are paired."""
+        return list(self.settings.get("joint_groups") or [])
+
+    # -- text and JSON ------------------------------------------------------------------------
+    def summary(self) -> str:
+        law = self.law_obj
+        level = self.settings.get("ci_level", CI_LEVEL)
+        delta = self.settings.get("huber_delta", DEFAULT_DELTA)
+        kind = self.settings.get("objective", DEFAULT_OBJECTIVE)
+        how = f"Huber delta {delta:g}" if kind == "huber-log" else f"objective {kind}"
+        lines = [f"group {self.group}: {law.formula}  ({self.n_points} points, {how}, "
+                 f"{self.bootstrap.shape[0]} bootstrap resamples)"]
+        cons = [f"fixed {k}={v:g}" for k, v in (self.settings.get("fixed") or {}).items()]
+        cons += [f"tied {t}" for t in self.settings.get("tied") or []]
+        if self.settings.get("shared"):
+            cons.append(f"shared {', '.join(self.settings['shared'])} with {', '.join(self.joint_groups)}")
+        if cons:
+            lines.append("  constraints: " + "; ".join(cons))
+        for name, value in [*self.params.items(), *self.derived.items()]:
+            lo, hi = self.ci.get(name, (math.nan, math.nan))
+            ci = f"[{lo:.6g}, {hi:.6g}]" if np.isfinite(lo) else "(no bootstrap)"
+            lines.append(f"  {name:>18} = {value:<12.6g} {100 * level:.0f}% CI {ci}")
+        d = self.diagnostics
+        lines.append(f"  RMSE(log L) {d['rmse_log']:.4g}, max |residual| {d['max_abs_residual']:.4g}, "
+                     f"objective {d['objective']:.10g}, identified: {'yes' if d['identified'] else 'NO'}, "
+                     f"fit: {'MISFIT' if d.get('misfit') else 'ok'}")
+        lines += [f"  warning: {w}" for w in d.get("warnings", [])]
+        return "\n".join(lines)
+
+    def to_lmfit(self):
+        """The parameters as ``lmfit.Parameters``: values, the law's bounds, bootstrap standard errors
+        and bootstrap correlations (lmfit's ``conf_interval`` would refit plain least squares, so the
+        uncertainties come from the bootstrap over runs instead). Needs the optional ``lmfit``
+        (``pip install 'smelt-scale[lmfit]'``)."""
+        lmfit = _import_lmfit()
+
+        law = self.law_obj
+        pars = lmfit.Parameters()
+        for name in law.params:
+            lo, hi = law.bounds[name]
+            pars.add(name, value=self.params[name], min=lo, max=hi)
+        if self.bootstrap.shape[0] > 1:
+            sd = self.bootstrap.std(axis=0, ddof=1)
+            corr = np.corrcoef(self.bootstrap, rowvar=False)
+            for i, name in enumerate(law.params):
+                pars[name].stderr = float(sd[i])
+                pars[name].correl = {o: float(corr[i, j]) for j, o in enumerate(law.params) if j != i}
+        return pars
+
+    def report(self) -> str:
+        """lmfit's parameter report (values, bootstrap standard errors, correlations); needs ``lmfit``."""
+        lmfit = _import_lmfit()
+
+        return lmfit.fit_report(self.to_lmfit())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The FitSet entry (schema smelt-scale.fit/2): law, params {name: value}, n_points, ci,
+        diagnostics, extras."""
+        return {
+            "law": self.law,
+            "params": {k: float(v) for k, v in self.params.items()},
+            "n_points": int(self.n_points),
+            "ci": {k: [float(lo), float(hi)] for k, (lo, hi) in self.ci.items()},
+            "diagnostics": self.diagnostics,
+            "group": self.group,
+            "derived": self.derived,
+            "data_summary": self.data_summary,
+            "bootstrap_params": list(self.law_obj.params),
+            "bootstrap": self.bootstrap.tolist(),
+            "settings": self.settings,
+            "cross_checks": self.cross_checks,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], group: str | None = None,
+                  version: int = FITS_VERSION) -> "FitResult":
+        """A fit entry as written by :meth:`to_dict`, every field checked (a fits file is user input: a
+        tampered ``E = NaN`` or ``alpha < 0`` is refused here, not printed as a -99999900% saving).
+        Derived quantities are recomputed from the parameters, never taken from the file. ``version``:
+        the fits schema (1: parameters as top-level keys, 2: under "params")."""
+        where = f"fit entry{f' for group {group!r}' if group else ''}"
+        try:
+            if not isinstance(d, Mapping):
+                raise TypeError("not an object")
+            law = get_law(str(d["law"]))
+            src = d if version == 1 else d["params"]
+            params = {p: _checked_param(law, p, src[p]) for p in law.params}
+            raw_boot = [] if d.get("bootstrap") is None else d["bootstrap"]
+            if not isinstance(raw_boot, list):
+                raise TypeError("bootstrap is not a list")
+            boot = np.asarray([[_num(v) for v in row] for row in raw_boot], dtype=float)
+            boot = boot.reshape(-1, law.n_params)
+            order = d.get("bootstrap_params")
+            if order is not None and list(order) != list(law.params):
+                if sorted(map(str, order)) != sorted(law.params):
+                    raise ValueError(f"bootstrap_params {list(order)} are not the law's {list(law.params)}")
+                boot = boot[:, [list(order).index(p) for p in law.params]]
+            lo_b, hi_b = np.array([law.bounds[p] for p in law.params], dtype=float).T
+            finite = np.isfinite(boot)
+            slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
+            if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
+                raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
+            ci_raw = {} if d.get("ci") is None else d["ci"]
+            if not isinstance(ci_raw, Mapping):
+                raise TypeError("ci is not an object")
+            ci = {}
+            for k, v in ci_raw.items():
+                if not isinstance(v, (list, tuple)) or len(v) != 2:
+                    raise ValueError(f"ci of {k} is not [low, high]")
+                lo, hi = _num(v[0]), _num(v[1])
+                if math.isfinite(lo) and math.isfinite(hi) and lo > hi:
+                    raise ValueError(f"ci of {k} has low {lo} > high {hi}")
+                ci[str(k)] = (lo, hi)
+            n_points = d["n_points"]
+            if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 1:
+                raise ValueError(f"n_points must be a positive integer, got {n_points!r}")
+            sections = {}
+            for key in ("diagnostics", "data_summary", "settings", "cross_checks", "derived"):
+                v = d.get(key)
+                v = {} if v is None else v
+                if not isinstance(v, Mapping):
+                    raise TypeError(f"{key} is not an object")
+                sections[key] = dict(v)
+            summary = sections["data_summary"]
+            for key in ("compute_min", "compute_max", "flops_per_param_k", "N_min", "N_max", "D_min", "D_max",
+                        "F_min", "F_max", "loss_min", "loss_max"):
+                if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
+                    raise ValueError(f"data_summary.{key} must be a positive finite number, got "
+                                     f"{summary[key]!r}")
+            theta = law.theta_array(params)
+            derived = law.derive(theta)
+            if "G" in sections["derived"]:           # the allocation: recomputed at the recorded k and S
+                k = float(summary.get("flops_per_param_k", 6.0))
+                sp = summary.get("sparsities") or []
+                S = float(sp[0]) if "S" in law.fixed_inputs and len(sp) == 1 and _is_number(sp[0]) else None
+                if not law.fixed_inputs or S is not None:
+                    derived.update({k_: float(v) for k_, v in allocation(law, theta, k, S).items()})
+            g = d.get("group", group or "default")
+            return cls(law=law.name, group=str(g), params=params, ci=ci, bootstrap=boot,
+                       diagnostics=sections["diagnostics"], n_points=int(n_points), data_summary=summary,
+                       derived=derived, settings=sections["settings"], cross_checks=sections["cross_checks"])
+        except KeyError as exc:
+            raise UserError(f"not a {where}: missing field {exc}") from None
+        except (UserError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            raise UserError(f"not a {where}: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write as a one-group FitSet file (readable by ``FitSet.load`` and ``savings --fits``)."""
+        FitSet({self.group: self}).save(path)
+
+    @classmethod
+    def load(cls, path: str | Path, group: str | None = None) -> "FitResult":
+        return FitSet.load(path).get(group)
+
+
+def fits_version(schema: Any) -> int:
+    """The version of a fits document's "schema" (None: 1); UserError for one this code cannot read."""
+    if schema is None:
+        return 1
+    name, _, version = str(schema).rpartition("/")
+    if name == FITS_SCHEMA and version in ("1", "2"):
+        return int(version)
+    raise UserError(f"fits schema {schema!r} is not one this version of smelt-scale reads "
+                    f"({FITS_SCHEMA}/1 or /{FITS_VERSION}); refit with `smelt-scale fit --out`")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(v: Any) -> float:
+    """A number of a fits file: null is NaN (an interval that could not be formed); anything but a
+    number (a string, a boolean, a list) is a TypeError."""
+    if v is None:
+        return math.nan
+    if not _is_number(v):
+        raise TypeError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _checked_param(law: Law, name: str, v: Any) -> float:
+    """A fitted parameter from a file: a finite number within the law's bounds (those every fit obeys)."""
+    if not _is_number(v) or not math.isfinite(float(v)):
+        raise ValueError(f"parameter {name} must be a finite number, got {v!r}")
+    lo, hi = law.bounds[name]
+    slack = 1e-9 * max(abs(lo), abs(hi))
+    if not (lo - slack <= float(v) <= hi + slack):
+        raise ValueError(f"parameter {name} = {v!r} lies outside the {law.name} law's bounds "
+                         f"[{lo:g}, {hi:g}]")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class FitSet:
+    """Fits by group; its JSON is exactly what ``smelt-scale fit --json`` prints: {"fits": {group: entry}}."""
+
+    fits: dict[str, FitResult]
+
+    def __getitem__(self, group: str) -> FitResult:
+        return self.get(group)
+
+    def __iter__(self):
+        return iter(self.fits)
+
+    def __len__(self) -> int:
+        return len(self.fits)
+
+    def get(self, group: str | None = None) -> FitResult:
+        if group is None:
+            if len(self.fits) != 1:
+                raise UserError(f"several fits ({', '.join(self.fits)}); name a group")
+            return next(iter(self.fits.values()))
+        if group not in self.fits:
+            raise UserError(f"no fit for group {group!r}; groups: {', '.join(self.fits) or 'none'}")
+        return self.fits[group]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": f"{FITS_SCHEMA}/{FITS_VERSION}",
+                "fits": {g: f.to_dict() for g, f in self.fits.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FitSet":
+        """A fits document: schema smelt-scale.fit/2, or a file without "schema" (written before
+        schemas existed: read as version 1, parameters as top-level keys of each entry). Any other
+        schema is refused: a renamed field must not be dropped silently."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("fits"), Mapping) or not d["fits"]:
+            raise UserError('not a fits file: expected {"fits": {"<group>": {...}}}')
+        version = fits_version(d.get("schema"))
+        return cls({str(g): FitResult.from_dict(e, group=str(g), version=version)
+                    for g, e in d["fits"].items()})
+
+    def save(self, path: str | Path) -> None:
+        from scaling.common.serialize import to_json
+
+        Path(path).write_text(to_json(self.to_dict()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FitSet":
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"no such fits file: {path}")
+        try:
+            return cls.from_dict(read_json(path, "fits file"))
+        except UserError as exc:
+            msg = str(exc)
+            raise UserError(msg if str(path) in msg else f"{path}: {msg}") from None
+
+    def summary(self) -> str:
+        return "\n\n".join(f.summary() for f in self.fits.values())
+
+    def paired(self, a: str, b: str) -> bool:
+        """Whether groups a and b were fitted jointly, so that bootstrap row i of one and row i of the
+        other come from the same resample of runs (savings then pairs them by index)."""
+        ga = self.get(a).joint_groups
+        return a == b or (b in ga and a in ga)
+
+
+
+def allocation(law: Law, theta: np.ndarray, k: float, S: float | None = None) -> dict[str, np.ndarray]:
+    """Coefficients of the compute-optimal allocation x* = G C^a, D* = H C^b (x = N, or F), H = 1/(k G)
+    (k = 1 for per-token FLOPs): the frontier at C = 1 (``scaling.fitting.laws.frontier``)."""
+    fr = frontier(law, theta, 1.0, k=k, S=S)
+    return {"G": fr.size, "H": fr.tokens}
