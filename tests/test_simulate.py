@@ -114,7 +114,7 @@ def test_result_json_round_trip(chin_design):
         ({"n_bootstrap": 1}, "bootstrap"),
         ({"starts": "random"}, "starts"),
         ({"reference": "dense"}, "no known law"),
-        ({"level": 1.5}, "interval level"),
+        ({"ci_level": 1.5}, "interval level"),
     ],
 )
 def test_bad_settings_are_user_errors(chin_design, kwargs, msg):

@@ -22,6 +22,7 @@ from scaling.fitting.fit import (
     Constraints,
     FitResult,
     FitSet,
+    FitSettings,
     ParamMap,
     fit_groups,
 )
@@ -341,8 +342,8 @@ def register(app: typer.Typer) -> None:
         ParamMap.build(the_law, cons, ["check"])
         if at is not None and not (math.isfinite(at) and at > 0):
             raise UserError(f"--at: the budget must be a positive number of FLOPs, got {at}")
-        fitcore_kwargs = dict(objective=objective, fix=dict(cons.fixed),
-                              tie=[f"{a}={b}" for a, b in cons.ties])
+        settings = FitSettings(objective=objective, huber_delta=huber_delta, n_bootstrap=n_bootstrap,
+                               seed=seed, fix=cons.fixed, tie=cons.ties)
         if holdout_rule is not None and (cons.shared or at is not None):
             raise UserError("--share and --at apply to the fit itself, not to --holdout")
         # -- end fitcore
@@ -378,8 +379,7 @@ def register(app: typer.Typer) -> None:
             from scaling.fitting.holdout import holdout
 
             try:
-                result = holdout(points, the_law, holdout_rule, huber_delta=huber_delta,
-                                 n_bootstrap=n_bootstrap, seed=seed, **fitcore_kwargs)
+                result = holdout(points, the_law, holdout_rule, settings)
             except UserError as exc:
                 raise UserError(with_flags(exc)) from None
             for f in result.fits.values():
@@ -404,9 +404,8 @@ def register(app: typer.Typer) -> None:
                     stdout.print(f"wrote {extra}", highlight=False)
             return
         # -- end tables and holdout --
-        kwargs = dict(huber_delta=huber_delta, n_bootstrap=n_bootstrap, seed=seed)
-        # fitcore: constraints and objective; cross-checks are computed once, below (cross_check_groups)
-        kwargs.update(fitcore_kwargs, share=list(cons.shared), cross_checks=False)
+        # cross-checks are computed once, below (cross_check_groups)
+        kwargs = dict(share=list(cons.shared), cross_checks=False)
         if show_progress(json_out) and n_bootstrap > 0:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
@@ -423,12 +422,12 @@ def register(app: typer.Typer) -> None:
                     if done >= total:
                         bar.update(fitting, visible=True)
 
-                fits = fit_groups(points, the_law, progress=progress, **kwargs)
+                fits = fit_groups(points, the_law, settings, progress=progress, **kwargs)
         elif show_progress(json_out):
             with stderr.status(f"fitting {len(points):,} points (multi-start)"):
-                fits = fit_groups(points, the_law, **kwargs)
+                fits = fit_groups(points, the_law, settings, **kwargs)
         else:
-            fits = fit_groups(points, the_law, **kwargs)
+            fits = fit_groups(points, the_law, settings, **kwargs)
         # -- tables and holdout: the chosen IsoFLOP estimator, and how the table was read --
         from dataclasses import replace
 

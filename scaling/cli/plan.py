@@ -34,7 +34,7 @@ from scaling.design.output import sweep_plan_document
 from scaling.design.points import isoflop_design, points_of_sweep_plan
 from scaling.design.proposal import DEFAULT_SIZES, SPREAD_DECADES, Proposal, propose
 from scaling.design.simulate import STARTS, SimulationResult, simulate
-from scaling.fitting.fit import DEFAULT_BOOTSTRAP
+from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSettings
 from scaling.fitting.reference_laws import LAW_SETS
 from scaling.fitting.sources import LawSource, default_sparsity, load_laws
 from scaling.training.sweep.plan import load_plan, parse_plan
@@ -521,12 +521,10 @@ def register(app: typer.Typer) -> None:
                 truth,
                 points,
                 C,
+                FitSettings(n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level),
                 sparsities=S,
                 noise=noise,
                 trials=trials,
-                n_bootstrap=n_bootstrap,
-                seed=seed,
-                level=ci_level,
                 starts=starts,
                 check_starts=check_starts,
                 design_source=design_source,

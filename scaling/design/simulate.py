@@ -45,12 +45,14 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.format import percent
 from scaling.common.serialize import Record
-from scaling.fitting.fit import DEFAULT_DELTA, fit_law
-from scaling.fitting.savings import FittedLaw, check_budgets, savings, uses_sparsity
+from scaling.fitting.fit import FitResult, fit_law
+from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
+from scaling.fitting.settings import FitSettings
 from scaling.fitting.tables import law_inputs
 
 STARTS = ("warm", "grid")
 COVERAGE_SLACK = 1e-7
+SIMULATION_FIT = FitSettings(n_bootstrap=50)   # a smaller bootstrap than ``fit``'s: it runs once per trial
 
 
 def true_losses(truth: FittedLaw, points: pd.DataFrame) -> np.ndarray:
@@ -129,57 +131,119 @@ class SimulationResult(Record):
         return "\n".join(lines)
 
 
-def _fit(
-    points: pd.DataFrame,
-    truth: FittedLaw,
-    *,
-    n_bootstrap: int,
-    seed: int,
-    level: float,
-    delta: float,
-    starts: np.ndarray | None,
-):
-    fit = fit_law(
-        points,
-        truth.law,
-        group=truth.name,
-        huber_delta=delta,
-        n_bootstrap=n_bootstrap,
-        seed=seed,
-        ci_level=level,
-        starts=starts,
-    )
+def _fit(points: pd.DataFrame, truth: FittedLaw, settings: FitSettings) -> tuple[FitResult, FittedLaw]:
+    fit = fit_law(points, truth.law, settings, group=truth.name)
     fl = FittedLaw.from_fit(fit, name=truth.name)
     # the truth's k: the savings error then measures the fit, not a different C = k N D convention
     return fit, replace(fl, flops_per_param=truth.flops_per_param)
+
+
+@dataclass(frozen=True)
+class _Study:
+    """What every trial shares: the known laws, the design's points with their true losses, the
+    budgets and sparsities, the noise, the fit settings and each group's warm start (None: grid)."""
+
+    truth: Mapping[str, FittedLaw]
+    points: Mapping[str, pd.DataFrame]
+    reference: str
+    candidate: str
+    budgets: np.ndarray
+    sparsities: Sequence[float | None]
+    noise: float
+    settings: FitSettings
+    warm: Mapping[str, np.ndarray | None]
+    check_starts: int
+
+    @property
+    def groups(self) -> tuple[str, str]:
+        return (self.reference, self.candidate)
+
+
+@dataclass
+class _Outcomes:
+    """Per trial and (budget, sparsity): the estimate and its interval; what else the trials tell."""
+
+    est: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    extrap: list
+    identified: dict[str, int]
+    failures: list[str] = field(default_factory=list)
+    check: dict[str, Any] = field(default_factory=lambda: {
+        "trials_checked": 0, "grid_lower_objective": 0, "max_relative_objective_gain": 0.0})
 
 
 def simulate(
     truth: Mapping[str, FittedLaw],
     design: pd.DataFrame,
     budgets: Sequence[float],
+    settings: FitSettings | None = None,
     *,
     reference: str = "baseline",
     candidate: str = "smelt",
     sparsities: Sequence[float | None] = (None,),
     noise: float = 0.01,
     trials: int = 100,
-    n_bootstrap: int = 50,
-    seed: int = 0,
-    level: float = 0.95,
     starts: str = "warm",
     check_starts: int = 1,
-    huber_delta: float = DEFAULT_DELTA,
     design_source: str = "",
     source: str = "",
     progress: Callable[[int, int], None] | None = None,
+    **changes: Any,
 ) -> SimulationResult:
     """Monte Carlo of the design's savings estimate (see the module doc).
 
     ``truth``: group -> known law; ``design``: canonical points (``scaling.fitting.tables``; the loss column
-    is ignored) with a group per architecture. Raises UserError for bad settings or a design the
-    laws cannot be fitted on (missing group or inputs, fewer points than parameters).
+    is ignored) with a group per architecture. ``settings`` (default ``SIMULATION_FIT``) and keyword
+    ``changes`` of it (``n_bootstrap=20``) set every fit; their seed seeds the trials, their interval
+    level the savings intervals. Raises UserError for bad settings or a design the laws cannot be
+    fitted on (missing group or inputs, fewer points than parameters).
     """
+    settings = (SIMULATION_FIT if settings is None else settings).replace(**changes)
+    _check_settings(truth, reference, candidate, noise, trials, settings, starts, check_starts)
+    C = check_budgets(budgets)
+    points = _true_points(truth, design, (reference, candidate))
+    # the truth's savings (the same code, on the known laws, no intervals)
+    true_res = savings(replace(truth[reference], samples=None), replace(truth[candidate], samples=None),
+                       C, sparsities=sparsities, level=settings.ci_level)
+    warm, warnings = _warm_starts(truth, points, settings, starts)
+    study = _Study(truth, points, reference, candidate, C, sparsities, float(noise), settings, warm,
+                   check_starts if starts == "warm" else 0)
+    out = _run_trials(study, len(true_res.rows), trials, progress)
+    rows = _rows(true_res, out, trials, settings.n_bootstrap)
+    if out.failures:
+        warnings.append(
+            f"{len(out.failures)} of {trials} trials failed (fit or savings error); statistics use the rest"
+        )
+    if out.check["grid_lower_objective"]:
+        warnings.append(
+            f"in {out.check['grid_lower_objective']} of {out.check['trials_checked']} checked fits the full "
+            "start grid found a lower objective than the warm start: use grid starts"
+        )
+    return SimulationResult(
+        law=", ".join(sorted({truth[g].law.name for g in study.groups})),
+        reference=reference,
+        candidate=candidate,
+        noise=float(noise),
+        trials=int(trials),
+        bootstrap=int(settings.n_bootstrap),
+        seed=int(settings.seed),
+        ci_level=float(settings.ci_level),
+        starts=starts,
+        design=_design_info(study, design_source),
+        rows=tuple(rows),
+        failures=len(out.failures),
+        failure_reasons=tuple(out.failures[:10]),
+        identified_rate={g: out.identified[g] / trials for g in study.groups},
+        start_check=out.check if starts == "warm" else {},
+        source=source,
+        warnings=tuple(warnings),
+    )
+
+
+def _check_settings(truth: Mapping[str, FittedLaw], reference: str, candidate: str, noise: float,
+                    trials: int, settings: FitSettings, starts: str, check_starts: int) -> None:
+    """The simulation's own settings (the fit's are checked by ``FitSettings``)."""
     for g in (reference, candidate):
         if g not in truth:
             raise UserError(f"no known law for group {g!r}; laws: {', '.join(truth)}")
@@ -189,17 +253,18 @@ def simulate(
         raise UserError(f"the noise (sd of log loss) must be a non-negative number, got {noise:g}")
     if trials < 1:
         raise UserError(f"the number of trials must be >= 1, got {trials}")
-    if n_bootstrap < 0 or n_bootstrap == 1:
-        raise UserError(f"the bootstrap resamples must be 0 (no intervals) or >= 2, got {n_bootstrap}")
+    if settings.n_bootstrap == 1:
+        raise UserError(f"the bootstrap resamples must be 0 (no intervals) or >= 2, got "
+                        f"{settings.n_bootstrap}")
     if starts not in STARTS:
         raise UserError(f"the fit starts must be one of {', '.join(STARTS)}, got {starts!r}")
     if check_starts < 0:
         raise UserError(f"the number of trials to check the starts of must be >= 0, got {check_starts}")
-    if not 0.0 < level < 1.0:
-        raise UserError(f"interval level must lie in (0, 1), got {level}")
-    C = check_budgets(budgets)
-    groups = (reference, candidate)
-    law_names = {truth[g].law.name for g in groups}
+
+
+def _true_points(truth: Mapping[str, FittedLaw], design: pd.DataFrame,
+                 groups: Sequence[str]) -> dict[str, pd.DataFrame]:
+    """Each group's design points with the truth's noise-free losses."""
     pts: dict[str, pd.DataFrame] = {}
     for g in groups:
         sub = design[design["group"] == g].reset_index(drop=True)
@@ -209,166 +274,127 @@ def simulate(
                 f"the design has {len(sub)} points of group {g!r}; the {law.name} law has "
                 f"{law.n_params} parameters"
             )
-        sub = sub.assign(loss=true_losses(truth[g], sub))
-        pts[g] = sub
+        pts[g] = sub.assign(loss=true_losses(truth[g], sub))
+    return pts
 
-    # the truth's savings (the same code, on the known laws, no intervals)
-    ref_t = replace(truth[reference], samples=None)
-    cand_t = replace(truth[candidate], samples=None)
-    true_res = savings(ref_t, cand_t, C, sparsities=sparsities, level=level)
-    keys = [(r.budget, r.sparsity) for r in true_res.rows]
 
-    # noise-free fits: the warm starts, and the design's compute range for extrapolation
+def _warm_starts(truth: Mapping[str, FittedLaw], points: Mapping[str, pd.DataFrame],
+                 settings: FitSettings, starts: str) -> tuple[dict[str, np.ndarray | None], list[str]]:
+    """Noise-free fits: each group's warm start (None with grid starts), and a warning per group the
+    noise-free design does not identify."""
     warnings: list[str] = []
     warm: dict[str, np.ndarray | None] = {}
-    for g in groups:
-        fit0, _ = _fit(
-            pts[g], truth[g], n_bootstrap=0, seed=seed, level=level, delta=huber_delta, starts=None
-        )
+    for g, pts in points.items():
+        fit0, _ = _fit(pts, truth[g], settings.replace(n_bootstrap=0, starts=None))
         warm[g] = np.atleast_2d(truth[g].law.to_internal(fit0.theta)) if starts == "warm" else None
         if not fit0.diagnostics.get("identified", True):
             warnings.append(
                 f"{g}: the noise-free design does not identify the {truth[g].law.name} law "
                 f"({'; '.join(fit0.diagnostics.get('warnings', [])) or 'see fit diagnostics'})"
             )
+    return warm, warnings
 
-    est = np.full((trials, len(keys)), np.nan)
-    lo = np.full_like(est, np.nan)
-    hi = np.full_like(est, np.nan)
-    extrap = [None] * len(keys)
-    identified = {g: 0 for g in groups}
-    failures: list[str] = []
-    check = {"trials_checked": 0, "grid_lower_objective": 0, "max_relative_objective_gain": 0.0}
+
+def _run_trials(study: _Study, n_keys: int, trials: int,
+                progress: Callable[[int, int], None] | None) -> _Outcomes:
+    """Every trial: noisy losses, fits, savings; a trial whose fit or savings fails is counted out."""
+    est = np.full((trials, n_keys), np.nan)
+    out = _Outcomes(est=est, lo=np.full_like(est, np.nan), hi=np.full_like(est, np.nan),
+                    extrap=[None] * n_keys, identified={g: 0 for g in study.groups})
     for t in range(trials):
-        rng = np.random.default_rng([int(seed), t])
-        fitted, fits = {}, {}
         try:
-            for g in groups:
-                trial_pts = pts[g].assign(loss=noisy(pts[g]["loss"].to_numpy(), noise, rng))
-                bseed = int(rng.integers(0, 2**31 - 1))
-                fits[g], fitted[g] = _fit(
-                    trial_pts,
-                    truth[g],
-                    n_bootstrap=n_bootstrap,
-                    seed=bseed,
-                    level=level,
-                    delta=huber_delta,
-                    starts=warm[g],
-                )
-                identified[g] += bool(fits[g].diagnostics.get("identified", False))
-                if starts == "warm" and t < check_starts:
-                    grid_fit, _ = _fit(
-                        trial_pts,
-                        truth[g],
-                        n_bootstrap=0,
-                        seed=bseed,
-                        level=level,
-                        delta=huber_delta,
-                        starts=None,
-                    )
-                    f_w, f_g = fits[g].diagnostics["objective"], grid_fit.diagnostics["objective"]
-                    gain = (f_w - f_g) / max(abs(f_w), 1e-300)
-                    check["trials_checked"] += 1
-                    check["grid_lower_objective"] += int(gain > 1e-9)
-                    check["max_relative_objective_gain"] = max(
-                        check["max_relative_objective_gain"], float(gain)
-                    )
-            res = savings(fitted[reference], fitted[candidate], C, sparsities=sparsities, level=level)
+            res = _trial(study, t, out)
         except UserError as exc:
-            failures.append(f"trial {t}: {exc}")
-            if progress is not None:
-                progress(t + 1, trials)
-            continue
-        for j, r in enumerate(res.rows):
-            est[t, j] = r.savings
-            if r.savings_ci is not None:
-                lo[t, j], hi[t, j] = r.savings_ci
-            extrap[j] = r.extrapolation_decades
+            out.failures.append(f"trial {t}: {exc}")
+        else:
+            for j, r in enumerate(res.rows):
+                out.est[t, j] = r.savings
+                if r.savings_ci is not None:
+                    out.lo[t, j], out.hi[t, j] = r.savings_ci
+                out.extrap[j] = r.extrapolation_decades
         if progress is not None:
             progress(t + 1, trials)
+    return out
 
-    ok = np.isfinite(est[:, 0]) if keys else np.zeros(trials, dtype=bool)
+
+def _trial(study: _Study, t: int, out: _Outcomes) -> SavingsResult:
+    """Trial t: its noise and bootstrap seeds from ``default_rng([seed, t])`` (module doc)."""
+    rng = np.random.default_rng([int(study.settings.seed), t])
+    fitted = {}
+    for g in study.groups:
+        pts = study.points[g]
+        trial_pts = pts.assign(loss=noisy(pts["loss"].to_numpy(), study.noise, rng))
+        bseed = int(rng.integers(0, 2**31 - 1))
+        settings = study.settings.replace(seed=bseed, starts=study.warm[g])
+        fit, fitted[g] = _fit(trial_pts, study.truth[g], settings)
+        out.identified[g] += bool(fit.diagnostics.get("identified", False))
+        if t < study.check_starts:
+            _check_start(study, g, trial_pts, fit, bseed, out.check)
+    return savings(fitted[study.reference], fitted[study.candidate], study.budgets,
+                   sparsities=study.sparsities, level=study.settings.ci_level)
+
+
+def _check_start(study: _Study, g: str, trial_pts: pd.DataFrame, fit: FitResult, bseed: int,
+                 check: dict[str, Any]) -> None:
+    """Refit a warm-started trial from the full grid: did the grid find a lower objective?"""
+    settings = study.settings.replace(n_bootstrap=0, seed=bseed, starts=None)
+    grid_fit, _ = _fit(trial_pts, study.truth[g], settings)
+    f_w, f_g = fit.diagnostics["objective"], grid_fit.diagnostics["objective"]
+    gain = (f_w - f_g) / max(abs(f_w), 1e-300)
+    check["trials_checked"] += 1
+    check["grid_lower_objective"] += int(gain > 1e-9)
+    check["max_relative_objective_gain"] = max(check["max_relative_objective_gain"], float(gain))
+
+
+def _rows(true_res: SavingsResult, out: _Outcomes, trials: int, n_bootstrap: int) -> list[SimulationRow]:
+    """One row per (budget, sparsity) over the trials whose first savings is finite (module doc)."""
+    ok = np.isfinite(out.est[:, 0]) if true_res.rows else np.zeros(trials, dtype=bool)
     rows = []
-    for j, (b, s) in enumerate(keys):
-        s0 = true_res.rows[j].savings
-        e = est[ok, j]
+    for j, tr in enumerate(true_res.rows):
+        s0 = tr.savings
+        e = out.est[ok, j]
         n = int(e.size)
         if n == 0:
             continue
-        sign = None if abs(s0) < 1e-12 else float(np.mean(np.sign(e) == np.sign(s0)))
-        has_ci = bool(np.isfinite(lo[ok, j]).all()) and n_bootstrap > 0
+        has_ci = bool(np.isfinite(out.lo[ok, j]).all()) and n_bootstrap > 0
         cov = power = width = None
         if has_ci:
-            l, h = lo[ok, j], hi[ok, j]
+            l, h = out.lo[ok, j], out.hi[ok, j]
             cov = float(np.mean((l - COVERAGE_SLACK <= s0) & (s0 <= h + COVERAGE_SLACK)))
             width = float(np.median(h - l))
             if abs(s0) >= 1e-12:
                 power = float(np.mean(l > 0) if s0 > 0 else np.mean(h < 0))
-        rows.append(
-            SimulationRow(
-                budget=float(b),
-                sparsity=s,
-                true_savings=float(s0),
-                n_trials=n,
-                mean_savings=float(e.mean()),
-                median_savings=float(np.median(e)),
-                bias=float(e.mean() - s0),
-                spread=float(e.std(ddof=1)) if n > 1 else 0.0,
-                rmse=float(np.sqrt(np.mean((e - s0) ** 2))),
-                sign_recovery=sign,
-                power=power,
-                coverage=cov,
-                median_ci_width=width,
-                extrapolation_decades=extrap[j],
-                estimates=tuple(float(x) for x in e),
-            )
-        )
-    if failures:
-        warnings.append(
-            f"{len(failures)} of {trials} trials failed (fit or savings error); statistics use the rest"
-        )
-    if check["grid_lower_objective"]:
-        warnings.append(
-            f"in {check['grid_lower_objective']} of {check['trials_checked']} checked fits the full "
-            "start grid found a lower objective than the warm start: use grid starts"
-        )
-    design_info = {
+        rows.append(SimulationRow(
+            budget=float(tr.budget), sparsity=tr.sparsity, true_savings=float(s0), n_trials=n,
+            mean_savings=float(e.mean()), median_savings=float(np.median(e)), bias=float(e.mean() - s0),
+            spread=float(e.std(ddof=1)) if n > 1 else 0.0, rmse=float(np.sqrt(np.mean((e - s0) ** 2))),
+            sign_recovery=None if abs(s0) < 1e-12 else float(np.mean(np.sign(e) == np.sign(s0))),
+            power=power, coverage=cov, median_ci_width=width, extrapolation_decades=out.extrap[j],
+            estimates=tuple(float(x) for x in e),
+        ))
+    return rows
+
+
+def _design_info(study: _Study, design_source: str) -> dict[str, Any]:
+    """The design's source, points and runs per group, compute range and sparsities."""
+    pts = study.points
+    return {
         "source": design_source,
-        "n_points": {g: int(len(pts[g])) for g in groups},
-        "n_runs": {g: int(pts[g]["run"].nunique()) for g in groups},
+        "n_points": {g: int(len(pts[g])) for g in study.groups},
+        "n_runs": {g: int(pts[g]["run"].nunique()) for g in study.groups},
         "compute_range": [
             float(min(p["flops"].min() for p in pts.values())),
             float(max(p["flops"].max() for p in pts.values())),
         ],
-        "sparsities": sorted(
-            {
-                round(float(x), 4)
-                for g in groups
-                if uses_sparsity(truth[g].law)
-                for x in pts[g]["sparsity"]
-                if np.isfinite(x)
-            }
-        ),
+        "sparsities": sorted({
+            round(float(x), 4)
+            for g in study.groups
+            if uses_sparsity(study.truth[g].law)
+            for x in pts[g]["sparsity"]
+            if np.isfinite(x)
+        }),
     }
-    return SimulationResult(
-        law=", ".join(sorted(law_names)),
-        reference=reference,
-        candidate=candidate,
-        noise=float(noise),
-        trials=int(trials),
-        bootstrap=int(n_bootstrap),
-        seed=int(seed),
-        ci_level=float(level),
-        starts=starts,
-        design=design_info,
-        rows=tuple(rows),
-        failures=len(failures),
-        failure_reasons=tuple(failures[:10]),
-        identified_rate={g: identified[g] / trials for g in groups},
-        start_check=check if starts == "warm" else {},
-        source=source,
-        warnings=tuple(warnings),
-    )
 
 
-__all__ = ["STARTS", "SimulationResult", "SimulationRow", "noisy", "simulate", "true_losses"]
+__all__ = ["SIMULATION_FIT", "STARTS", "SimulationResult", "SimulationRow", "noisy", "simulate",
+           "true_losses"]

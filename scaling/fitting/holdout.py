@@ -29,8 +29,9 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
-from scaling.fitting.fit import CI_LEVEL, FitResult, fit_law
+from scaling.fitting.fit import FitResult, fit_law
 from scaling.fitting.laws import Law, get_law
+from scaling.fitting.settings import FitSettings, settings_of
 from scaling.fitting.tables import flops_per_param_k, law_inputs, total_flops
 
 _RULE = re.compile(r"^\s*([NC])\s*(>=|>)\s*([0-9.eE+\-]+)\s*$")
@@ -99,14 +100,17 @@ def prediction_interval(fit: FitResult, inputs: dict[str, np.ndarray], residuals
     return np.exp(lo), np.exp(hi)
 
 
-def holdout(points: pd.DataFrame, law: str | Law, rule: str, *, seed: int = 0, ci_level: float = CI_LEVEL,
-            fit: Callable[..., FitResult] = fit_law, **fit_kwargs: Any) -> HoldoutResult:
+def holdout(points: pd.DataFrame, law: str | Law, rule: str, settings: FitSettings | None = None, *,
+            fit: Callable[..., FitResult] = fit_law, **changes: Any) -> HoldoutResult:
     """Fit ``law`` per group on the points ``rule`` keeps, predict the held-out ones (module doc).
 
-    ``fit`` is the fitting function (``fit_law`` signature: points, law, group=..., seed=...,
-    ci_level=..., **fit_kwargs). Raises UserError when the rule holds out nothing, or leaves a group
+    ``settings`` and keyword ``changes`` as ``fit_law``; their seed and interval level also draw and
+    bound the prediction intervals. ``fit`` is the fitting function (``fit_law`` signature: points,
+    law, settings, group=...). Raises UserError when the rule holds out nothing, or leaves a group
     fewer points than the law has parameters.
     """
+    settings = settings_of(settings, changes)
+    seed, ci_level = settings.seed, settings.ci_level
     law = get_law(law) if isinstance(law, str) else law
     fits: dict[str, FitResult] = {}
     rows: list[pd.DataFrame] = []
@@ -123,7 +127,7 @@ def holdout(points: pd.DataFrame, law: str | Law, rule: str, *, seed: int = 0, c
         if len(train) < law.n_params:
             raise UserError(f"holdout {rule!r} leaves {len(train)} points in group {group!r} for the "
                             f"{law.n_params} parameters of the {law.name} law; hold out fewer")
-        f = fit(train, law, group=group, seed=seed, ci_level=ci_level, **fit_kwargs)
+        f = fit(train, law, settings, group=group)
         fits[group] = f
         X = law_inputs(test, law.inputs, source=f"group {group!r}")
         pred = f.predict(**X)

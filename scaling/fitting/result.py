@@ -47,6 +47,9 @@ class FitResult:
     every parameter and derived quantity to its percentile interval at ``settings["ci_level"]``.
     ``data_summary`` has the ranges of the fitted points, ``compute_min``/``compute_max``
     (total training FLOPs) and ``flops_per_param_k`` (median flops/(N D); 6 when unrecorded).
+    ``data`` holds the fitted points themselves, the law's inputs and the observed ``loss``
+    ({name: (n,) array}), so that ``residuals()`` needs no table (empty for a fits file written
+    before it was recorded). Frozen, and JSON round-trippable: ``from_json(to_json())``.
     """
 
     law: str
@@ -60,6 +63,7 @@ class FitResult:
     derived: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     cross_checks: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def law_obj(self) -> Law:
@@ -109,6 +113,15 @@ class FitResult:
             out[f"{name}_ci"] = list(ci)
         return out
 
+    def residuals(self) -> np.ndarray:
+        """log L - log L_hat at the fitted points (``data``), in their order: what the fit minimised
+        rho of (the log residuals whatever the objective, as ``diagnostics["rmse_log"]``)."""
+        if not self.data:
+            raise UserError(f"the fit of group {self.group!r} holds no fitted points (read from a fits file "
+                            "written before they were recorded); refit it")
+        inputs = {name: self.data[name] for name in self.law_obj.inputs}
+        return np.log(self.data["loss"]) - np.log(self.predict(**inputs))
+
     @property
     def joint_groups(self) -> list[str]:
         """Groups fitted jointly with this one (shared parameters); their bootstrap rows are paired."""
@@ -139,6 +152,12 @@ class FitResult:
                      f"fit: {'MISFIT' if d.get('misfit') else 'ok'}")
         lines += [f"  warning: {w}" for w in d.get("warnings", [])]
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """The notebook view: ``summary()`` as preformatted text."""
+        import html
+
+        return f"<pre>{html.escape(self.summary())}</pre>"
 
     def to_lmfit(self):
         """The parameters as ``lmfit.Parameters``: values, the law's bounds, bootstrap standard errors
@@ -182,7 +201,25 @@ class FitResult:
             "bootstrap": self.bootstrap.tolist(),
             "settings": self.settings,
             "cross_checks": self.cross_checks,
+            "data": {k: np.asarray(v, dtype=float).tolist() for k, v in self.data.items()},
         }
+
+    def to_json(self) -> str:
+        """``to_dict`` as JSON text (``scaling.common.serialize.to_json``); ``from_json`` reads it back."""
+        from scaling.common.serialize import to_json
+
+        return to_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> "FitResult":
+        """A fit from ``to_json`` text, checked as ``from_dict`` checks a fits file entry."""
+        import json
+
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"not a fit entry: invalid JSON ({exc})") from None
+        return cls.from_dict(d)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], group: str | None = None,
@@ -251,7 +288,8 @@ class FitResult:
             g = d.get("group", group or "default")
             return cls(law=law.name, group=str(g), params=params, ci=ci, bootstrap=boot,
                        diagnostics=sections["diagnostics"], n_points=int(n_points), data_summary=summary,
-                       derived=derived, settings=sections["settings"], cross_checks=sections["cross_checks"])
+                       derived=derived, settings=sections["settings"], cross_checks=sections["cross_checks"],
+                       data=_checked_data(law, d.get("data"), int(n_points)))
         except KeyError as exc:
             raise UserError(f"not a {where}: missing field {exc}") from None
         except (UserError, TypeError, ValueError, IndexError, OverflowError) as exc:
@@ -289,6 +327,26 @@ def _num(v: Any) -> float:
     if not _is_number(v):
         raise TypeError(f"expected a number, got {v!r}")
     return float(v)
+
+
+def _checked_data(law: Law, raw: Any, n_points: int) -> dict[str, np.ndarray]:
+    """The fitted points of a fits file entry: the law's inputs and the loss, n_points numbers each,
+    losses and inputs other than S positive (the residuals take their logs); absent: {}."""
+    if raw is None or raw == {}:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise TypeError("data is not an object")
+    out = {}
+    for name in (*law.inputs, "loss"):
+        if name not in raw:
+            raise ValueError(f"data has no {name}")
+        if not isinstance(raw[name], list) or len(raw[name]) != n_points:
+            raise ValueError(f"data.{name} must be a list of n_points = {n_points} numbers")
+        v = np.array([_num(x) for x in raw[name]], dtype=float)
+        if not np.isfinite(v).all() or (name != "S" and (v <= 0).any()):
+            raise ValueError(f"data.{name} must hold finite{' positive' if name != 'S' else ''} numbers")
+        out[name] = v
+    return out
 
 
 def _checked_param(law: Law, name: str, v: Any) -> float:
