@@ -194,59 +194,102 @@ class Proposal(Record):
         return "\n".join(lines)
 
 
-def _set_for_budget(
-    laws: Mapping[str, FittedLaw],
-    C: float,
-    S: float | None,
-    shape: ModelConfig,
-    *,
-    size: str,
-    width_multiple: int,
-    n_sizes: int,
-    spread: float,
-    level: float,
-    warnings: list[str],
-) -> IsoFlopSet:
+@dataclass(frozen=True)
+class _SizeRule:
+    """How one tier's shape spans the sizes of a set: its Baseline config, the size measured (N or F),
+    the width step, sizes per budget and their spread in decades around each optimum."""
+
+    shape: ModelConfig
+    size: str
+    width_multiple: int
+    n_sizes: int
+    spread: float
+
+    def pair(self, target: float, arch: str, S: float | None) -> SizedPair:
+        return pair_for_size(self.shape, target, arch=arch, size=self.size,
+                             width_multiple=self.width_multiple, sparsity=S)
+
+
+def _set_for_budget(laws: Mapping[str, FittedLaw], C: float, S: float | None, rule: _SizeRule, level: float,
+                    warnings: list[str]) -> IsoFlopSet:
+    """The IsoFLOP set at budget C (and sparsity S): sizes spanning both optima, their points, profile."""
     optima = {a: frontier(laws[a].law, laws[a].theta, C, k=laws[a].flops_per_param, S=S) for a in ARCHS}
     where = f"budget {C:.3g}" + ("" if S is None else f", S={S:g}")
-    # each arch's optimum and its +-spread edges, mapped to Baseline coordinates (the twin/Baseline
-    # size ratio drifts with scale, so the SMELT edges are mapped one by one, not shifted)
+    pairs = _size_grid(_edges(optima, S, rule, where), S, rule, where, warnings)
+    points = _planned_points(laws, pairs, optima, C, S, rule.size, level)
+    bracketed, depth, vertex = _profile(points, optima, rule.size)
+    tops = [laws[a].compute_max for a in ARCHS if laws[a].compute_max is not None]
+    extrap = math.log10(C / max(tops)) if tops else None
+    return IsoFlopSet(
+        budget=float(C),
+        sparsity=None if S is None else float(S),
+        size_name=rule.size,
+        optima={
+            a: {
+                "size": float(o.size),
+                "tokens": float(o.tokens),
+                "loss": float(o.loss),
+                "tokens_per_param": float(o.tokens_per_param),
+            }
+            for a, o in optima.items()
+        },
+        points=tuple(points),
+        bracketed=bracketed,
+        profile_depth=depth,
+        vertex_offset_decades=vertex,
+        extrapolation_decades=extrap,
+    )
+
+
+def _edges(optima: Mapping[str, Any], S: float | None, rule: _SizeRule, where: str) -> list[float]:
+    """log10 of each arch's optimum +-spread, in Baseline coordinates (the twin/Baseline size ratio
+    drifts with scale, so the SMELT edges are mapped one by one, not shifted)."""
     edges: list[float] = []
     for arch in ARCHS:
-        for u in (-spread, spread):
+        for u in (-rule.spread, rule.spread):
             target = float(optima[arch].size) * 10.0**u
             try:
-                pair = pair_for_size(
-                    shape, target, arch=arch, size=size, width_multiple=width_multiple, sparsity=S
-                )
+                pair = rule.pair(target, arch, S)
             except UserError as exc:
                 raise UserError(
-                    f"{where}: cannot build the {arch} config of {size} = {target:.3g} "
+                    f"{where}: cannot build the {arch} config of {rule.size} = {target:.3g} "
                     f"({u:+g} decade from its optimum): {exc}"
                 ) from None
-            edges.append(math.log10(measure(pair.baseline, size)))
-    grid = np.linspace(min(edges), max(edges), n_sizes)
+            edges.append(math.log10(measure(pair.baseline, rule.size)))
+    return edges
+
+
+def _size_grid(edges: list[float], S: float | None, rule: _SizeRule, where: str,
+               warnings: list[str]) -> list[SizedPair]:
+    """``n_sizes`` log-spaced Baseline sizes between the edges, built and deduplicated (width steps
+    can round two sizes to one config); UserError below ``MIN_SIZES`` distinct configs."""
     pairs: list[SizedPair] = []
-    for g in grid:
+    for g in np.linspace(min(edges), max(edges), rule.n_sizes):
         try:
-            pair = pair_for_size(
-                shape, 10.0**g, arch="baseline", size=size, width_multiple=width_multiple, sparsity=S
-            )
+            pair = rule.pair(10.0**g, "baseline", S)
         except UserError as exc:
-            raise UserError(f"{where}: cannot build the Baseline of {size} = {10.0**g:.3g}: {exc}") from None
+            raise UserError(
+                f"{where}: cannot build the Baseline of {rule.size} = {10.0**g:.3g}: {exc}"
+            ) from None
         if pairs and pair.baseline == pairs[-1].baseline:
             continue
         pairs.append(pair)
-    if len(pairs) < n_sizes:
+    if len(pairs) < rule.n_sizes:
         warnings.append(
-            f"{where}: {n_sizes - len(pairs)} sizes of the grid round to the same config "
-            f"(width steps of {width_multiple}); {len(pairs)} distinct sizes kept"
+            f"{where}: {rule.n_sizes - len(pairs)} sizes of the grid round to the same config "
+            f"(width steps of {rule.width_multiple}); {len(pairs)} distinct sizes kept"
         )
     if len(pairs) < MIN_SIZES:
         raise UserError(
             f"{where}: only {len(pairs)} distinct configs in the size range (need {MIN_SIZES}); "
             "widen the spread or choose a larger reference shape (tier)"
         )
+    return pairs
+
+
+def _planned_points(laws: Mapping[str, FittedLaw], pairs: Sequence[SizedPair], optima: Mapping[str, Any],
+                    C: float, S: float | None, size: str, level: float) -> list[PlannedPoint]:
+    """Both archs' runs at each size pair: tokens D = C / F of the Baseline, expected loss with interval."""
     points: list[PlannedPoint] = []
     for i, pair in enumerate(pairs, start=1):
         tier = tier_label(C, S, i)
@@ -270,6 +313,13 @@ def _set_for_budget(
                     config=cfg,
                 )
             )
+    return points
+
+
+def _profile(points: Sequence[PlannedPoint], optima: Mapping[str, Any],
+             size: str) -> tuple[dict[str, bool], dict[str, float], dict[str, float | None]]:
+    """Per arch: is the optimum inside the sizes, how deep is the expected-loss profile at its edges,
+    and where does an IsoFLOP parabola through the expected losses put its vertex (decades off)."""
     bracketed, depth, vertex = {}, {}, {}
     for arch in ARCHS:
         pts = [p for p in points if p.arch == arch]
@@ -280,55 +330,23 @@ def _set_for_budget(
         depth[arch] = float(min(L[0], L[-1]) / L.min() - 1.0)
         used, _ = isoflop_optima(sizes, np.array([p.compute for p in pts]), L)
         vertex[arch] = math.log10(used[0]["N_opt"] / x_star) if len(used) == 1 else None
-    tops = [laws[a].compute_max for a in ARCHS if laws[a].compute_max is not None]
-    extrap = math.log10(C / max(tops)) if tops else None
-    return IsoFlopSet(
-        budget=float(C),
-        sparsity=None if S is None else float(S),
-        size_name=size,
-        optima={
-            a: {
-                "size": float(o.size),
-                "tokens": float(o.tokens),
-                "loss": float(o.loss),
-                "tokens_per_param": float(o.tokens_per_param),
-            }
-            for a, o in optima.items()
-        },
-        points=tuple(points),
-        bracketed=bracketed,
-        profile_depth=depth,
-        vertex_offset_decades=vertex,
-        extrapolation_decades=extrap,
-    )
+    return bracketed, depth, vertex
 
 
-def propose(
-    laws: Mapping[str, FittedLaw],
-    budgets: Sequence[float] | float,
-    *,
-    tier: str | None = None,
-    n_sizes: int = DEFAULT_SIZES,
-    spread: float = SPREAD_DECADES,
-    sparsities: Sequence[float | None] = (None,),
-    level: float = 0.95,
-    noise: float | None = None,
-    source: str = "",
-) -> Proposal:
-    """IsoFLOP sets at each budget (and sparsity) for the 'baseline' and 'smelt' laws (see module doc).
-
-    ``noise``: the fits' RMSE of log loss, if known; a set whose profile depth is below 3x it is
-    flagged. Raises UserError for bad options and for sizes the size rule or the matcher cannot build.
-    """
+def _check_laws(laws: Mapping[str, FittedLaw]) -> str:
+    """The one law form of both architectures' laws."""
     missing = [a for a in ARCHS if a not in laws]
     if missing:
         raise UserError(f"planning needs a law for each architecture; missing {', '.join(missing)}")
     names = {laws[a].law.name for a in ARCHS}
     if len(names) != 1:
         raise UserError(f"the two laws must have the same form, got {', '.join(sorted(names))}")
-    law_name = names.pop()
-    size = size_name(law_name)
-    C = check_budgets(np.atleast_1d(budgets))
+    return names.pop()
+
+
+def _check_options(laws: Mapping[str, FittedLaw], n_sizes: int, spread: float, level: float,
+                   sparsities: Sequence[float | None], tier: str | None) -> tuple[float | None, ...]:
+    """UserError for a bad option; returns the sparsities (``(None,)`` for none given)."""
     if int(n_sizes) > MAX_SIZES:
         raise UserError(f"the number of sizes per budget must be <= {MAX_SIZES} (one training run each), "
                         f"got {n_sizes}")
@@ -352,54 +370,42 @@ def propose(
         raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
     if tier is not None and tier not in TIERS:
         raise UserError(f"unknown tier {tier!r}; known tiers: {', '.join(TIERS)}")
-    if tier is None:
-        # the nearest shapes first; the first whose family can build every planned size wins
-        mid = float(np.exp(np.mean(np.log(C))))
-        opt = frontier(
-            laws["baseline"].law,
-            laws["baseline"].theta,
-            mid,
-            k=laws["baseline"].flops_per_param,
-            S=sparsities[0],
-        )
-        candidates = nearest_tiers(float(opt.size), size)
-    else:
-        candidates = [tier]
+    return sparsities
+
+
+def _nearest_tiers(laws: Mapping[str, FittedLaw], C: np.ndarray, sparsities: Sequence[float | None],
+                   size: str) -> list[str]:
+    """The shipped shapes nearest the Baseline optimum at the budgets' geometric middle, nearest first
+    (the first whose family can build every planned size wins)."""
+    mid = float(np.exp(np.mean(np.log(C))))
+    base = laws["baseline"]
+    opt = frontier(base.law, base.theta, mid, k=base.flops_per_param, S=sparsities[0])
+    return nearest_tiers(float(opt.size), size)
+
+
+def _first_buildable(laws: Mapping[str, FittedLaw], C: np.ndarray, sparsities: Sequence[float | None],
+                     candidates: Sequence[str], size: str, n_sizes: int, spread: float,
+                     level: float) -> tuple[str, list[IsoFlopSet], list[str]]:
+    """The first candidate tier whose shape builds every set: (tier, sets, warnings so far)."""
     first_error = None
     for name in candidates:
         spec = TIERS[name]
+        rule = _SizeRule(spec.baseline, size, spec.width_multiple, n_sizes, spread)
         warnings: list[str] = []
         try:
-            sets = [
-                _set_for_budget(
-                    laws,
-                    float(c),
-                    s,
-                    spec.baseline,
-                    size=size,
-                    width_multiple=spec.width_multiple,
-                    n_sizes=int(n_sizes),
-                    spread=float(spread),
-                    level=level,
-                    warnings=warnings,
-                )
-                for c in C
-                for s in sparsities
-            ]
+            sets = [_set_for_budget(laws, float(c), s, rule, level, warnings) for c in C for s in sparsities]
         except UserError as exc:
             first_error = first_error or UserError(f"{name} shape: {exc}")
             continue
-        tier = name
-        break
-    else:
-        if len(candidates) > 1:
-            raise UserError(f"no shipped tier's shape can build every planned size; nearest: {first_error}")
-        raise first_error
-    labels = [p.tier for st in sets for p in st.arch_points("baseline")]
-    if len(set(labels)) != len(labels):
-        raise UserError(
-            "two budgets give the same tier name; give budgets that differ in their first 2 digits"
-        )
+        return name, sets, warnings
+    if len(candidates) > 1:
+        raise UserError(f"no shipped tier's shape can build every planned size; nearest: {first_error}")
+    raise first_error
+
+
+def _set_warnings(sets: Sequence[IsoFlopSet], noise: float | None) -> list[str]:
+    """Per set and arch: an optimum outside the sizes, a profile too shallow for the noise, extrapolation."""
+    warnings: list[str] = []
     for st in sets:
         where = f"budget {st.budget:.3g}" + ("" if st.sparsity is None else f", S={st.sparsity:g}")
         for arch in ARCHS:
@@ -415,6 +421,40 @@ def propose(
                 f"{where}: {st.extrapolation_decades:.2f} decades beyond the largest fitted compute; "
                 "the optima (and so the sizes) are extrapolated"
             )
+    return warnings
+
+
+def propose(
+    laws: Mapping[str, FittedLaw],
+    budgets: Sequence[float] | float,
+    *,
+    tier: str | None = None,
+    n_sizes: int = DEFAULT_SIZES,
+    spread: float = SPREAD_DECADES,
+    sparsities: Sequence[float | None] = (None,),
+    level: float = 0.95,
+    noise: float | None = None,
+    source: str = "",
+) -> Proposal:
+    """IsoFLOP sets at each budget (and sparsity) for the 'baseline' and 'smelt' laws (see module doc).
+
+    ``noise``: the fits' RMSE of log loss, if known; a set whose profile depth is below 3x it is
+    flagged. Raises UserError for bad options and for sizes the size rule or the matcher cannot build.
+    """
+    law_name = _check_laws(laws)
+    size = size_name(law_name)
+    C = check_budgets(np.atleast_1d(budgets))
+    sparsities = _check_options(laws, n_sizes, spread, level, sparsities, tier)
+    candidates = [tier] if tier is not None else _nearest_tiers(laws, C, sparsities, size)
+    tier, sets, warnings = _first_buildable(laws, C, sparsities, candidates, size, int(n_sizes),
+                                            float(spread), level)
+    spec = TIERS[tier]
+    labels = [p.tier for st in sets for p in st.arch_points("baseline")]
+    if len(set(labels)) != len(labels):
+        raise UserError(
+            "two budgets give the same tier name; give budgets that differ in their first 2 digits"
+        )
+    warnings += _set_warnings(sets, noise)
     return Proposal(
         law=law_name,
         shape=tier,
