@@ -1,7 +1,7 @@
 """Behaviour check for refactors: run the fitting commands with ``--json``, diff two output folders.
 
     python benchmarks/behaviour_diff.py run OUT [--only NAME ...]   # write OUT/<name>.json per command
-    python benchmarks/behaviour_diff.py diff BEFORE AFTER [--json]  # identical, or the first differences
+    python benchmarks/behaviour_diff.py diff BEFORE AFTER [--json] [--ignore KEY ...]  # identical, or how not
 
 ``run`` calls ``cli.py`` of the checkout this file lies in (``PYTHONPATH`` set to it, so a worktree's own
 ``scaling`` is used) on the shipped ``runs/`` and on a synthetic points table (two groups, a run
@@ -102,28 +102,34 @@ def run(out: Path, only: list[str] | None = None) -> dict[str, int]:
     return codes
 
 
-def _differences(a, b, path: str = "", limit: int = 5) -> list[str]:
-    """Up to ``limit`` JSON paths at which a and b differ (exactly: floats compared bit for bit)."""
+def _differences(a, b, path: str = "", limit: int = 5, ignore: frozenset[str] = frozenset()) -> list[str]:
+    """Up to ``limit`` JSON paths at which a and b differ (exactly: floats compared bit for bit; the
+    order of an object's keys counts too), object keys named in ``ignore`` left out."""
     if type(a) is not type(b):
         return [f"{path or '/'}: {a!r:.80} != {b!r:.80}"]
     if isinstance(a, dict):
+        a = {k: v for k, v in a.items() if k not in ignore}
+        b = {k: v for k, v in b.items() if k not in ignore}
         out = [f"{path}/{k}: only in {'before' if k in a else 'after'}" for k in sorted(set(a) ^ set(b))]
+        if not out and list(a) != list(b):
+            out.append(f"{path or '/'}: keys in another order")
         for k in a:
             if k in b and len(out) < limit:
-                out += _differences(a[k], b[k], f"{path}/{k}", limit - len(out))
+                out += _differences(a[k], b[k], f"{path}/{k}", limit - len(out), ignore)
         return out[:limit]
     if isinstance(a, list):
         out = [] if len(a) == len(b) else [f"{path}: length {len(a)} != {len(b)}"]
         for i, (x, y) in enumerate(zip(a, b)):
             if len(out) >= limit:
                 break
-            out += _differences(x, y, f"{path}/{i}", limit - len(out))
+            out += _differences(x, y, f"{path}/{i}", limit - len(out), ignore)
         return out[:limit]
     return [] if a == b or (a != a and b != b) else [f"{path or '/'}: {a!r:.80} != {b!r:.80}"]
 
 
-def diff(before: Path, after: Path) -> dict[str, object]:
-    """Per command present in either folder: "identical", "missing ..." or its first differences."""
+def diff(before: Path, after: Path, ignore: frozenset[str] = frozenset()) -> dict[str, object]:
+    """Per command present in either folder: "identical", "missing ..." or its first differences
+    (object keys named in ``ignore``, e.g. one a change adds on purpose, left out)."""
     names = sorted({p.stem for p in before.glob("*.json")} | {p.stem for p in after.glob("*.json")})
     result: dict[str, object] = {}
     for name in names:
@@ -131,7 +137,7 @@ def diff(before: Path, after: Path) -> dict[str, object]:
         if not (pa.exists() and pb.exists()):
             result[name] = f"missing in {'after' if pa.exists() else 'before'}"
             continue
-        d = _differences(json.loads(pa.read_text()), json.loads(pb.read_text()))
+        d = _differences(json.loads(pa.read_text()), json.loads(pb.read_text()), ignore=ignore)
         result[name] = d or "identical"
     return {"identical": all(v == "identical" for v in result.values()), "commands": result}
 
@@ -146,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
     d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument("--ignore", nargs="*", default=[], metavar="KEY",
+                   help="object keys to leave out wherever they occur (a key added on purpose)")
     args = ap.parse_args(argv)
     if args.cmd == "run":
         codes = run(args.out, args.only)
         return 0 if codes else 1
-    res = diff(args.before, args.after)
+    res = diff(args.before, args.after, frozenset(args.ignore))
     if args.json:
         print(json.dumps(res, indent=1))
     else:
