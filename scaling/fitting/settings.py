@@ -43,9 +43,10 @@ class FitSettings:
     tie: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        # the order of the checks is the order the fitter checked them in before this object existed
+        # the order of the checks is the order the fitter checked them in before this object existed;
+        # the level's message is the savings' and the planner's, which simulate printed before
         if not (0 < self.ci_level < 1):
-            raise UserError(f"the interval level must lie in (0, 1), got {self.ci_level}")
+            raise UserError(f"interval level must lie in (0, 1), got {self.ci_level}")
         if not _count(self.n_bootstrap):
             raise UserError(f"the number of bootstrap resamples must be >= 0, got {self.n_bootstrap}")
         if self.objective not in OBJECTIVES:
