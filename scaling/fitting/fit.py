@@ -211,7 +211,8 @@ def _assemble(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, gi:
     if len(p.blocks) > 1:
         # row i of every joint group's bootstrap comes from the same resample of runs
         record["joint_groups"] = list(p.groups)
-    data = {name: np.asarray(v, dtype=float) for name, v in b.X.items()} | {"loss": np.exp(b.y)}
+    data = {name: np.asarray(v, dtype=float) for name, v in b.X.items()}
+    data["loss"] = b.points["loss"].to_numpy(dtype=float)
     return FitResult(law=law.name, group=b.group, params=law.as_dict(theta), ci=ci, bootstrap=samples,
                      diagnostics=diagnostics, n_points=len(b.y), data_summary=_data_summary(b, k),
                      derived=derived, settings=record, data=data)

@@ -131,9 +131,7 @@ def holdout(points: pd.DataFrame, law: str | Law, rule: str, settings: FitSettin
         fits[group] = f
         X = law_inputs(test, law.inputs, source=f"group {group!r}")
         pred = f.predict(**X)
-        Xtr = law_inputs(train, law.inputs, source=f"group {group!r}")
-        resid = np.log(train["loss"].to_numpy(dtype=float)) - np.log(f.predict(**Xtr))
-        lo, hi = prediction_interval(f, X, resid, ci_level, seed)
+        lo, hi = prediction_interval(f, X, f.residuals(), ci_level, seed)
         obs = test["loss"].to_numpy(dtype=float)
         inside = np.where(np.isfinite(lo), (obs >= lo) & (obs <= hi), np.nan)
         rows.append(pd.DataFrame({

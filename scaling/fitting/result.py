@@ -419,6 +419,12 @@ class FitSet:
     def summary(self) -> str:
         return "\n\n".join(f.summary() for f in self.fits.values())
 
+    def _repr_html_(self) -> str:
+        """The notebook view: ``summary()`` as preformatted text."""
+        import html
+
+        return f"<pre>{html.escape(self.summary())}</pre>"
+
     def paired(self, a: str, b: str) -> bool:
         """Whether groups a and b were fitted jointly, so that bootstrap row i of one and row i of the
         other come from the same resample of runs (savings then pairs them by index)."""
