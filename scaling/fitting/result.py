@@ -235,56 +235,14 @@ class FitResult:
             law = get_law(str(d["law"]))
             src = d if version == 1 else d["params"]
             params = {p: _checked_param(law, p, src[p]) for p in law.params}
-            raw_boot = [] if d.get("bootstrap") is None else d["bootstrap"]
-            if not isinstance(raw_boot, list):
-                raise TypeError("bootstrap is not a list")
-            boot = np.asarray([[_num(v) for v in row] for row in raw_boot], dtype=float)
-            boot = boot.reshape(-1, law.n_params)
-            order = d.get("bootstrap_params")
-            if order is not None and list(order) != list(law.params):
-                if sorted(map(str, order)) != sorted(law.params):
-                    raise ValueError(f"bootstrap_params {list(order)} are not the law's {list(law.params)}")
-                boot = boot[:, [list(order).index(p) for p in law.params]]
-            lo_b, hi_b = np.array([law.bounds[p] for p in law.params], dtype=float).T
-            finite = np.isfinite(boot)
-            slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
-            if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
-                raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
-            ci_raw = {} if d.get("ci") is None else d["ci"]
-            if not isinstance(ci_raw, Mapping):
-                raise TypeError("ci is not an object")
-            ci = {}
-            for k, v in ci_raw.items():
-                if not isinstance(v, (list, tuple)) or len(v) != 2:
-                    raise ValueError(f"ci of {k} is not [low, high]")
-                lo, hi = _num(v[0]), _num(v[1])
-                if math.isfinite(lo) and math.isfinite(hi) and lo > hi:
-                    raise ValueError(f"ci of {k} has low {lo} > high {hi}")
-                ci[str(k)] = (lo, hi)
+            boot = _checked_bootstrap(law, d)
+            ci = _checked_ci(d)
             n_points = d["n_points"]
             if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 1:
                 raise ValueError(f"n_points must be a positive integer, got {n_points!r}")
-            sections = {}
-            for key in ("diagnostics", "data_summary", "settings", "cross_checks", "derived"):
-                v = d.get(key)
-                v = {} if v is None else v
-                if not isinstance(v, Mapping):
-                    raise TypeError(f"{key} is not an object")
-                sections[key] = dict(v)
+            sections = _checked_sections(d)
             summary = sections["data_summary"]
-            for key in ("compute_min", "compute_max", "flops_per_param_k", "N_min", "N_max", "D_min", "D_max",
-                        "F_min", "F_max", "loss_min", "loss_max"):
-                if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
-                    raise ValueError(f"data_summary.{key} must be a positive finite number, got "
-                                     f"{summary[key]!r}")
-            theta = law.theta_array(params)
-            derived = law.derive(theta)
-            if "G" in sections["derived"]:           # the allocation: recomputed at the recorded k and S
-                k = float(summary.get("flops_per_param_k", 6.0))
-                sp = summary.get("sparsities") or []
-                S = float(sp[0]) if "S" in law.fixed_inputs and len(sp) == 1 and _is_number(sp[0]) else None
-                if not law.fixed_inputs or S is not None:
-                    derived.update({k_: float(v) for k_, v in allocation(law, theta, k, S).items()})
+            derived = _derived(law, law.theta_array(params), sections["derived"], summary)
             g = d.get("group", group or "default")
             return cls(law=law.name, group=str(g), params=params, ci=ci, bootstrap=boot,
                        diagnostics=sections["diagnostics"], n_points=int(n_points), data_summary=summary,
@@ -327,6 +285,73 @@ def _num(v: Any) -> float:
     if not _is_number(v):
         raise TypeError(f"expected a number, got {v!r}")
     return float(v)
+
+
+def _checked_bootstrap(law: Law, d: Mapping[str, Any]) -> np.ndarray:
+    """The bootstrap samples of an entry (K x P, the law's parameter order), each within the bounds."""
+    raw_boot = [] if d.get("bootstrap") is None else d["bootstrap"]
+    if not isinstance(raw_boot, list):
+        raise TypeError("bootstrap is not a list")
+    boot = np.asarray([[_num(v) for v in row] for row in raw_boot], dtype=float)
+    boot = boot.reshape(-1, law.n_params)
+    order = d.get("bootstrap_params")
+    if order is not None and list(order) != list(law.params):
+        if sorted(map(str, order)) != sorted(law.params):
+            raise ValueError(f"bootstrap_params {list(order)} are not the law's {list(law.params)}")
+        boot = boot[:, [list(order).index(p) for p in law.params]]
+    lo_b, hi_b = np.array([law.bounds[p] for p in law.params], dtype=float).T
+    finite = np.isfinite(boot)
+    slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
+    if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
+        raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
+    return boot
+
+
+def _checked_ci(d: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """The intervals of an entry: [low, high] with low <= high (or NaN: none could be formed)."""
+    ci_raw = {} if d.get("ci") is None else d["ci"]
+    if not isinstance(ci_raw, Mapping):
+        raise TypeError("ci is not an object")
+    ci = {}
+    for k, v in ci_raw.items():
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise ValueError(f"ci of {k} is not [low, high]")
+        lo, hi = _num(v[0]), _num(v[1])
+        if math.isfinite(lo) and math.isfinite(hi) and lo > hi:
+            raise ValueError(f"ci of {k} has low {lo} > high {hi}")
+        ci[str(k)] = (lo, hi)
+    return ci
+
+
+def _checked_sections(d: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The free-form objects of an entry, the data summary's ranges positive and finite."""
+    sections = {}
+    for key in ("diagnostics", "data_summary", "settings", "cross_checks", "derived"):
+        v = d.get(key)
+        v = {} if v is None else v
+        if not isinstance(v, Mapping):
+            raise TypeError(f"{key} is not an object")
+        sections[key] = dict(v)
+    summary = sections["data_summary"]
+    for key in ("compute_min", "compute_max", "flops_per_param_k", "N_min", "N_max", "D_min", "D_max",
+                "F_min", "F_max", "loss_min", "loss_max"):
+        if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
+            raise ValueError(f"data_summary.{key} must be a positive finite number, got "
+                             f"{summary[key]!r}")
+    return sections
+
+
+def _derived(law: Law, theta: np.ndarray, recorded: Mapping[str, Any], summary: Mapping[str, Any]) -> dict:
+    """Derived quantities recomputed from the parameters (never read from the file); the allocation
+    at the recorded k and S when the entry recorded one."""
+    derived = law.derive(theta)
+    if "G" in recorded:           # the allocation: recomputed at the recorded k and S
+        k = float(summary.get("flops_per_param_k", 6.0))
+        sp = summary.get("sparsities") or []
+        S = float(sp[0]) if "S" in law.fixed_inputs and len(sp) == 1 and _is_number(sp[0]) else None
+        if not law.fixed_inputs or S is not None:
+            derived.update({k_: float(v) for k_, v in allocation(law, theta, k, S).items()})
+    return derived
 
 
 def _checked_data(law: Law, raw: Any, n_points: int) -> dict[str, np.ndarray]:
