@@ -3,10 +3,12 @@
 The pieces, one module each: the objective (``scaling.fitting.objective``: Huber on log loss and
 the other ``OBJECTIVES``), the batched L-BFGS and multi-start search (``scaling.fitting.optimizer``),
 constraints (``scaling.fitting.constraints``), goodness of fit (``scaling.fitting.goodness``), the
-bootstrap over runs (``scaling.fitting.bootstrap``) and the result types (``scaling.fitting.result``).
-Here: the drivers ``fit_law`` and ``fit_groups``, which build the joint problem of one or more
-groups, search it from the law's start grid, bootstrap it and assemble one ``FitResult`` per
-group. Every name callers used from this module before the split is still exported here.
+bootstrap over runs (``scaling.fitting.bootstrap``), the result types (``scaling.fitting.result``)
+and the settings of a fit (``scaling.fitting.settings.FitSettings``). Here: the drivers ``fit_law``
+and ``fit_groups``, which build the joint problem of one or more groups, search it from the start
+grid, bootstrap it and assemble one ``FitResult`` per group (build -> multistart -> bootstrap ->
+assemble, one function each). Every name callers used from this module before the split is still
+exported here.
 """
 
 from __future__ import annotations
