@@ -650,9 +650,10 @@ class Trainer:
                 s.wall_s = wall_base + time.perf_counter() - t_start
                 if up.budget_end is not None:
                     record["budget_index"] = up.budget_end
-                    s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg.arch, self.acc,
-                                           plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
-                                           record["train_loss"], cfg.seed, s.wall_s).to_dict())
+                    point = _point(self.run_name, self.tier, self.proxy, self.model_cfg.arch, self.acc,
+                                   plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
+                                   record["train_loss"], cfg.seed, s.wall_s)
+                    s.points.append(point.to_dict())
                     if self.save_budget_weights:  # before the branch closes and the trunk returns
                         self.save_weights(runlog.budget_weights_path(self.run_dir, up.budget_end))
                 if up.closed is not None:  # back to the trunk at the branch point
@@ -698,7 +699,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
           run_name: str | None = None, runs_dir: str | Path = "runs", ckpt_dir: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, save_final_weights: bool = False,
           save_budget_weights: bool = False, progress: Callable[[Progress], None] | None = None,
-          data_cache: str | Path | None = None, after_update: Callable[[TrainState], None] | None = None) -> dict:
+          data_cache: str | Path | None = None,
+          after_update: Callable[[TrainState], None] | None = None) -> dict:
     """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
 
     ``resume=True`` continues an existing run from its last checkpoint (a complete run returns its
@@ -709,9 +711,9 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
     update with a :class:`Progress`. ``after_update`` (every rank) is called with the
     :class:`TrainState` after each update once its metrics line (and, at a budget end, its
     final.json point) is durable and before its checkpoint: the most adversarial moment for a
-    crash, where the kill-and-resume tests kill the process (tests/killing_cli.py). Raises UserError for bad input (an existing run without
-    resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
-    ...), before creating any folder where it can.
+    crash, where the kill-and-resume tests kill the process (tests/killing_cli.py). Raises
+    UserError for bad input (an existing run without resume/overwrite, a budget below one step, an
+    unwritable folder, a checkpoint of another run, ...), before creating any folder where it can.
     """
     dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate,
                              ep=train_cfg.ep)
