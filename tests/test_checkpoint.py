@@ -1,8 +1,8 @@
 """Checkpoints and run logs that must never lose or mix up data (issue 19), on proxy-tiny.
 
 The run-name collision and the corrupt metrics line run end to end through the CLI; the kills
-use the trainer's fault injection (SIGKILL right after an update's metrics line, before its
-checkpoint).
+use tests/killing_cli.py (the trainer's after_update hook SIGKILLs the process right after an
+update's metrics line, before its checkpoint).
 """
 
 import dataclasses
