@@ -136,3 +136,28 @@ def test_default_sparsity_is_the_median_of_distinct_recorded_values():
     assert default_sparsity([0.123456]) == 0.1235
     with pytest.raises(UserError, match="record none"):
         default_sparsity([])
+
+
+def test_user_error_hint_is_for_the_command_line(tmp_path):
+    """Issue 30: a library error keeps CLI words out of its message; the CLI shows them."""
+    from typer.testing import CliRunner
+
+    from scaling.cli import app
+    from scaling.training.data.shards import read_manifest
+
+    exc = UserError("no manifest.json in d", hint="make one with `smelt-scale prepare-data`", sep=": ")
+    assert str(exc) == "no manifest.json in d"
+    assert exc.with_hint() == "no manifest.json in d: make one with `smelt-scale prepare-data`"
+    assert UserError("plain").with_hint() == "plain"
+
+    (tmp_path / "data").mkdir()
+    with pytest.raises(UserError) as refused:
+        read_manifest(tmp_path / "data")
+    assert str(refused.value) == f"no manifest.json in {tmp_path / 'data'}"
+    res = CliRunner().invoke(app, ["train", "--tier", "proxy-tiny", "--arch", "smelt", "--tokens", "1e4",
+                                   "--data", str(tmp_path / "data"), "--device", "cpu",
+                                   "--runs-dir", str(tmp_path / "runs"), "--json"])
+    assert res.exit_code == 2
+    assert " ".join(res.stderr.split()) == (
+        f"error: no manifest.json in {tmp_path / 'data'}: make one with `smelt-scale prepare-data` (which "
+        "also indexes existing nanoGPT/OLMo-style shards when told their dtype and vocabulary)")

@@ -74,8 +74,8 @@ def load_result(run_dir: Path | str, kind: str):
     cls = _result_class(kind)
     path = Path(run_dir) / ANALYSIS_DIR / f"{kind}.json"
     if not path.is_file():
-        raise UserError(f"no saved {kind} analysis at {path}; run the {kind} analysis first "
-                        "(smelt-scale analyze)")
+        raise UserError(f"no saved {kind} analysis at {path}; run the {kind} analysis first",
+                        hint="(smelt-scale analyze)", sep=" ")
     return cls.from_dict(read_config(path, f"{kind} analysis")["result"])
 
 

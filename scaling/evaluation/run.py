@@ -346,7 +346,8 @@ def _budgets_of(run: Path, settings: EvalSettings) -> list[int | None]:
     if settings.budgets == "all":
         have = available_budgets(run)
         if not have:
-            raise UserError(f"run {run.name} holds no budget weights (train with --save-budget-weights)")
+            raise UserError(f"run {run.name} holds no budget weights",
+                            hint="(train with --save-budget-weights)", sep=" ")
         return list(have)
     return list(settings.budgets)
 

@@ -120,9 +120,9 @@ def resolve_weights(
     have = available_budgets(run_dir)
     raise UserError(
         f"run {run_dir.name} has no weights for budget {budget} (weights for budgets: "
-        f"{', '.join(map(str, have)) or 'none'}); train it with --save-budget-weights "
-        f"(every budget) or --save-final-weights (the largest), or give --checkpoint"
-    )
+        f"{', '.join(map(str, have)) or 'none'})",
+        hint="train it with --save-budget-weights (every budget) or --save-final-weights (the largest), "
+             "or give --checkpoint")
 
 
 def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
