@@ -319,9 +319,9 @@ def register(app: typer.Typer) -> None:
         finally:
             if bar is not None:
                 bar.close()
-        import os
+        from scaling.training.parallel.distributed import launch_rank
 
-        if int(os.environ.get("RANK", "0")) != 0:
+        if launch_rank() != 0:
             return
         if json_out:
             emit_json(doc)
