@@ -74,6 +74,29 @@ def test_run_folders_status(tmp_path):
     assert RunFolder(tmp_path / "d").status() == "new"
 
 
+def test_run_status_is_one_rule(tmp_path):
+    """Issue 30: RunFolder.status is the sweep's rule. An incomplete or unreadable final.json is never
+    'done'; without config.json the trainer cannot resume, so a final.json alone is 'new'."""
+    from scaling.training.sweep.submit import run_status
+
+    cases = {"done": ({"complete": True}, True), "incomplete": ({"complete": False}, True),
+             "torn": ("{\"comp", True), "final-only": ({"complete": False}, False),
+             "torn-only": ("{\"comp", False), "config-only": (None, True), "metrics-only": (None, False)}
+    for name, (final, config) in cases.items():
+        (tmp_path / name).mkdir()
+        if config:
+            (tmp_path / name / "config.json").write_text("{}")
+        if final is not None:
+            text = final if isinstance(final, str) else json.dumps(final)
+            (tmp_path / name / "final.json").write_text(text)
+    (tmp_path / "metrics-only" / "metrics.jsonl").write_text('{"iter": 1}\n')
+    want = {"done": "done", "incomplete": "partial", "torn": "partial", "final-only": "new",
+            "torn-only": "new", "config-only": "partial", "metrics-only": "new", "absent": "new"}
+    for name, status in want.items():
+        assert RunFolder(tmp_path / name).status() == status, name
+        assert run_status(tmp_path, name) == status, name
+
+
 # -- statistics and formats ----------------------------------------------------------------------
 def test_percentile_interval_leaves_out_failed_resamples():
     x = np.arange(101, dtype=float)
