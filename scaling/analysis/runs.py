@@ -1,4 +1,4 @@
-"""Trained runs for the mechanism analyses: a run folder (``scaling.training.runlog``) loaded as
+"""Trained runs for the mechanism analyses: a run folder (``scaling.common.run_folder``) loaded as
 its ModelConfig and model, with its evaluation data.
 
 A run folder holds ``config.json`` (``model``: the ModelConfig; ``data_spec`` and ``data``: the

@@ -1,6 +1,6 @@
 """Which weights of a run to evaluate: a budget's, the final ones, or a DCP checkpoint's.
 
-A run folder (``scaling.training.runlog``) may hold, besides ``config.json`` and ``final.json``:
+A run folder (``scaling.common.run_folder``) may hold, besides ``config.json`` and ``final.json``:
 
 * ``final_weights.safetensors``: the weights at the end of the trunk, i.e. of the largest budget
   (``train --save-final-weights``);

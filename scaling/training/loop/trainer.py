@@ -20,7 +20,7 @@ weight decay, Loshchilov & Hutter 2019) on every matrix except the token embeddi
 Gradients are clipped to a global norm. fp32 on CPU (bitwise reproducible for a fixed thread
 count), bf16 autocast with fp32 master weights on CUDA.
 
-Logs go to ``runs/<name>/`` (see :mod:`scaling.training.runlog`): ``config.json``, ``metrics.jsonl``
+Logs go to ``runs/<name>/`` (see :mod:`scaling.common.run_folder`): ``config.json``, ``metrics.jsonl``
 (one line per logged update, keyed by ``iter``, the run's update counter, monotone across trunk
 and branches), ``final.json`` and ``checkpoints/``. A run killed at any moment and resumed logs
 exactly what an uninterrupted run logs.
