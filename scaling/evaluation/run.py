@@ -441,8 +441,8 @@ def write_table(rows: list[dict], path: Path) -> None:
     import csv
     import io
 
+    from scaling.common.run_folder import atomic_write_bytes
     from scaling.common.serialize import to_json
-    from scaling.training.runlog import atomic_write_bytes
 
     suffix = path.suffix.lower()
     if suffix == ".csv":
