@@ -317,3 +317,20 @@ def test_run_folder_name_check_catches_a_planted_name(tmp_path):
         fh.write('\n_PLANTED = Path("runs") / "checkpoints"\n_ALSO = "final.json"\n')
     bad = _run_folder_name_literals(copy)
     assert len(bad) == 2 and all(b.startswith("fitting/tables.py") for b in bad), bad
+
+
+# --- issue 30 item 7: no deliberate crash in production code --------------------------------------
+def test_no_fault_injection_in_the_library():
+    """The kill-and-resume tests bring their own faults (the trainer's ``after_update`` and
+    ``prepare``'s ``after_shard`` hooks, tests/killing_cli.py): no module of the library kills its
+    own process or reads a fault switch from the environment."""
+    bad = []
+    for path in sorted(SCALING.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                    and node.attr in ("kill", "killpg", "abort")):
+                bad.append(f"{path.relative_to(SCALING)}:{node.lineno} os.{node.attr}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "SMELT_FAULT" in node.value:
+                bad.append(f"{path.relative_to(SCALING)}:{node.lineno} {node.value[:40]!r}")
+    assert not bad, bad
