@@ -68,7 +68,7 @@ class Point:
     D: int
     loss: float
     val_bpb: float
-    flops: float
+    flops: int
     flops_per_token: int
     sparsity: float
     non_embedding_params: int
