@@ -88,7 +88,6 @@ from scaling.training.schema import check_fields, check_value
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Hyperparameters and resources of one training run.
