@@ -49,7 +49,8 @@ def test_dry_run_refuses_a_plan_that_does_not_fit(tmp_path):
         "gpu_memory_gb = 141", "gpu_memory_gb = 80"))), "--dry-run", "--json"])
     assert all(r["fits"] and r["layout"]["loop_grad"] == "per-pass" for r in json.loads(res.stdout)["runs"])
     # ... FSDP2's own reduction does not fit SMELT at 600M and 1.6B
-    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141", 'gpu_memory_gb = 80\nloop_grad = "fsdp"'))
+    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141",
+                                                'gpu_memory_gb = 80\nloop_grad = "fsdp"'))
     res = runner.invoke(app, ["sweep", str(plan), "--dry-run"])
     assert res.exit_code == 2
     errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]  # [data] path

@@ -96,10 +96,10 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ``grad_bytes`` otherwise), unless FSDP/HSDP reduce-scatter each pass's gradient
                 at its pass boundary (``Layout.loop_grad = "per-pass"``, the default when
                 sharded; scaling/training/parallel/loop_grad.py): then nothing is held and each
-                pass's gradient is the one layer's unsharded gradient of ``buffers``. The peak is found by walking the backward pass in
-                order (the head, then the layer passes in reverse), each moment's live set
-                being the activations still stored + the held looped gradients + the current
-                working set + the FSDP buffers.
+                pass's gradient is the one layer's unsharded gradient of ``buffers``. The
+                peak is found by walking the backward pass in order (the head, then the layer
+                passes in reverse), each moment's live set being the activations still stored +
+                the held looped gradients + the current working set + the FSDP buffers.
 ``buffers``     FSDP/HSDP: the root module's parameters (embedding, final norm, LM head) stay
                 unsharded in the compute dtype for the whole step (FSDP2 sets the root's
                 ``reshard_after_forward`` to False); two layers' all-gathered parameters

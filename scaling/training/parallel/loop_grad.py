@@ -170,7 +170,7 @@ class PerPassReducer:
         shard_dims = [i for i, pl in enumerate(placements) if pl.is_shard()]
         rep_dims = [i for i, pl in enumerate(placements) if pl.is_replicate()]
         if len(shard_dims) != 1 or placements[shard_dims[0]].dim != 0:
-            raise RuntimeError(f"per-pass gradient reduction expects Shard(0) on one mesh dim, got {placements}")
+            raise RuntimeError(f"per-pass reduction expects Shard(0) on one mesh dim, got {placements}")
         S = mesh.size(shard_dims[0])
         group = mesh.get_group(shard_dims[0])
         rdtype = self.reduce_dtype or grad.dtype
