@@ -19,10 +19,11 @@ router / shared-expert groups), three module hooks around FSDP2's own:
   has its own non-leaf "weight" and its own backward node;
 * before FSDP's reshard (``prepend=True``): put the unsharded parameters back.
 
-In backward, a pass's ``_PassGrad`` node receives that pass's summed weight gradient as soon as
-the layer pass's backward has produced it (its sequence number sits just below the pass's own
-ops, so the engine runs it at the pass boundary) and reduce-scatters it into the sharded
-gradient itself, returning nothing to the unsharded leaf, so FSDP's post-backward finds no
+In backward, a pass's ``_PassGrad`` node (one per module and pass, over all its weights)
+receives that pass's summed weight gradients once the layer pass's backward has produced them
+(its sequence number sits just below the pass's own ops, so the engine runs it at the pass
+boundary) and reduce-scatters them, in one flat collective as FSDP2 does, into the sharded
+gradients itself, returning nothing to the unsharded leaves, so FSDP's post-backward finds no
 gradient to reduce. FSDP still owns the all-gathers, resharding and prefetching.
 
 The reduction mirrors FSDP2's ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/
@@ -67,36 +68,30 @@ def resolve_loop_grad(loop_grad: str | None, mode: str, looped: bool) -> str:
     return loop_grad
 
 
-class _Slot:
-    """One parameter of one FSDP module: its sharded DTensor, the reduction policy, and the
-    passes of the current micro-batch whose backward has not run yet."""
-
-    __slots__ = ("sharded", "pending", "partial")
-
-    def __init__(self) -> None:
-        self.sharded = None
-        self.pending = 0
-        self.partial = None  # HSDP: reduce-scattered, not yet all-reduced (reduce dtype)
-
-
 class _PassGrad(torch.autograd.Function):
-    """Identity in forward; in backward, reduce this pass's gradient (see the module docstring)."""
+    """Identity on all of one FSDP module's weights in forward (one autograd node per pass); in
+    backward, reduce this pass's gradients of them together (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, w: torch.Tensor, hook: "PerPassReducer", slot: _Slot) -> torch.Tensor:
-        ctx.hook, ctx.slot = hook, slot
-        return w.view_as(w)
+    def forward(ctx, hook: "PerPassReducer", *ws: torch.Tensor):
+        ctx.hook = hook
+        ctx.meta = [(w.shape, w.dtype, w.device) for w in ws]
+        return tuple(w.view_as(w) for w in ws)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        hook, slot = ctx.hook, ctx.slot
-        slot.pending -= 1
+    def backward(ctx, *grads: torch.Tensor):
+        hook = ctx.hook
+        hook.pending -= 1
         if hook.observer is not None:
-            hook.observer(grad)
+            for g in grads:
+                if g is not None:
+                    hook.observer(g)
         if not hook.sync:  # FSDP2's own unsharded accumulation (grad_sync="last")
-            return grad, None, None
-        hook.reduce(grad, slot)
-        return None, None, None
+            return (None, *grads)
+        # a weight this pass did not use reduces zeros: every rank must send the same layout
+        hook.reduce([g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                     for g, (shape, dtype, device) in zip(grads, ctx.meta)])
+        return (None,) + (None,) * len(grads)
 
 
 class PerPassReducer:
@@ -118,13 +113,16 @@ class PerPassReducer:
         self.all_reduce = True
         self.observer: Callable[[torch.Tensor], None] | None = None
         # the parameters this FSDP module manages: its submodules' own, not a nested FSDP group's
-        self.entries: list[tuple[nn.Module, str, _Slot]] = []
+        self.entries: list[tuple[nn.Module, str]] = []
+        self.sharded: list = []      # their sharded DTensors, noted before each all-gather
+        self.pending = 0             # passes of this micro-batch whose backward has not run
+        self.partial = None          # HSDP: reduce-scattered, not yet all-reduced (flat)
         self._saved: list[torch.Tensor] = []
 
         def walk(m: nn.Module) -> None:
             for name, p in m._parameters.items():
                 if p is not None and p.requires_grad:
-                    self.entries.append((m, name, _Slot()))
+                    self.entries.append((m, name))
             for child in m.children():
                 if not isinstance(child, FSDPModule):
                     walk(child)
@@ -137,78 +135,85 @@ class PerPassReducer:
 
     # -- forward -----------------------------------------------------------------------------
     def _note_sharded(self, module, args) -> None:
-        for m, name, slot in self.entries:
-            slot.sharded = m._parameters[name]
+        self.sharded = [m._parameters[name] for m, name in self.entries]
 
     def _swap_in(self, module, args) -> None:
         self._saved = []
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not self.entries:
             return
-        for m, name, slot in self.entries:
-            w = m._parameters[name]
-            self._saved.append(w)
-            slot.pending += 1
-            m._parameters[name] = _PassGrad.apply(w, self, slot)
+        self._saved = [m._parameters[name] for m, name in self.entries]
+        self.pending += 1
+        for (m, name), w in zip(self.entries, _PassGrad.apply(self, *self._saved)):
+            m._parameters[name] = w
 
     def _swap_out(self, module, args, output) -> None:
         if self._saved:
-            for (m, name, _), w in zip(self.entries, self._saved):
+            for (m, name), w in zip(self.entries, self._saved):
                 m._parameters[name] = w
             self._saved = []
 
     # -- backward ----------------------------------------------------------------------------
     @torch.no_grad()
-    def reduce(self, grad: torch.Tensor, slot: _Slot) -> None:
-        """Reduce-scatter one pass's unsharded gradient and add it to the sharded ``.grad``."""
+    def reduce(self, grads: list[torch.Tensor]) -> None:
+        """Reduce-scatter one pass's unsharded gradients (one flat collective, FSDP2's layout:
+        each rank's dim-0 chunk of every weight, padded, side by side) and add each rank's
+        share to the sharded ``.grad``."""
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
-        p = slot.sharded
-        if not isinstance(p, DTensor):
+        p0 = self.sharded[0]
+        if not all(isinstance(p, DTensor) for p in self.sharded):
             raise RuntimeError("per-pass gradient reduction needs FSDP2's sharded DTensor parameters")
-        mesh, placements = p.device_mesh, p.placements
+        mesh, placements = p0.device_mesh, p0.placements
         shard_dims = [i for i, pl in enumerate(placements) if pl.is_shard()]
         rep_dims = [i for i, pl in enumerate(placements) if pl.is_replicate()]
         if len(shard_dims) != 1 or placements[shard_dims[0]].dim != 0:
             raise RuntimeError(f"per-pass reduction expects Shard(0) on one mesh dim, got {placements}")
         S = mesh.size(shard_dims[0])
-        group = mesh.get_group(shard_dims[0])
-        rdtype = self.reduce_dtype or grad.dtype
-        g = grad.to(rdtype)
-        rows = -(-g.shape[0] // S)
-        if rows * S != g.shape[0]:
-            g = torch.cat([g, g.new_zeros(rows * S - g.shape[0], *g.shape[1:])])
-        g = g.contiguous()
-        out = g.new_empty(rows, *g.shape[1:])
+        rdtype = self.reduce_dtype or grads[0].dtype
+        rows = [-(-g.shape[0] // S) for g in grads]
+        chunks = []
+        for g, r in zip(grads, rows):
+            g = g.to(rdtype)
+            if r * S != g.shape[0]:
+                g = torch.cat([g, g.new_zeros(r * S - g.shape[0], *g.shape[1:])])
+            chunks.append(g.reshape(S, -1))
+        flat = torch.cat(chunks, dim=1) if len(chunks) > 1 else chunks[0].contiguous()
+        del chunks, grads
+        out = flat.new_empty(flat.shape[1])
         replicas = 1
         for i in rep_dims:
             replicas *= mesh.size(i)
         avg = self.divide_factor is None and rdtype in (torch.float32, torch.bfloat16)
         if S > 1:
-            op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
-            dist.reduce_scatter_tensor(out, g, op=op, group=group)
+            dist.reduce_scatter_tensor(out, flat.view(-1), op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                                       group=mesh.get_group(shard_dims[0]))
         else:
-            out.copy_(g)
-        del g
+            out.copy_(flat.view(-1))
+        del flat
         if rep_dims:
-            if slot.partial is not None:
-                out += slot.partial
-                slot.partial = None
-            if not (self.all_reduce and slot.pending == 0):
-                slot.partial = out
+            if self.partial is not None:
+                out += self.partial
+                self.partial = None
+            if not (self.all_reduce and self.pending == 0):
+                self.partial = out
                 return
             for i in rep_dims:
                 dist.all_reduce(out, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
                                 group=mesh.get_group(i))
         if not avg:
             out.div_(self.divide_factor or S * replicas)
-        local = p.to_local()
-        new = out[: local.shape[0]].to(p.dtype)
-        if p.grad is None:
-            p.grad = DTensor.from_local(new, mesh, placements, run_check=False,
-                                        shape=p.shape, stride=p.stride())
-        else:
-            p.grad.to_local().add_(new)
+        offset = 0
+        for p, r in zip(self.sharded, rows):
+            row = p.numel() // p.shape[0] if p.shape[0] else 0
+            local = p.to_local()
+            new = out[offset: offset + local.numel()].view(local.shape).to(p.dtype)
+            offset += r * row
+            if p.grad is None:
+                p.grad = DTensor.from_local(new, mesh, placements, run_check=False,
+                                            shape=p.shape, stride=p.stride())
+            else:
+                p.grad.to_local().add_(new)
 
 
 def install_per_pass(model: nn.Module, mp_policy, divide_factors: dict | None = None) -> list[PerPassReducer]:
