@@ -40,7 +40,8 @@ unchanged, i.e. FSDP2's own unsharded accumulation, reduced by FSDP on the last 
 
 Cost: reduce-scatters per step go from one per looped layer to one per looped layer pass (for
 SMELT's loop of r = 2 passes over half the layers, 1.5x the layer reduce-scatter bytes), and
-the sharded gradient of a looped layer exists from its last pass on instead of its first.
+a looped layer's sharded gradient exists from the backward of its later pass on (the first
+in backward) instead of its earlier one.
 
 ``torch.compile``: the hooks are ``torch._dynamo.disable``-d as FSDP2's are; compiled blocks
 with per-pass reduction are exercised by ``benchmarks/gpu_check_scale.py`` on a GPU only.
@@ -237,6 +238,8 @@ def install_per_pass(model: nn.Module, mp_policy, divide_factors: dict | None = 
 
 
 def set_loop_grad_sync(model: nn.Module, sync: bool, all_reduce: bool) -> None:
-    """Whether this micro-batch reduces its looped gradients (and, HSDP, all-reduces them)."""
+    """Whether this micro-batch reduces its looped gradients (and, HSDP, all-reduces them).
+    Called before the micro-batch's forward: the pass count starts afresh (a forward with a
+    graph but no backward, e.g. after an error, would otherwise leave it off by its passes)."""
     for r in getattr(model, "loop_grad_reducers", ()):
-        r.sync, r.all_reduce = sync, all_reduce
+        r.sync, r.all_reduce, r.pending = sync, all_reduce, 0
