@@ -43,8 +43,10 @@ SMELT's loop of r = 2 passes over half the layers, 1.5x the layer reduce-scatter
 a looped layer's sharded gradient exists from the backward of its later pass on (the first
 in backward) instead of its earlier one.
 
-``torch.compile``: the hooks are ``torch._dynamo.disable``-d as FSDP2's are; compiled blocks
-with per-pass reduction are exercised by ``benchmarks/gpu_check_scale.py`` on a GPU only.
+``torch.compile``: the hooks are ``torch._dynamo.disable``-d as FSDP2's are and run outside the
+compiled block graphs (``Module.compile`` + ``fullgraph=True``, with activation checkpointing:
+on CPU every pass gradient reaches its node and 2 ranks train like one process, the slow test
+of tests/test_parallel.py); on CUDA ``benchmarks/gpu_check_scale.py`` checks it.
 """
 
 from __future__ import annotations
