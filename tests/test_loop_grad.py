@@ -179,3 +179,27 @@ def test_per_pass_holds_one_layer_pass_of_unsharded_gradients(two_ranks):
     # one reduce-scatter per FSDP group (4 layers and the root), the looped ones once per pass
     assert plain["reduce_scatters"] == cfg.n_layers + 1
     assert per_pass["reduce_scatters"] == cfg.n_layers + 1 + looped * (cfg.n_loops - 1)
+
+
+def test_planner_counts_per_pass_and_smelt_stays_within_its_baseline():
+    """plans/paper-tiers.toml: per-pass (the default when sharded) keeps every SMELT run within its
+    Baseline's memory + 10%; FSDP2's own does not at 600M and 1.6B. Reduce-scatters: one per layer
+    pass, 1.5x for SMELT's loop over half the layers."""
+    import dataclasses
+    from pathlib import Path
+
+    from scaling.accounting.memory import estimate_memory
+    from scaling.training.sweep.plan import load_plan
+
+    runs = load_plan(Path(__file__).resolve().parents[1] / "plans" / "paper-tiers.toml").runs
+    est = {(r.tier, r.arch, lg): estimate_memory(r.model, dataclasses.replace(r.layout(), loop_grad=lg))
+           for r in runs for lg in ("per-pass", "fsdp")}
+    assert all(r.layout().loop_grad == "per-pass" for r in runs)
+    for tier in ("100M", "200M", "600M", "1.6B"):
+        base = est[(tier, "baseline", "per-pass")]
+        assert base.total == est[(tier, "baseline", "fsdp")].total  # nothing looped
+        smelt, plain = est[(tier, "smelt", "per-pass")], est[(tier, "smelt", "fsdp")]
+        assert smelt.total <= 1.1 * base.total
+        assert smelt.reduce_scatter > plain.reduce_scatter
+        if tier in ("600M", "1.6B"):
+            assert plain.total > 1.1 * base.total
