@@ -11,6 +11,7 @@ from rich.markup import escape
 from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
+from scaling.common.run_folder import CONFIG, METRICS
 
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
 # Spelled out, not imported: the library's tuples live in torch modules, which --help must not
@@ -99,7 +100,7 @@ class _Bar:
 
 def _check_flags(folder: Path, resume: bool, overwrite: bool) -> None:
     """The run-folder refusals, worded with the flags (the library names the quantities)."""
-    holds = (folder / "config.json").exists() or (folder / "metrics.jsonl").exists()
+    holds = (folder / CONFIG).exists() or (folder / METRICS).exists()
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")
     if holds and not (resume or overwrite):
@@ -325,9 +326,9 @@ def register(app: typer.Typer) -> None:
         finally:
             if bar is not None:
                 bar.close()
-        import os
+        from scaling.training.parallel.distributed import launch_rank
 
-        if int(os.environ.get("RANK", "0")) != 0:
+        if launch_rank() != 0:
             return
         if json_out:
             emit_json(doc)

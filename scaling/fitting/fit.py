@@ -48,6 +48,7 @@ from scipy.optimize import minimize
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
+from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import Law, frontier, get_law
 from scaling.fitting.tables import flops_per_param_k, law_inputs, total_flops
 
@@ -411,12 +412,7 @@ def distinct_optima(z: np.ndarray, f: np.ndarray, tol: float = 1e-3, limit: int 
 
 # -- results ---------------------------------------------------------------------------------
 def _percentile_ci(samples: np.ndarray, level: float) -> tuple[float, float]:
-    samples = samples[np.isfinite(samples)]
-    if samples.size == 0:
-        return (math.nan, math.nan)
-    q = 100 * (1 - level) / 2
-    lo, hi = np.percentile(samples, [q, 100 - q])
-    return (float(lo), float(hi))
+    return percentile_interval(samples, level)
 
 
 def _import_lmfit():
