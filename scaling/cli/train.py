@@ -16,15 +16,17 @@ from scaling.common.run_folder import CONFIG, METRICS
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
 # Spelled out, not imported: the library's tuples live in torch modules, which --help must not
 # load; tests/test_cluster_use.py keeps them equal to training.loop.branches.SCHEDULES,
-# distributed.PARALLEL_MODES and parallel.GRAD_SYNC.
+# distributed.PARALLEL_MODES, parallel.GRAD_SYNC and loop_grad.LOOP_GRADS.
 SCHEDULES = ("wsd", "cosine")
 PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
 GRAD_SYNC = ("last", "every")
+LOOP_GRADS = ("per-pass", "fsdp")
 TierName = Literal[tuple(TIERS)]
 ArchName = Literal[ARCHS]
 ScheduleName = Literal[SCHEDULES]
 ParallelMode = Literal[PARALLEL_MODES]
 GradSync = Literal[GRAD_SYNC]
+LoopGrad = Literal[LOOP_GRADS]
 
 # Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra
 # run in it changes their answers (issue 29).
@@ -197,6 +199,10 @@ def register(app: typer.Typer) -> None:
             1, help="Expert-parallel degree (fsdp/hsdp): each rank holds 1/ep of the experts, tokens "
             "reach them by all-to-all; must divide the ranks [default: 1, no expert parallelism]."
         ),
+        loop_grad: Optional[LoopGrad] = typer.Option(
+            None, help="Looped layers' gradients under fsdp/hsdp: reduce-scattered after each pass "
+            "(per-pass) or by FSDP2 after the last (fsdp, holds them unsharded) [default: per-pass]."
+        ),
         resume: bool = typer.Option(
             False, "--resume",
             help="Continue an existing run from its last checkpoint (an error if the run does not exist).",
@@ -277,6 +283,7 @@ def register(app: typer.Typer) -> None:
             "grad_sync": ("grad_sync", grad_sync),
             "replicate": ("replicate", replicate),
             "ep": ("ep", ep),
+            "loop_grad": ("loop_grad", loop_grad),
         }
         fields = {k: v for k, (_, v) in values.items()}
         if config is not None:  # the file's values, except where a flag was given on the command line

@@ -130,6 +130,9 @@ class TrainConfig:
     replicate         HSDP replicate degree (None: the number of nodes)
     ep                expert-parallel degree (fsdp/hsdp only; 1: every rank holds every expert's
                       shard): scaling.training.parallel.expert_parallel
+    loop_grad         looped layers' gradients under fsdp/hsdp: "per-pass" (reduce-scattered after
+                      each pass) or "fsdp" (FSDP2's own, after the last); None: per-pass for SMELT
+                      (scaling.training.parallel.loop_grad)
     """
 
     tokens: tuple[float, ...]
@@ -171,6 +174,7 @@ class TrainConfig:
     grad_sync: str | None = None
     replicate: int | None = None
     ep: int = 1
+    loop_grad: str | None = None
 
     def __post_init__(self) -> None:
         # types first (the schema shared with plans and `train --config`), then ranges
@@ -205,6 +209,8 @@ class TrainConfig:
             raise UserError(f"parallel must be none, ddp, fsdp or hsdp, got {self.parallel!r}")
         if self.grad_sync is not None and self.grad_sync not in GRAD_SYNC:
             raise UserError(f"grad_sync must be last or every, got {self.grad_sync!r}")
+        if self.loop_grad is not None and self.loop_grad not in ("per-pass", "fsdp"):
+            raise UserError(f"loop_grad must be per-pass or fsdp, got {self.loop_grad!r}")
         if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):
             raise UserError(f"replicate must be a positive HSDP replicate degree, got {self.replicate!r} "
                             f"with parallel {self.parallel!r}")
@@ -257,7 +263,7 @@ _RANGES = (
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate", "ep", "data_verify"}
+               "grad_sync", "replicate", "ep", "loop_grad", "data_verify"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
@@ -497,7 +503,8 @@ class Trainer:
         self.grad_sync = resolve_grad_sync(cfg.grad_sync, resolve_mode(cfg.parallel, dist.world))
         self.model = build_model(model_cfg, cfg.seed, dist, cfg.parallel,
                                  activation_checkpointing=cfg.activation_checkpointing,
-                                 compile=resolve_compile(cfg.compile, device.type))
+                                 compile=resolve_compile(cfg.compile, device.type),
+                                 loop_grad=cfg.loop_grad)
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")
