@@ -22,7 +22,7 @@
 # log L, multi-start L-BFGS) with a bootstrap over runs (50 resamples here to keep the notebook fast;
 # `smelt-scale fit runs/` uses 200).
 #
-# The runs are **CPU proxies** (10^4–2·10^5 active parameters, 256-token context; the IsoFLOP study of
+# The runs are **CPU proxies** (4·10^3–4·10^5 active parameters, 256-token context; the IsoFLOP study of
 # `runs/README.md`). The data span the
 # sizes and token budgets in the table below; the law curves run a little past them (a factor 1.6 in
 # the fit panels, 2.5 in the IsoFLOP panels, 3 in compute for N*(C)) only to show their shape. What
@@ -95,7 +95,7 @@ plots.residuals(points, fits)
 
 # %% [markdown]
 # ## IsoFLOP profiles (approach 2) and the compute-optimal size
-# The study trains each size to the token counts of three IsoFLOP budgets (D = C/F), so the sizes
+# The study trains each size to the token counts of up to five IsoFLOP budgets (D = C/F), so the sizes
 # share those computes; the profiles read each run's loss at fixed training FLOPs off its budget
 # points (interpolated in log–log, inside each run's range only). Dashed: a parabola in log N through them, its vertex (diamond) where
 # it is convex with the minimum inside the sampled sizes; solid: the fitted law along the same

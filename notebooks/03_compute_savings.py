@@ -22,9 +22,9 @@
 # to reach the loss SMELT reaches with C: savings = 1 − C / C_Baseline. Intervals pair the two
 # architectures' bootstrap resamples.
 #
-# The runs are **CPU proxies** trained with at most about 1.1·10^12 FLOPs. Every number at a larger
-# budget is an **extrapolation** of a law fitted over half a decade of compute, and the figures shade
-# it; 10^21 FLOPs (the paper's headline budget) lies about 9 decades beyond the data. The paper's own laws
+# The runs are **CPU proxies** trained with at most about 3.6·10^12 FLOPs. Every number at a larger
+# budget is an **extrapolation** of a law fitted over one decade of compute, and the figures shade
+# it; 10^21 FLOPs (the paper's headline budget) lies about 8.4 decades beyond the data. The paper's own laws
 # (`--law-set paper`, fitted on 1.3e19–2.2e21 FLOPs) are drawn beside ours for orientation, not as a
 # target.
 
@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from scaling import plots
+from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
 from scaling.fitting.fit import fit_groups
 from scaling.fitting.reference_laws import load_law_set
 from scaling.fitting.savings import FittedLaw, savings, withhold_unidentified
@@ -69,17 +70,35 @@ plots.frontier(fits, points)
 # ## Savings against the budget
 # Left: savings with the 95% paired-bootstrap interval (an interval far outside the axes is cut at
 # them); grey dashed: the paper's two laws at its three sparsities. Right: the loss gap
-# L*_Baseline − L*_SMELT at equal compute (positive: SMELT better).
+# L*_Baseline − L*_SMELT at equal compute (positive: SMELT better). Where a law is not identified
+# its curve is only dashed (its shape, not a result), and inside the data the diamonds give what
+# `smelt-scale savings` answers there instead: the savings between the observed loss-compute
+# frontiers of the runs (`scaling.fitting.envelope`, no law), with their bootstrap intervals over
+# run pairs.
 
 # %%
 budgets = np.logspace(11, 22, 45)
 result, left_out = savings_over(base, smelt, budgets)
+result = withhold_unidentified(result, base, smelt, extrapolate=True)   # far rows marked, not dropped
+identified = not (base.unidentified or smelt.unidentified)
+inside = np.geomspace(*data_range, 9)
+observed = envelope_savings(envelope_points(points, run_pair_units(RUNS, points)), "baseline", "smelt",
+                            inside, n_bootstrap=BOOTSTRAP, seed=0)
 paper = load_law_set("paper")
 paper_result = savings(paper.fitted("baseline"), paper.fitted("smelt"), np.logspace(19, 22, 13),
                        sparsities=paper.sparsities)
 if left_out:
     print(f"left out {len(left_out)} budgets the bisection cannot answer: {left_out[0][1]}")
-plots.savings(result, data_range=data_range, reference=paper_result, mark=1e21)
+plots.savings(result, data_range=data_range, reference=paper_result, mark=1e21, observed=observed,
+              laws_identified=identified)
+
+# %% [markdown]
+# Inside the data, the observed frontiers (law-free; no number where one frontier never reaches the
+# other's loss):
+
+# %%
+pd.DataFrame([{"budget": r.budget, "savings": r.savings, "savings_ci": r.savings_ci, "loss_gap": r.loss_gap,
+               "reason": r.reason or ""} for r in observed])
 
 # %% [markdown]
 # ## The numbers
@@ -95,6 +114,11 @@ where = dict(zip(marks, ["end of data", "+1 decade", "+2 decades", "1e20", "1e21
 answered, unmatched = savings_over(base, smelt, marks)
 at = withhold_unidentified(answered, base, smelt)
 rows = [r.to_dict() for r in at.rows] + [{"budget": c, "savings": None, "reason": why} for c, why in unmatched]
+if not identified:   # inside the data `smelt-scale savings` lets the observed frontiers answer, not the laws
+    rows = [r if r["budget"] != data_range[1] else
+            {"budget": r["budget"], "savings": None, "extrapolation_decades": r["extrapolation_decades"],
+             "reason": "laws not identified: inside the data the observed frontiers answer (table above)"}
+            for r in rows]
 table = pd.DataFrame(rows).sort_values("budget").reindex(
     columns=["budget", "savings", "savings_ci", "loss_gap", "candidate_loss", "reference_compute",
              "tokens_per_param", "candidate_tokens_per_param", "extrapolation_decades", "reason"])
@@ -110,7 +134,7 @@ else:
           f"(95% CI {100 * r21['savings_ci'][0]:.1f} to {100 * r21['savings_ci'][1]:.1f}%), "
           f"{r21['extrapolation_decades']:.1f} decades beyond the data.")
 end = table[table["budget"] == data_range[1]].iloc[0]
-if end["savings"] is not None and np.isfinite(end["savings"]):
+if identified and end["savings"] is not None and np.isfinite(end["savings"]):
     print(f"At the end of the data ({data_range[1]:.3g} FLOPs), from the laws: {100 * end['savings']:.1f}% "
           f"(95% CI {100 * end['savings_ci'][0]:.1f} to {100 * end['savings_ci'][1]:.1f}%).")
 for w in at.warnings:

@@ -1,8 +1,8 @@
 """Checkpoints and run logs that must never lose or mix up data (issue 19), on proxy-tiny.
 
 The run-name collision and the corrupt metrics line run end to end through the CLI; the kills
-use the trainer's fault injection (SIGKILL right after an update's metrics line, before its
-checkpoint).
+use tests/killing_cli.py (the trainer's after_update hook SIGKILLs the process right after an
+update's metrics line, before its checkpoint).
 """
 
 import dataclasses
@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from killing_cli import KILLING_CLI
 from typer.testing import CliRunner
 
 from cli import app
@@ -45,8 +46,8 @@ def cli(args):
 
 def killed(args, env, at):
     """Run the CLI in a subprocess that SIGKILLs itself after update ``at``."""
-    proc = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**env, "SMELT_FAULT_KILL_AT_ITER": str(at)}, cwd=ROOT)
+    proc = subprocess.run([sys.executable, KILLING_CLI, str(at), *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == -9, proc.stderr[-2000:]
 
 

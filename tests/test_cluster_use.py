@@ -136,8 +136,10 @@ def test_choice_options_list_their_values_and_complete():
     from scaling.training.loop.branches import SCHEDULES
     from scaling.training.parallel.data_parallel import GRAD_SYNC
     from scaling.training.parallel.distributed import PARALLEL_MODES
+    from scaling.training.parallel.loop_grad import LOOP_GRADS
 
     assert (train.SCHEDULES, train.PARALLEL_MODES, train.GRAD_SYNC) == (SCHEDULES, PARALLEL_MODES, GRAD_SYNC)
+    assert train.LOOP_GRADS == LOOP_GRADS
     assert callable(_click.get_current_context) and issubclass(_click.exceptions.UsageError, Exception)
     out = CliRunner().invoke(app, ["train", "--help"]).stdout
     assert "<baseline|smelt>" in out and "<none|ddp|fsdp|hsdp>" in out and "proxy-xs" in out
@@ -366,6 +368,45 @@ def test_savings_figure_withholds_what_the_command_withholds(tmp_path):
     for a in fig.axes:
         for axis in (a.xaxis, a.yaxis):
             assert any(t.get_text() for t in axis.get_ticklabels() if t.get_visible())
+
+
+def test_savings_figure_of_unidentified_laws_shows_the_envelope_not_the_law(tmp_path):
+    """Where the laws are not identified (the shipped runs), inside the data the figure shows what
+    `smelt-scale savings` answers there, the observed frontiers' savings with their intervals, equal
+    to `savings --method envelope` at the same budgets; the law is only a dashed shape."""
+    if not (ROOT / "runs").is_dir():
+        pytest.skip("the shipped runs/ folder is absent")
+    import json
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.container import ErrorbarContainer
+    from typer.testing import CliRunner
+
+    from cli import app
+    from scaling import plots
+    from scaling.cli.plot import _Context
+
+    ctx = _Context(ROOT / "runs", 20, 0, None, "1e11:1e22:12", "baseline", "smelt", "chinchilla")
+    result, data_range = ctx.savings()
+    observed, identified = ctx.observed_savings()
+    assert not identified
+    got = [r for r in observed if r.savings is not None]
+    assert len(got) >= 4 and all(data_range[0] <= r.budget <= data_range[1] for r in got)
+    budgets = ",".join(repr(r.budget) for r in got)
+    res = CliRunner().invoke(app, ["savings", str(ROOT / "runs"), "--budgets", budgets,
+                                   "--method", "envelope", "--bootstrap", "20", "--json"])
+    assert res.exit_code == 0, res.output
+    cli = [r["savings"] for r in json.loads(res.stdout)["rows"] if r["savings"] is not None]
+    assert cli == pytest.approx([r.savings for r in got], abs=1e-12)
+    fig = plots.savings(result, data_range=data_range, observed=observed, laws_identified=identified)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert bars and len(bars[0].lines[0].get_xdata()) == len(got)
+    solid = [ln for ln in ax.lines if ln.get_linestyle() == "-" and len(ln.get_xdata()) >= 3]
+    assert not solid   # no law curve drawn as a result (the zero line is the axes' own, 2 points)
+    lo, hi = ax.get_ylim()
+    assert lo <= 100 * min(r.savings for r in got) and 100 * max(r.savings for r in got) <= hi
 
 
 def test_compare_figure_names_seeds_and_its_error_bars():

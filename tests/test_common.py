@@ -74,6 +74,29 @@ def test_run_folders_status(tmp_path):
     assert RunFolder(tmp_path / "d").status() == "new"
 
 
+def test_run_status_is_one_rule(tmp_path):
+    """Issue 30: RunFolder.status is the sweep's rule. An incomplete or unreadable final.json is never
+    'done'; without config.json the trainer cannot resume, so a final.json alone is 'new'."""
+    from scaling.training.sweep.submit import run_status
+
+    cases = {"done": ({"complete": True}, True), "incomplete": ({"complete": False}, True),
+             "torn": ("{\"comp", True), "final-only": ({"complete": False}, False),
+             "torn-only": ("{\"comp", False), "config-only": (None, True), "metrics-only": (None, False)}
+    for name, (final, config) in cases.items():
+        (tmp_path / name).mkdir()
+        if config:
+            (tmp_path / name / "config.json").write_text("{}")
+        if final is not None:
+            text = final if isinstance(final, str) else json.dumps(final)
+            (tmp_path / name / "final.json").write_text(text)
+    (tmp_path / "metrics-only" / "metrics.jsonl").write_text('{"iter": 1}\n')
+    want = {"done": "done", "incomplete": "partial", "torn": "partial", "final-only": "new",
+            "torn-only": "new", "config-only": "partial", "metrics-only": "new", "absent": "new"}
+    for name, status in want.items():
+        assert RunFolder(tmp_path / name).status() == status, name
+        assert run_status(tmp_path, name) == status, name
+
+
 # -- statistics and formats ----------------------------------------------------------------------
 def test_percentile_interval_leaves_out_failed_resamples():
     x = np.arange(101, dtype=float)
@@ -136,3 +159,28 @@ def test_default_sparsity_is_the_median_of_distinct_recorded_values():
     assert default_sparsity([0.123456]) == 0.1235
     with pytest.raises(UserError, match="record none"):
         default_sparsity([])
+
+
+def test_user_error_hint_is_for_the_command_line(tmp_path):
+    """Issue 30: a library error keeps CLI words out of its message; the CLI shows them."""
+    from typer.testing import CliRunner
+
+    from scaling.cli import app
+    from scaling.training.data.shards import read_manifest
+
+    exc = UserError("no manifest.json in d", hint="make one with `smelt-scale prepare-data`", sep=": ")
+    assert str(exc) == "no manifest.json in d"
+    assert exc.with_hint() == "no manifest.json in d: make one with `smelt-scale prepare-data`"
+    assert UserError("plain").with_hint() == "plain"
+
+    (tmp_path / "data").mkdir()
+    with pytest.raises(UserError) as refused:
+        read_manifest(tmp_path / "data")
+    assert str(refused.value) == f"no manifest.json in {tmp_path / 'data'}"
+    res = CliRunner().invoke(app, ["train", "--tier", "proxy-tiny", "--arch", "smelt", "--tokens", "1e4",
+                                   "--data", str(tmp_path / "data"), "--device", "cpu",
+                                   "--runs-dir", str(tmp_path / "runs"), "--json"])
+    assert res.exit_code == 2
+    assert " ".join(res.stderr.split()) == (
+        f"error: no manifest.json in {tmp_path / 'data'}: make one with `smelt-scale prepare-data` (which "
+        "also indexes existing nanoGPT/OLMo-style shards when told their dtype and vocabulary)")

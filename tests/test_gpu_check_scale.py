@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check_scale.py: its CPU path runs both checks; without CUDA the default skips."""
+"""benchmarks/gpu_check_scale.py: its CPU path runs the three checks; without CUDA the default skips."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ def _module():
     return mod
 
 
-def test_cpu_path_runs_chunked_ce_and_ep_dispatch():
+def test_cpu_path_runs_chunked_ce_ep_dispatch_and_per_pass_reduction():
     if torch.distributed.is_initialized():
         pytest.skip("a process group is already initialised in this process")
     res = _module().run_checks(argparse.Namespace(device="cpu"))
     assert res["ok"] is True
     assert res["chunked_ce"]["loss_rel_diff"] <= 1e-5 and res["ep_dispatch"]["max_abs_diff"] <= 1e-5
+    pp = res["per_pass_reduction"]
+    assert pp["grad_rel_diff"] <= 1e-6 and pp["per-pass"]["reducers"] == 2 and pp["fsdp"]["reducers"] == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without CUDA")

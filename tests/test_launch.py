@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from killing_cli import KILLING_CLI
 
 from scaling.accounting.tiers import get_config
 from scaling.common.errors import UserError
@@ -70,11 +71,11 @@ def cache(tmp_path_factory, monkeypatch):
 
 def torchrun(args: list[str], cache: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    if kill_at is not None:  # every rank SIGKILLs itself after that update's metrics line
-        env["SMELT_FAULT_KILL_AT_ITER"] = str(kill_at)
     smelt_scale = str(Path(sys.executable).parent / "smelt-scale")  # the README's command line
+    # with kill_at, every rank SIGKILLs itself after that update's metrics line
+    entry = ["--no-python", smelt_scale] if kill_at is None else [KILLING_CLI, str(kill_at)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--no-python", smelt_scale, "train", *args]
+           *entry, "train", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 

@@ -145,3 +145,192 @@ def test_training_room_rules_catch_a_planted_breach(tmp_path):
     assert any("model/transformer.py (model) imports scaling.training.loop.trainer (loop)" in b for b in bad)
     assert any("data/shards.py imports torch" in b for b in bad)
     assert any("stray" in b for b in bad)
+
+
+# --- issue 30 item 6: no import cycle anywhere in scaling/ ----------------------------------------
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``root`` (a ``scaling`` tree) it imports, at module level or inside a
+    function alike (``if TYPE_CHECKING`` blocks too). ``from a.b import c`` is an edge to ``a.b.c``
+    when that is a module, else to ``a.b``. The parent packages an import runs first (``a``, ``a.b``)
+    are not edges: a package's ``__init__`` re-exporting its members would otherwise close a circle
+    with each of them, and Python finishes a parent before it runs a child."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                candidates = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package of this module
+                    pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                    pkg = pkg[:len(pkg) - node.level + 1]
+                    base = ".".join(pkg + ([base] if base else []))
+                candidates = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for mod in candidates:
+                while mod and mod not in files:  # `import a.b.c` of a name inside a module
+                    mod = mod.rpartition(".")[0]
+                if mod and mod != name:
+                    targets.add(mod)
+                elif mod == name:
+                    targets.add(name)  # a module importing itself
+        graph[name] = targets
+    return graph
+
+
+def _import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected components of the import graph with more than one module (or a module
+    importing itself): each is an import circle (Tarjan's algorithm, iterative)."""
+    graph = _import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycle_in_scaling():
+    cycles = _import_cycles(SCALING)
+    assert not cycles, cycles
+
+
+def test_import_cycle_check_catches_a_planted_circle(tmp_path):
+    """A copy of the tree has no circle; one function-level import back from ``common.errors`` to a
+    module that imports it closes one, and it is reported."""
+    import shutil
+
+    copy = tmp_path / "scaling"
+    shutil.copytree(SCALING, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert _import_cycles(copy) == []
+    with open(copy / "common" / "errors.py", "a") as fh:
+        fh.write("\n\ndef _planted():\n    from scaling.common.files import read_json  # noqa: F401\n")
+    cycles = _import_cycles(copy)
+    assert len(cycles) == 1 and {"scaling.common.errors", "scaling.common.files"} <= set(cycles[0]), cycles
+
+
+# --- issue 30 item 1: the run folder's file names are defined in one module ----------------------
+RUN_FOLDER_MODULE = SCALING / "common" / "run_folder.py"
+# (module, name) -> why that literal is not a run folder's file
+NOT_RUN_FOLDER = {
+    ("evaluation/export.py", "config.json"): "the config of an exported Hugging Face model folder",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _run_folder_name_literals(root: Path) -> list[str]:
+    """Literals spelling a run-folder file name outside scaling/common/run_folder.py: a file name
+    anywhere in code (docstrings aside), a folder name (``checkpoints``, ``weights``, ``analysis``)
+    where a path is joined or a constant assigned."""
+    from scaling.common.run_folder import FILES
+
+    files = {n for n in FILES if "." in n}
+    folders = set(FILES) - files
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if path.resolve() == RUN_FOLDER_MODULE.resolve() or rel == "common/run_folder.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in files and id(node) not in docs:
+                if (rel, node.value) not in NOT_RUN_FOLDER:
+                    bad.append(f"{rel}:{node.lineno} spells {node.value!r}")
+            operands = []
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                operands = [node.left, node.right]
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.isupper()
+                                                      for t in node.targets):
+                operands = [node.value]
+            for op in operands:
+                if isinstance(op, ast.Constant) and op.value in folders:
+                    bad.append(f"{rel}:{op.lineno} spells {op.value!r}")
+    return bad
+
+
+def test_run_folder_file_names_are_defined_once():
+    bad = _run_folder_name_literals(SCALING)
+    assert not bad, f"use the names of scaling.common.run_folder: {bad}"
+
+
+def test_run_folder_name_check_catches_a_planted_name(tmp_path):
+    import shutil
+
+    copy = tmp_path / "scaling"
+    shutil.copytree(SCALING, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "fitting" / "tables.py", "a") as fh:
+        fh.write('\n_PLANTED = Path("runs") / "checkpoints"\n_ALSO = "final.json"\n')
+    bad = _run_folder_name_literals(copy)
+    assert len(bad) == 2 and all(b.startswith("fitting/tables.py") for b in bad), bad
+
+
+# --- issue 30 item 7: no deliberate crash in production code --------------------------------------
+def test_no_fault_injection_in_the_library():
+    """The kill-and-resume tests bring their own faults (the trainer's ``after_update`` and
+    ``prepare``'s ``after_shard`` hooks, tests/killing_cli.py): no module of the library kills its
+    own process or reads a fault switch from the environment."""
+    bad = []
+    for path in sorted(SCALING.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                    and node.attr in ("kill", "killpg", "abort")):
+                bad.append(f"{path.relative_to(SCALING)}:{node.lineno} os.{node.attr}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "SMELT_FAULT" in node.value:
+                bad.append(f"{path.relative_to(SCALING)}:{node.lineno} {node.value[:40]!r}")
+    assert not bad, bad

@@ -44,7 +44,13 @@ def test_paper_plan_fits_every_run_and_its_copy_is_identical():
 
 
 def test_dry_run_refuses_a_plan_that_does_not_fit(tmp_path):
-    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141", "gpu_memory_gb = 80"))
+    # per-pass reduction of the looped gradients (the default) fits every run in 80 GB ...
+    res = runner.invoke(app, ["sweep", str(_paper(tmp_path, lambda s: s.replace(
+        "gpu_memory_gb = 141", "gpu_memory_gb = 80"))), "--dry-run", "--json"])
+    assert all(r["fits"] and r["layout"]["loop_grad"] == "per-pass" for r in json.loads(res.stdout)["runs"])
+    # ... FSDP2's own reduction does not fit SMELT at 600M and 1.6B
+    plan = _paper(tmp_path, lambda s: s.replace("gpu_memory_gb = 141",
+                                                'gpu_memory_gb = 80\nloop_grad = "fsdp"'))
     res = runner.invoke(app, ["sweep", str(plan), "--dry-run"])
     assert res.exit_code == 2
     errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]  # [data] path
@@ -93,7 +99,8 @@ def test_plan_without_parallel_table_has_no_verdict():
 
 def test_h100_plan_fits_every_run_with_expert_parallelism(tmp_path):
     """plans/paper-tiers-h100.toml: the eight runs on 80 GB GPUs with EP 8 inside a node (planner);
-    the same plan without EP does not fit SMELT at 600M."""
+    the same plan without EP fits too with per-pass looped gradients, but not SMELT at 600M
+    with FSDP2's own (loop_grad = "fsdp")."""
     h100 = ROOT / "plans" / "paper-tiers-h100.toml"
     res = runner.invoke(app, ["sweep", str(h100), "--dry-run", "--json"])
     # the estimates are printed; the only refusal is the [data] folder this machine does not have
@@ -103,5 +110,8 @@ def test_h100_plan_fits_every_run_with_expert_parallelism(tmp_path):
     assert all(r["layout"]["ep"] == 8 and r["communication_gb_per_step"]["all_to_all"] > 0 for r in rows)
     no_ep = tmp_path / "no-ep.toml"
     no_ep.write_text(h100.read_text().replace("\nep = 8 ", "\n# ep = 8 "))
+    res = runner.invoke(app, ["sweep", str(no_ep), "--dry-run", "--json"])
+    assert all(r["fits"] for r in json.loads(res.stdout)["runs"])
+    no_ep.write_text(h100.read_text().replace("\nep = 8 ", '\nloop_grad = "fsdp"\n# ep = 8 '))
     res = runner.invoke(app, ["sweep", str(no_ep), "--dry-run"])
     assert res.exit_code == 2 and "error: tier 600M (600M-smelt-s0) needs" in res.stderr

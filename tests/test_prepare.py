@@ -158,16 +158,19 @@ def test_validation_split_is_stable_under_file_order(env, tmp_path):
 
 
 @pytest.mark.parametrize("after", [1, 3])
-def test_interrupted_prepare_reruns_to_identical_output(env, tmp_path, monkeypatch, after):
+def test_interrupted_prepare_reruns_to_identical_output(env, tmp_path, after):
     out = tmp_path / "out"
-    monkeypatch.setenv("SMELT_FAULT_PREPARE_RAISE_AFTER_SHARDS", str(after))
+
+    def fail(n_shards):
+        if n_shards == after:
+            raise RuntimeError(f"fault injected after {after} shards")
+
     with pytest.raises(RuntimeError, match="fault injected"):
-        prepare(env["inputs"], out, OPTS)
+        prepare(env["inputs"], out, OPTS, after_shard=fail)
     assert not (out / "manifest.json").exists()
     shards = sorted(out.glob("train-*.bin"))
     assert len(shards) == after  # finished shards are complete under their final names
     assert all(p.stat().st_size == 2 * SHARD for p in shards)
-    monkeypatch.delenv("SMELT_FAULT_PREPARE_RAISE_AFTER_SHARDS")
     # another chunk size moves every checkpoint; the output must not depend on it
     prepare(env["inputs"], out, PrepareOptions(**{**OPTS.__dict__, "chunk_bytes": 25_000}))
     assert _files(out) == _files(env["out"])
@@ -196,12 +199,15 @@ def test_sampling_is_a_pure_function_and_crosses_shards(env):
 
 
 TRAIN = """
-import json, sys
+import json, os, signal, sys
 from scaling.accounting.tiers import get_config
 from scaling.training.loop.trainer import TrainConfig, train
 a = json.loads(sys.argv[1])
+def kill(state):  # after update kill_at's metrics line, before its checkpoint
+    if state.iter == a["kill_at"]:
+        os.kill(os.getpid(), signal.SIGKILL)
 train(get_config("proxy-tiny", "smelt"), TrainConfig(**a["cfg"]), tier="proxy-tiny", run_name=a["name"],
-      runs_dir=a["runs"], ckpt_dir=a["ckpt"])
+      runs_dir=a["runs"], ckpt_dir=a["ckpt"], after_update=kill)
 """
 
 
@@ -214,9 +220,9 @@ def test_train_on_shards_kill_and_resume_gives_identical_logs(env, tmp_path):
     train(get_config("proxy-tiny", "smelt"), TrainConfig(**cfg), tier="proxy-tiny", run_name="ref",
           runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt")
     args = json.dumps({"cfg": cfg, "name": "killed", "runs": str(tmp_path / "runs"),
-                       "ckpt": str(tmp_path / "ckpt")})
+                       "ckpt": str(tmp_path / "ckpt"), "kill_at": 11})
     proc = subprocess.run([sys.executable, "-c", TRAIN, args], capture_output=True, timeout=300,
-                          env={**os.environ, "SMELT_FAULT_KILL_AT_ITER": "11", "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     train(get_config("proxy-tiny", "smelt"), TrainConfig(**cfg), tier="proxy-tiny", run_name="killed",
           runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt", resume=True)

@@ -26,21 +26,22 @@ TIMING = {"tokens_per_s", "wall_s", "data_wait_s", "peak_mem_bytes"}
 CFG = dict(tokens=[10 * STEP_TOKENS, 20 * STEP_TOKENS], batch_size=8, data_max_bytes=100_000, eval_every=5,
            ckpt_every=4, threads=1, val_windows=16, warmup=2)
 SCRIPT = """
-import json, os, sys
+import json, os, signal, sys
 from scaling.accounting.tiers import get_config
 from scaling.training.loop.trainer import TrainConfig, train
 a = json.loads(sys.argv[1])
 resume = os.path.exists(os.path.join(a["runs"], a["name"], "config.json"))
+def kill(state):  # after update kill_at's metrics line (and final.json point), before its checkpoint
+    if state.iter == a["kill_at"]:
+        os.kill(os.getpid(), signal.SIGKILL)
 train(get_config(a["tier"], "smelt"), TrainConfig(**a["cfg"]), tier=a["tier"], run_name=a["name"],
-      runs_dir=a["runs"], resume=resume)
+      runs_dir=a["runs"], resume=resume, after_update=kill)
 """
 
 
 def launch(tmp_path, name, env, kill_at=None, cfg=CFG):
-    args = json.dumps({"tier": TIER, "cfg": cfg, "name": name, "runs": str(tmp_path / "runs")})
-    env = dict(env)
-    if kill_at is not None:
-        env["SMELT_FAULT_KILL_AT_ITER"] = str(kill_at)
+    args = json.dumps({"tier": TIER, "cfg": cfg, "name": name, "runs": str(tmp_path / "runs"),
+                       "kill_at": kill_at})
     return subprocess.Popen([sys.executable, "-c", SCRIPT, args], env=env, stderr=subprocess.PIPE)
 
 

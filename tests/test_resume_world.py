@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+from killing_cli import KILLING_CLI
 
 from scaling.accounting.tiers import get_config
 from scaling.common.files import read_jsonl
@@ -42,10 +43,9 @@ def cli_args(runs, name, resume=False):
 
 
 def run_cli(args, env, ranks=1, kill_at=None):
+    entry = ["-m", "cli"] if kill_at is None else [KILLING_CLI, str(kill_at)]  # every rank kills itself
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-                "-m", "cli"] if ranks > 1 else [sys.executable, "-m", "cli"]
-    if kill_at is not None:
-        env = {**env, "SMELT_FAULT_KILL_AT_ITER": str(kill_at)}
+                *entry] if ranks > 1 else [sys.executable, *entry]
     return subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

@@ -254,3 +254,28 @@ def load_table_df(df, tmp_path, cols):
 
 def load_points_df(df, tmp_path, cols):
     return load_table_df(df, tmp_path, cols).points
+
+
+def test_point_is_the_seam_of_trainer_and_fitter():
+    """Issue 30: the final.json points of the shipped runs are Point records (same keys, same order),
+    the fitter's default columns are Point fields, and a Point's dict is what final.json holds."""
+    import dataclasses
+    from pathlib import Path
+
+    from scaling.common.run_folder import FINAL, Point
+    from scaling.fitting.tables import GUESS_C, GUESS_GROUP, GUESS_RUN, Columns
+
+    names = [f.name for f in dataclasses.fields(Point)]
+    assert len(names) == 19
+    cols = Columns()
+    assert {cols.n, cols.d, cols.loss, cols.flops_per_token, cols.sparsity, GUESS_C, GUESS_GROUP,
+            GUESS_RUN} <= set(names)
+    root = Path(__file__).resolve().parents[1]
+    finals = sorted(root.glob(f"runs*/**/{FINAL}"))
+    assert finals
+    for f in finals:
+        for p in json.loads(f.read_text())["points"]:
+            assert list(p) == names, f
+            assert Point.from_dict(p).to_dict() == p
+    with pytest.raises(KeyError):
+        Point.key("params")

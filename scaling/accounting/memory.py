@@ -93,10 +93,13 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 looped weights: autograd sums all contributions to a leaf before accumulating
                 it, so a looped layer's weight gradient from its later pass waits, whole, in
                 the engine until its first pass's backward (c each under FSDP mixed precision,
-                ``grad_bytes`` otherwise). The peak is found by walking the backward pass in
-                order (the head, then the layer passes in reverse), each moment's live set
-                being the activations still stored + the held looped gradients + the current
-                working set + the FSDP buffers.
+                ``grad_bytes`` otherwise), unless FSDP/HSDP reduce-scatter each pass's gradient
+                at its pass boundary (``Layout.loop_grad = "per-pass"``, the default when
+                sharded; scaling/training/parallel/loop_grad.py): then nothing is held and each
+                pass's gradient is the one layer's unsharded gradient of ``buffers``. The
+                peak is found by walking the backward pass in order (the head, then the layer
+                passes in reverse), each moment's live set being the activations still stored +
+                the held looped gradients + the current working set + the FSDP buffers.
 ``buffers``     FSDP/HSDP: the root module's parameters (embedding, final norm, LM head) stay
                 unsharded in the compute dtype for the whole step (FSDP2 sets the root's
                 ``reshard_after_forward`` to False); two layers' all-gathered parameters
@@ -123,7 +126,8 @@ tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi
   the compute dtype in forward and again in backward (``reshard_after_forward=True``, the
   FSDP2 default, also for the looped layers: keeping them unsharded across the loop would
   hold half the model); the root once. Reduce-scatter in ``reduce_bytes`` once per layer and
-  synced micro-batch: the weight gradient of both passes arrives summed (see ``working``).
+  synced micro-batch: the weight gradient of both passes arrives summed (see ``working``);
+  with ``loop_grad = "per-pass"`` once per layer *pass* instead (the looped layers r times).
   HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
 * DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
 * Expert parallelism of degree P (scaling/training/parallel/expert_parallel.py): a rank holds the
@@ -147,6 +151,7 @@ GB = 1e9
 MODES = ("none", "ddp", "fsdp", "hsdp")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_SYNCS = ("every", "last")
+LOOP_GRADS = ("per-pass", "fsdp")
 # torch.compile (inductor, per block) fuses the layer's elementwise chains (SwiGLU, norms, rotary,
 # gate products) and stores fewer, smaller tensors for backward: the bytes one forward leaves
 # allocated were 0.807 / 0.793 / 0.805 / 0.792 of this module's eager per-layer count on one H200
@@ -239,6 +244,11 @@ class Layout:
                       ``head_activation_bytes``); False: plain cross-entropy over [N, V] logits
     compiled          blocks run under torch.compile (the trainer's default on CUDA): each layer
                       pass stores ``COMPILED_LAYER_ACTIVATIONS`` of the eager bytes (measured)
+    loop_grad         fsdp/hsdp, looped models: "per-pass" reduce-scatters a looped layer's gradient
+                      after each pass (nothing held unsharded across passes, r reduce-scatters per
+                      looped layer), "fsdp" leaves it to FSDP2 (after the last pass; the later
+                      passes' gradients wait unsharded). Default: "per-pass" when sharded, the
+                      trainer's (scaling.training.parallel.loop_grad.resolve_loop_grad)
     """
 
     mode: str = "none"
@@ -258,6 +268,7 @@ class Layout:
     chunked_ce: bool = True
     ep: int = 1
     compiled: bool = False
+    loop_grad: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -272,6 +283,10 @@ class Layout:
             object.__setattr__(self, "grad_sync", "every" if self.mode in ("fsdp", "hsdp") else "last")
         if self.grad_sync not in GRAD_SYNCS:
             raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
+        if self.loop_grad is None:
+            object.__setattr__(self, "loop_grad", "per-pass" if self.mode in ("fsdp", "hsdp") else "fsdp")
+        if self.loop_grad not in LOOP_GRADS:
+            raise UserError(f"loop_grad must be one of {', '.join(LOOP_GRADS)}, got {self.loop_grad!r}")
         for name in ("param_dtype", "grad_dtype", "optim_dtype", "compute_dtype", "reduce_dtype"):
             _dtype_bytes(getattr(self, name), name)
         if self.mode == "none" and self.world != 1:
@@ -518,6 +533,11 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     layer_work = N * (2 * cfg.top_k * c * dp + resid * d) + (
         0 if layout.sharded else gb * cfg.n_experts * fp * dp)
     held_bytes = Lp * (c if layout.sharded else gb)
+    # per-pass reduction: each pass's gradient is reduce-scattered at its pass boundary, except on
+    # micro-batches that do not sync (grad_sync "last" before the last one), which hand it to FSDP2
+    per_pass = layout.sharded and layout.loop_grad == "per-pass" and cfg.is_looped
+    if per_pass and (layout.grad_sync == "every" or layout.grad_accum_steps == 1):
+        held_bytes = 0
 
     # FSDP buffers / autocast copies (constant over the backward)
     root = n_total - cfg.n_layers * (Lp_ne + expert_layer)
@@ -556,13 +576,14 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         if live > best[0]:
             best = (live, remaining + recompute, layer_work + held, g_now, f"layer {layer} pass {pass_}")
         remaining -= stored_pass
-        if cfg.is_looped and cfg.loop_start <= layer < cfg.loop_end:
+        looped = cfg.is_looped and cfg.loop_start <= layer < cfg.loop_end
+        if looped:
             if pass_ == cfg.n_loops:
                 held += held_bytes  # its weight gradient waits, summed, for the first pass
             elif pass_ == 1:
                 held -= held_bytes
-        if progressive and pass_ == 1:
-            g_now += gb * layer_local
+        if progressive and pass_ == (cfg.n_loops if per_pass and looped else 1):
+            g_now += gb * layer_local  # the sharded gradient exists from the first reduce-scatter
     if grads > best[0]:  # the optimizer step: every gradient, no activations (tiny models)
         best = (grads, 0, 0, grads, "optimizer step")
     _, acts, work, grads, peak_at = best
@@ -575,7 +596,8 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
         ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
                             + frac_e * 2 * cfg.n_layer_passes * share_layer))
-        rs = round(m_sync * rb * (frac * (cfg.n_layers * Lp_ne + root) + frac_e * cfg.n_layers * share_layer))
+        n_rs = cfg.n_layer_passes if per_pass else cfg.n_layers  # reduce-scatters per micro-batch
+        rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
     # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
     # (P-1)/P of them leave the rank under uniform routing
     a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0

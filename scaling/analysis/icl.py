@@ -58,7 +58,7 @@ class ShotAccuracy:
 
 
 @dataclass(frozen=True)
-class ICLResult(Result):
+class ICLResult(Result, kinds=("icl",)):
     """Dyck completion accuracy by number of in-context demonstrations k (greedy decoding,
     exact match). ``skipped`` lists requested k whose prompts do not fit the context."""
 

@@ -78,7 +78,7 @@ class GainBucket:
 
 
 @dataclass(frozen=True)
-class LengthGain(Result):
+class LengthGain(Result, kinds=("lengths_gain",)):
     """The gain of one SMELT run over one Baseline run per bucket, and the ratio of the gain on
     long documents (length >= T/8, the paper's 512-4096 at T = 4096) to that on short ones
     (the paper: about 1.52x). None where a side has no tokens."""
@@ -115,7 +115,7 @@ class LengthGain(Result):
 
 
 @dataclass(frozen=True)
-class LengthsResult(Result):
+class LengthsResult(Result, kinds=("lengths",)):
     """Validation loss of one run by document length (documents from BOS, cut to the context)
     and by token position (the fixed validation windows the trainer evaluates on)."""
 

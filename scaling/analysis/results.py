@@ -5,6 +5,11 @@ serializer of ``scaling.common.serialize``) and ``to_frame()`` (pandas). :func:`
 one to ``runs/<run>/analysis/<kind>.json`` and :func:`load_result` reads it back, so notebooks
 and ``smelt-scale plot`` need not recompute; :func:`saved_analyses` collects one kind over a runs
 folder.
+
+The kind -> class map fills itself: each result class names the kinds it is saved under
+(``class SinkResult(Result, kinds=("sink", "sink_dyck"))``), so this module imports none of them
+(the package ``scaling.analysis`` imports every analysis, hence every class is registered before a
+result is read back).
 """
 
 from __future__ import annotations
@@ -15,19 +20,26 @@ from typing import Any
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
+from scaling.common.run_folder import ANALYSIS_DIR, write_json
 from scaling.common.serialize import Record, to_json
-from scaling.training import runlog
 
-ANALYSIS_DIR = "analysis"
 # The saved kinds (file names under analysis/): the attention sink on validation documents and on
 # Dyck prompts, loss by length/position, the SMELT-over-Baseline gain, in-context learning.
 KINDS = ("sink", "sink_dyck", "lengths", "lengths_gain", "icl")
+_CLASSES: dict[str, type] = {}  # kind -> result class, filled by Result.__init_subclass__
 
 
 class Result(Record):
     """JSON for the frozen results (nested dataclasses, tuples); NaN/inf become None."""
 
     kind: str = ""
+
+    def __init_subclass__(cls, kinds: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for kind in kinds:
+            if kind not in KINDS or _CLASSES.get(kind, cls) is not cls:
+                raise TypeError(f"{cls.__name__}: kind {kind!r} is not a free one of {KINDS}")
+            _CLASSES[kind] = cls
 
     def to_dict(self) -> dict:
         return json.loads(to_json(super().to_dict(), indent=None))
@@ -44,12 +56,7 @@ class Result(Record):
 def _result_class(kind: str) -> type:
     if kind not in KINDS:
         raise UserError(f"unknown analysis kind {kind!r}; one of {', '.join(KINDS)}")
-    from scaling.analysis.icl import ICLResult
-    from scaling.analysis.lengths import LengthGain, LengthsResult
-    from scaling.analysis.sink import SinkResult
-
-    return {"sink": SinkResult, "sink_dyck": SinkResult, "lengths": LengthsResult,
-            "lengths_gain": LengthGain, "icl": ICLResult}[kind]
+    return _CLASSES[kind]
 
 
 def save_result(result: Result, run_dir: Path | str, kind: str | None = None) -> Path:
@@ -58,7 +65,7 @@ def save_result(result: Result, run_dir: Path | str, kind: str | None = None) ->
     folder = Path(run_dir) / ANALYSIS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{kind}.json"
-    runlog.write_json(path, {"kind": kind, "result": result.to_dict()})
+    write_json(path, {"kind": kind, "result": result.to_dict()})
     return path
 
 
@@ -67,8 +74,8 @@ def load_result(run_dir: Path | str, kind: str):
     cls = _result_class(kind)
     path = Path(run_dir) / ANALYSIS_DIR / f"{kind}.json"
     if not path.is_file():
-        raise UserError(f"no saved {kind} analysis at {path}; run the {kind} analysis first "
-                        "(smelt-scale analyze)")
+        raise UserError(f"no saved {kind} analysis at {path}; run the {kind} analysis first",
+                        hint="(smelt-scale analyze)", sep=" ")
     return cls.from_dict(read_config(path, f"{kind} analysis")["result"])
 
 

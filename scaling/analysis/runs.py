@@ -1,4 +1,4 @@
-"""Trained runs for the mechanism analyses: a run folder (``scaling.training.runlog``) loaded as
+"""Trained runs for the mechanism analyses: a run folder (``scaling.common.run_folder``) loaded as
 its ModelConfig and model, with its evaluation data.
 
 A run folder holds ``config.json`` (``model``: the ModelConfig; ``data_spec`` and ``data``: the
@@ -20,9 +20,9 @@ import torch
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.tiers import ARCHS
+from scaling.common import run_folder
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
-from scaling.training import runlog
 from scaling.training.data.corpus import Corpus, DataSpec, load_corpus
 from scaling.training.model.transformer import MoETransformer
 
@@ -40,7 +40,7 @@ def batched(items: Sequence, size: int) -> Iterable[Sequence]:
 def _model_config(meta: dict, where: Path) -> ModelConfig:
     model = meta.get("model")
     if not isinstance(model, dict):
-        raise UserError(f"{where / runlog.CONFIG} has no model config (key 'model')")
+        raise UserError(f"{where / run_folder.CONFIG} has no model config (key 'model')")
     return ModelConfig.from_dict(model)
 
 
@@ -48,7 +48,7 @@ def _data_spec(meta: dict, where: Path) -> tuple[DataSpec, dict]:
     """The run's DataSpec (``data_spec``) and the corpus provenance recorded at training (``data``)."""
     spec = meta.get("data_spec")
     if not isinstance(spec, dict):
-        raise UserError(f"{where / runlog.CONFIG} has no data spec (key 'data_spec')")
+        raise UserError(f"{where / run_folder.CONFIG} has no data spec (key 'data_spec')")
     return DataSpec.from_dict(spec), meta.get("data") or {}
 
 
@@ -140,14 +140,14 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"no run folder {path}")
-    cfg_file = path / runlog.CONFIG
+    cfg_file = path / run_folder.CONFIG
     if not cfg_file.is_file():
-        raise UserError(f"{path} is not a run folder (no {runlog.CONFIG})")
+        raise UserError(f"{path} is not a run folder (no {run_folder.CONFIG})")
     meta = read_config(cfg_file, "run config")
     config = _model_config(meta, path)
-    weights = path / runlog.WEIGHTS
+    weights = path / run_folder.WEIGHTS
     if not weights.is_file():
-        raise UserError(f"run {path.name} has no weights ({runlog.WEIGHTS}); the analyses need a "
+        raise UserError(f"run {path.name} has no weights ({run_folder.WEIGHTS}); the analyses need a "
                         "trained checkpoint: train it with its final weights saved (save_final_weights)")
     try:
         state = load_file(str(weights), device="cpu")

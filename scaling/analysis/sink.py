@@ -36,7 +36,7 @@ class PassMass:
 
 
 @dataclass(frozen=True)
-class SinkResult(Result):
+class SinkResult(Result, kinds=("sink", "sink_dyck")):
     """Attention mass per layer pass of one run, in execution order.
 
     probe         "bos": validation documents, every query position >= 1;

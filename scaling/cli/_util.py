@@ -84,7 +84,7 @@ def run_cli(fn: Callable) -> Callable:
         except typer.Exit:
             raise
         except UserError as exc:
-            fail(str(exc))
+            fail(exc.with_hint())
         except OSError as exc:
             # a path the user gave that cannot be read or written (missing, a file where a folder is
             # needed, no permission, disk full): the system's reason and the path, in one line

@@ -30,6 +30,7 @@ from scaling.cli._util import (
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import count, percent
+from scaling.common.stats import quantiles
 from scaling.design.output import sweep_plan_document
 from scaling.design.points import isoflop_design, points_of_sweep_plan
 from scaling.design.proposal import DEFAULT_SIZES, SPREAD_DECADES, Proposal, propose
@@ -481,7 +482,7 @@ def register(app: typer.Typer) -> None:
                     seen = sorted({float(s) for f in src.fits for s in f.data_summary.get("sparsities", [])})
                     if not seen:
                         raise UserError("the smelt-form fits record no sparsities: pass --design PLAN")
-                    design_s = tuple(sorted({round(float(q), 4) for q in np.quantile(seen, [0.0, 0.5, 1.0])}))
+                    design_s = tuple(sorted({round(float(q), 4) for q in quantiles(seen, [0.0, 0.5, 1.0])}))
             else:
                 design_s = (None,)
             design_budgets = np.logspace(np.log10(lo), np.log10(hi), DESIGN_BUDGETS)

@@ -96,8 +96,8 @@ def register(app: typer.Typer) -> None:
         import tomli_w
 
         from scaling.accounting.tiers import get_config
+        from scaling.common.run_folder import atomic_write_bytes
         from scaling.design.grid import grid_documents, grid_header, grid_plan
-        from scaling.training.runlog import atomic_write_bytes
         from scaling.training.sweep.plan import load_plan
 
         C = parse_budgets(None, budgets)

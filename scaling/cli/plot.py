@@ -110,6 +110,29 @@ class _Context:
 
         return self._get("savings", make)
 
+    def observed_savings(self):
+        """The envelope's savings (law-free) at the figure's budgets inside the data, and whether both
+        laws are identified: where they are not, the envelope is what `smelt-scale savings` answers
+        inside the data (None when the runs are not a folder or table of points)."""
+        def make():
+            from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
+            from scaling.fitting.savings import FittedLaw
+
+            identified = not any(FittedLaw.from_fit(f).unidentified for f in self.pair())
+            if self.fits_file is not None:
+                return None, identified
+            table = envelope_points(self.points, run_pair_units(self.runs, self.points))
+            lo, hi = self.savings()[1]
+            if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+                return None, identified
+            # eight per decade: the envelope is piecewise (it moves from one trained size to the next)
+            inside = np.geomspace(lo, hi, max(2, int(np.ceil(8 * np.log10(hi / lo))) + 1))
+            rows = envelope_savings(table, self.reference, self.candidate, inside,
+                                    n_bootstrap=self.n_bootstrap, seed=self.seed)
+            return rows, identified
+
+        return self._get("observed_savings", make)
+
     def sparsity(self) -> Optional[float]:
         """None for chinchilla-form fits; for smelt-form ones the one default sparsity of fitted
         laws (``scaling.fitting.sources.default_sparsity``: one value keeps the frontier and the
@@ -147,7 +170,9 @@ def _figures(kind: str, ctx: _Context) -> list[tuple[str, Any]]:
         return [("frontier", plots.frontier(pair, ctx.points, sparsity=ctx.sparsity()))]
     if kind == "savings":
         res, data_range = ctx.savings()
-        return [("savings", plots.savings(res, data_range=data_range))]
+        observed, identified = ctx.observed_savings()
+        return [("savings", plots.savings(res, data_range=data_range, observed=observed,
+                                          laws_identified=identified))]
     hint = (f"run `smelt-scale analyze {kind} RUN...` first (e.g. on "
             "runs-cpu-proxy-2026-12-02/proxy-s-baseline-s0 runs-cpu-proxy-2026-12-02/proxy-s-smelt-s0)")
     if kind == "sink":

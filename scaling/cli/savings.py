@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
-import pandas as pd
 import typer
 from rich.table import Table
 
 from scaling.cli._util import emit_json, one_path, parse_budgets, parse_sparsities, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.common.format import number
-from scaling.fitting.envelope import envelope_points, envelope_savings
+from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP
 from scaling.fitting.reference_laws import LAW_SETS
 from scaling.fitting.savings import (
@@ -27,7 +26,6 @@ from scaling.fitting.savings import (
 )
 from scaling.fitting.savings_sweep import savings_over
 from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
-from scaling.fitting.tables import read_runs_dir
 
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
 
@@ -82,17 +80,6 @@ def print_result(res: SavingsResult) -> None:
 
 def _num(x: float) -> str:
     return number(x, ".1f", missing="—")
-
-
-def _units(path: Path, points: pd.DataFrame) -> pd.Series | None:
-    """Bootstrap units of the envelope: the (tier, seed) run pair of a runs folder, else the run."""
-    if not path.is_dir():
-        return None
-    raw = read_runs_dir(path)
-    if not {"tier", "seed", "run"} <= set(raw.columns):
-        return None
-    unit = dict(zip(raw["run"].astype(str), raw["tier"].astype(str) + "|s" + raw["seed"].astype(str)))
-    return points["run"].astype(str).map(unit).fillna(points["run"].astype(str))
 
 
 def _law_savings(ref, cand, budgets: np.ndarray, **kwargs):
@@ -223,8 +210,9 @@ def register(app: typer.Typer) -> None:
             points = read_points(path, is_default=runs is None, warn=warn)
         env: tuple[SavingsRow, ...] = ()
         if points is not None and method != "law":
-            env = envelope_savings(envelope_points(points, _units(path, points)), reference, candidate, C,
-                                   convention=_AT[at], n_bootstrap=n_bootstrap, seed=seed, level=ci_level)
+            table = envelope_points(points, run_pair_units(path, points))
+            env = envelope_savings(table, reference, candidate, C, convention=_AT[at],
+                                   n_bootstrap=n_bootstrap, seed=seed, level=ci_level)
         env_source = (f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples over run "
                       f"pairs, seed {seed})")
         if method == "envelope":

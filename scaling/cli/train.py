@@ -11,19 +11,22 @@ from rich.markup import escape
 from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
+from scaling.common.run_folder import CONFIG, METRICS
 
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
 # Spelled out, not imported: the library's tuples live in torch modules, which --help must not
 # load; tests/test_cluster_use.py keeps them equal to training.loop.branches.SCHEDULES,
-# distributed.PARALLEL_MODES and parallel.GRAD_SYNC.
+# distributed.PARALLEL_MODES, parallel.GRAD_SYNC and loop_grad.LOOP_GRADS.
 SCHEDULES = ("wsd", "cosine")
 PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
 GRAD_SYNC = ("last", "every")
+LOOP_GRADS = ("per-pass", "fsdp")
 TierName = Literal[tuple(TIERS)]
 ArchName = Literal[ARCHS]
 ScheduleName = Literal[SCHEDULES]
 ParallelMode = Literal[PARALLEL_MODES]
 GradSync = Literal[GRAD_SYNC]
+LoopGrad = Literal[LOOP_GRADS]
 
 # Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra
 # run in it changes their answers (issue 29).
@@ -97,7 +100,7 @@ class _Bar:
 
 def _check_flags(folder: Path, resume: bool, overwrite: bool) -> None:
     """The run-folder refusals, worded with the flags (the library names the quantities)."""
-    holds = (folder / "config.json").exists() or (folder / "metrics.jsonl").exists()
+    holds = (folder / CONFIG).exists() or (folder / METRICS).exists()
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")
     if holds and not (resume or overwrite):
@@ -196,6 +199,10 @@ def register(app: typer.Typer) -> None:
             1, help="Expert-parallel degree (fsdp/hsdp): each rank holds 1/ep of the experts, tokens "
             "reach them by all-to-all; must divide the ranks [default: 1, no expert parallelism]."
         ),
+        loop_grad: Optional[LoopGrad] = typer.Option(
+            None, help="Looped layers' gradients under fsdp/hsdp: reduce-scattered after each pass "
+            "(per-pass) or by FSDP2 after the last (fsdp, holds them unsharded) [default: per-pass]."
+        ),
         resume: bool = typer.Option(
             False, "--resume",
             help="Continue an existing run from its last checkpoint (an error if the run does not exist).",
@@ -276,6 +283,7 @@ def register(app: typer.Typer) -> None:
             "grad_sync": ("grad_sync", grad_sync),
             "replicate": ("replicate", replicate),
             "ep": ("ep", ep),
+            "loop_grad": ("loop_grad", loop_grad),
         }
         fields = {k: v for k, (_, v) in values.items()}
         if config is not None:  # the file's values, except where a flag was given on the command line
@@ -318,9 +326,9 @@ def register(app: typer.Typer) -> None:
         finally:
             if bar is not None:
                 bar.close()
-        import os
+        from scaling.training.parallel.distributed import launch_rank
 
-        if int(os.environ.get("RANK", "0")) != 0:
+        if launch_rank() != 0:
             return
         if json_out:
             emit_json(doc)

@@ -1,7 +1,7 @@
 """Reading the project's small input files: TOML/JSON config documents and JSONL logs.
 
 Bad input is a one-line ``UserError`` naming the file (and line); nothing here writes (atomic
-writes live with the run folders, ``scaling.training.runlog``).
+writes live with the run folders, ``scaling.common.run_folder``).
 
 Every document reader here is bounded, so that no file can hang a command or crash it with a
 traceback: only regular files are opened (a FIFO would block for ever, ``/dev/zero`` never ends),

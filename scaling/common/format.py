@@ -43,3 +43,17 @@ def duration(seconds: float | None, missing: str = "-") -> str:
         return missing
     s = float(seconds)
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def format_tokens(n: float) -> str:
+    """A token count as it appears in default run names: 2e5 -> '200k', 1.5e6 -> '1.5M', 2e9 -> '2B'.
+
+    Not :func:`si`: this text is part of folder names (``<tier>-<arch>-<tokens>-s<seed>``), so it is
+    frozen as the trainer first wrote it (four significant digits, no scientific form above 1e12):
+    a change would give existing runs another default name, and ``--resume`` or a sweep would no
+    longer find their folders. ``si`` is free to change with the tables and figures it serves.
+    """
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g}{unit}"
+    return f"{n:.4g}"

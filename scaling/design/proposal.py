@@ -49,6 +49,7 @@ from scaling.fitting.savings import (
     EXTRAPOLATION_WARN_DECADES,
     FittedLaw,
     check_budgets,
+    check_sparsities,
     frontier,
     uses_sparsity,
 )
@@ -359,15 +360,7 @@ def _check_options(laws: Mapping[str, FittedLaw], n_sizes: int, spread: float, l
         raise UserError(f"the spread must lie in [0.05, 3] decades, got {spread:g}")
     if not 0.0 < level < 1.0:
         raise UserError(f"interval level must lie in (0, 1), got {level}")
-    sparsities = tuple(sparsities) or (None,)
-    if uses_sparsity(laws["baseline"].law):
-        if any(s is None for s in sparsities):
-            raise UserError("a smelt-form law needs a sparsity: give one")
-        for s in sparsities:
-            if not (math.isfinite(s) and 0.0 <= s < 1.0):
-                raise UserError(f"sparsity must lie in [0, 1), got {s:g}")
-    elif any(s is not None for s in sparsities):
-        raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
+    sparsities = check_sparsities(sparsities, uses_sparsity(laws["baseline"].law))
     if tier is not None and tier not in TIERS:
         raise UserError(f"unknown tier {tier!r}; known tiers: {', '.join(TIERS)}")
     return sparsities

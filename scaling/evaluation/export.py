@@ -65,7 +65,7 @@ def unexportable(cfg: ModelConfig) -> str | None:
 def check_exportable(cfg: ModelConfig) -> None:
     why = unexportable(cfg)
     if why is not None:
-        raise UserError(f"cannot export {cfg.name or cfg.arch} exactly as Mixtral: {why}; {NATIVE_HINT}")
+        raise UserError(f"cannot export {cfg.name or cfg.arch} exactly as Mixtral: {why}", hint=NATIVE_HINT)
 
 
 def eager_experts(cfg: ModelConfig) -> bool:

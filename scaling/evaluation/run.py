@@ -346,7 +346,8 @@ def _budgets_of(run: Path, settings: EvalSettings) -> list[int | None]:
     if settings.budgets == "all":
         have = available_budgets(run)
         if not have:
-            raise UserError(f"run {run.name} holds no budget weights (train with --save-budget-weights)")
+            raise UserError(f"run {run.name} holds no budget weights",
+                            hint="(train with --save-budget-weights)", sep=" ")
         return list(have)
     return list(settings.budgets)
 
@@ -440,8 +441,8 @@ def write_table(rows: list[dict], path: Path) -> None:
     import csv
     import io
 
+    from scaling.common.run_folder import atomic_write_bytes
     from scaling.common.serialize import to_json
-    from scaling.training.runlog import atomic_write_bytes
 
     suffix = path.suffix.lower()
     if suffix == ".csv":

@@ -1,6 +1,6 @@
 """Which weights of a run to evaluate: a budget's, the final ones, or a DCP checkpoint's.
 
-A run folder (``scaling.training.runlog``) may hold, besides ``config.json`` and ``final.json``:
+A run folder (``scaling.common.run_folder``) may hold, besides ``config.json`` and ``final.json``:
 
 * ``final_weights.safetensors``: the weights at the end of the trunk, i.e. of the largest budget
   (``train --save-final-weights``);
@@ -24,9 +24,9 @@ from typing import Any
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs as accounting
+from scaling.common import run_folder
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
-from scaling.training import runlog
 
 
 @dataclass(frozen=True)
@@ -54,20 +54,20 @@ class WeightsSource:
 def run_meta(run_dir: Path) -> dict:
     if not run_dir.is_dir():
         raise UserError(f"no run folder {run_dir}")
-    if not (run_dir / runlog.CONFIG).is_file():
-        raise UserError(f"{run_dir} is not a run folder (no {runlog.CONFIG})")
-    return read_config(run_dir / runlog.CONFIG, "run config")
+    if not (run_dir / run_folder.CONFIG).is_file():
+        raise UserError(f"{run_dir} is not a run folder (no {run_folder.CONFIG})")
+    return read_config(run_dir / run_folder.CONFIG, "run config")
 
 
 def model_config(meta: dict, run_dir: Path) -> ModelConfig:
     model = meta.get("model")
     if not isinstance(model, dict):
-        raise UserError(f"{run_dir / runlog.CONFIG} has no model config (key 'model')")
+        raise UserError(f"{run_dir / run_folder.CONFIG} has no model config (key 'model')")
     return ModelConfig.from_dict(model)
 
 
 def _points(run_dir: Path) -> dict[int, dict]:
-    f = run_dir / runlog.FINAL
+    f = run_dir / run_folder.FINAL
     if not f.is_file():
         return {}
     doc = read_config(f, "final")
@@ -84,8 +84,8 @@ def available_budgets(run_dir: Path | str) -> list[int]:
     run_dir = Path(run_dir)
     meta = run_meta(run_dir)
     n = n_budgets(meta)
-    out = [i for i in range(n) if runlog.budget_weights_path(run_dir, i).is_file()]
-    if n and (n - 1) not in out and (run_dir / runlog.WEIGHTS).is_file():
+    out = [i for i in range(n) if run_folder.budget_weights_path(run_dir, i).is_file()]
+    if n and (n - 1) not in out and (run_dir / run_folder.WEIGHTS).is_file():
         out.append(n - 1)
     return sorted(out)
 
@@ -112,17 +112,17 @@ def resolve_weights(
         budget = last
     if not 0 <= budget < max(n, 1):
         raise UserError(f"run {run_dir.name} has budgets 0..{last}, not {budget}")
-    path = runlog.budget_weights_path(run_dir, budget)
+    path = run_folder.budget_weights_path(run_dir, budget)
     if path.is_file():
         return WeightsSource(run_dir, "budget", path, budget, points.get(budget))
-    if budget == last and (run_dir / runlog.WEIGHTS).is_file():
-        return WeightsSource(run_dir, "final", run_dir / runlog.WEIGHTS, budget, points.get(budget))
+    if budget == last and (run_dir / run_folder.WEIGHTS).is_file():
+        return WeightsSource(run_dir, "final", run_dir / run_folder.WEIGHTS, budget, points.get(budget))
     have = available_budgets(run_dir)
     raise UserError(
         f"run {run_dir.name} has no weights for budget {budget} (weights for budgets: "
-        f"{', '.join(map(str, have)) or 'none'}); train it with --save-budget-weights "
-        f"(every budget) or --save-final-weights (the largest), or give --checkpoint"
-    )
+        f"{', '.join(map(str, have)) or 'none'})",
+        hint="train it with --save-budget-weights (every budget) or --save-final-weights (the largest), "
+             "or give --checkpoint")
 
 
 def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:

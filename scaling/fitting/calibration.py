@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from scaling.common.errors import UserError
-from scaling.common.stats import percentile_interval
+from scaling.common.stats import percentile_interval, quantiles
 
 LAW = "acc-sigmoid"
 FORMULA = "acc = floor + (1 - floor) * sigmoid(k * (L0 - L))"
@@ -121,7 +121,7 @@ def fit_acc_sigmoid(
     else:
         starts = [[float(np.clip(k, *K_BOUNDS)), float(L0)]
                   + ([] if floor is not None else [float(np.clip(acc.min(), 0, 0.9))])
-                  for L0 in np.quantile(L, [0.1, 0.5, 0.9]) for k in (1.0 / span, 4.0 / span, 16.0 / span)]
+                  for L0 in quantiles(L, [0.1, 0.5, 0.9]) for k in (1.0 / span, 4.0 / span, 16.0 / span)]
     best = None
     for p0 in starts:
         r = least_squares(resid, p0, bounds=(lb, ub), method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12)

@@ -52,6 +52,7 @@ from scipy.stats import binomtest
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
+from scaling.common.run_folder import ANALYSIS_DIR, CONFIG
 
 CLUSTERS = ("run", "seed", "none")
 SOURCE_PREFIX = "val_loss/"
@@ -427,7 +428,7 @@ def with_validation_ids(root: Path, points: pd.DataFrame) -> pd.DataFrame:
     ids: dict[str, str | None] = {}
     for run in points["run"].astype(str).unique():
         try:
-            ids[run] = validation_id(read_json(root / run / "config.json", "run config"))
+            ids[run] = validation_id(read_json(root / run / CONFIG, "run config"))
         except (OSError, ValueError, UserError):
             ids[run] = None
     return points.assign(**{VAL_SET: points["run"].astype(str).map(ids)})
@@ -445,7 +446,7 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
     runs = points.drop_duplicates("run")[["run", "arch", "tier", "seed"]]
     by_key: dict[tuple[str, str], dict[str, Path]] = {}
     for r in runs.itertuples(index=False):
-        f = root / str(r.run) / "analysis" / "lengths.json"
+        f = root / str(r.run) / ANALYSIS_DIR / "lengths.json"
         if f.exists():
             by_key.setdefault((str(r.tier), str(r.seed)), {})[str(r.arch)] = f
     out: list[dict[str, Any]] = []

@@ -32,6 +32,7 @@ sensitivity of the saving to which runs were trained, not as an exact coverage s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -40,7 +41,7 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
-from scaling.fitting.tables import flops_per_param_k, total_flops
+from scaling.fitting.tables import flops_per_param_k, read_runs_dir, total_flops
 
 METHOD = "envelope"
 
@@ -194,6 +195,18 @@ def bootstrap_savings(groups: np.ndarray, units: np.ndarray, compute: np.ndarray
         m = _matched(ref, cand, C, convention)
         out_s[b], out_g[b] = m["savings"], m["gap"]
     return out_s, out_g
+
+
+def run_pair_units(path: Path, points: pd.DataFrame) -> pd.Series | None:
+    """Bootstrap units of the envelope: the (tier, seed) run pair of a runs folder (the two
+    architectures' compute-matched runs drawn together), else None (each run its own unit)."""
+    if not Path(path).is_dir():
+        return None
+    raw = read_runs_dir(Path(path))
+    if not {"tier", "seed", "run"} <= set(raw.columns):
+        return None
+    unit = dict(zip(raw["run"].astype(str), raw["tier"].astype(str) + "|s" + raw["seed"].astype(str)))
+    return points["run"].astype(str).map(unit).fillna(points["run"].astype(str))
 
 
 def envelope_points(points: pd.DataFrame, units: pd.Series | None = None) -> pd.DataFrame:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
+from scaling.common.stats import percentile_interval
 from scaling.fitting.fit import FitResult, fit_law
 from scaling.fitting.laws import Law, get_law
 from scaling.fitting.settings import FitSettings, settings_of
@@ -95,8 +96,7 @@ def prediction_interval(fit: FitResult, inputs: dict[str, np.ndarray], residuals
     logp = np.log(fit.predict_bootstrap(**inputs))                 # (K, n)
     rng = np.random.default_rng(seed)
     e = rng.choice(residuals, size=logp.shape, replace=True)
-    q = 100 * (1 - level) / 2
-    lo, hi = np.percentile(logp + e, [q, 100 - q], axis=0)
+    lo, hi = percentile_interval(logp + e, level, axis=0)  # a failed resample (NaN) is left out
     return np.exp(lo), np.exp(hi)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
+from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import Law, frontier, get_law
 from scaling.fitting.objective import DEFAULT_DELTA, DEFAULT_OBJECTIVE
 
@@ -22,12 +23,7 @@ FITS_VERSION = 2  # 2: parameters under "params"; 1 (no "schema" key): parameter
 
 
 def _percentile_ci(samples: np.ndarray, level: float) -> tuple[float, float]:
-    samples = samples[np.isfinite(samples)]
-    if samples.size == 0:
-        return (math.nan, math.nan)
-    q = 100 * (1 - level) / 2
-    lo, hi = np.percentile(samples, [q, 100 - q])
-    return (float(lo), float(hi))
+    return percentile_interval(samples, level)
 
 
 def _import_lmfit():

@@ -77,6 +77,21 @@ def uses_sparsity(law: Law) -> bool:
     return "S" in law.fixed_inputs
 
 
+def check_sparsities(sparsities: Sequence[float | None], smelt_form: bool) -> tuple[float | None, ...]:
+    """The sparsities to evaluate laws at (``(None,)`` when none is given): each in [0, 1) for
+    smelt-form laws, which need one; none for chinchilla-form laws. UserError otherwise."""
+    sparsities = tuple(sparsities) or (None,)
+    if smelt_form:
+        if any(s is None for s in sparsities):
+            raise UserError("a smelt-form law needs a sparsity S")
+        for s in sparsities:
+            if not (np.isfinite(s) and 0.0 <= s < 1.0):
+                raise UserError(f"sparsity must lie in [0, 1), got {s:g}")
+    elif any(s is not None for s in sparsities):
+        raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
+    return sparsities
+
+
 def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np.ndarray, *,
                      k: float = 6.0, S: float | None = None,
                      span: float = SPAN_DECADES) -> tuple[np.ndarray, np.ndarray]:
@@ -407,16 +422,7 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
     if not 0.0 < level < 1.0:
         raise UserError(f"interval level must lie in (0, 1), got {level}")
     C = check_budgets(np.atleast_1d(budgets))
-    needs_s = uses_sparsity(reference.law) or uses_sparsity(candidate.law)
-    sparsities = tuple(sparsities) or (None,)
-    if needs_s:
-        if any(s is None for s in sparsities):
-            raise UserError("a smelt-form law needs a sparsity S")
-        for s in sparsities:
-            if not (np.isfinite(s) and 0.0 <= s < 1.0):
-                raise UserError(f"sparsity must lie in [0, 1), got {s:g}")
-    elif any(s is not None for s in sparsities):
-        raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
+    sparsities = check_sparsities(sparsities, uses_sparsity(reference.law) or uses_sparsity(candidate.law))
 
     warnings: list[str] = []
     paired = None

@@ -13,8 +13,10 @@ Every reader returns one pandas DataFrame with canonical columns:
 
 A runs directory is what the trainer writes: ``<dir>/<run>/config.json`` and, once its token
 budgets are reached, ``final.json`` = ``{"run", "arch", "tier", "complete", "points": [...]}``
-with one point (``N, D, loss, flops, flops_per_token, sparsity, ...``) per budget; a
-``final.json`` holding a single point object is accepted too. Folders without ``final.json``
+with one point (``N, D, loss, flops, flops_per_token, sparsity, ...``) per budget: the typed
+:class:`scaling.common.run_folder.Point`, whose field names are the default columns below; a
+``final.json`` holding a single point object is accepted too. Points are read as the file holds
+them (an older file with fewer or more keys reads as before). Folders without ``final.json``
 (unfinished) and folders whose ``final.json`` cannot be read are left out, each named with the
 reason in the returned ``skipped`` list (also logged at INFO, logger ``scaling.fitting.tables``).
 The trainer's ``metrics.jsonl`` is not read here.
@@ -57,7 +59,7 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.files import check_regular_file, read_json, read_jsonl
 from scaling.common.filter import parse_filter
-from scaling.common.run_folder import FINAL, find_run_folders
+from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
 
 CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
 # Law input name (scaling.fitting.laws) -> canonical column.
@@ -72,6 +74,8 @@ PLAUSIBLE_TOKENS_PER_PARAM = (1e-2, 1e5)
 PLAUSIBLE_K = (0.5, 100.0)
 
 log = logging.getLogger(__name__)
+# Source columns guessed when not named (Columns): the trainer's point fields for compute, group, run.
+GUESS_C, GUESS_GROUP, GUESS_RUN = Point.key("flops"), Point.key("arch"), Point.key("run")
 
 
 @dataclass(frozen=True)
@@ -84,13 +88,13 @@ class Columns:
     compute unrecorded (the fitter then uses 6).
     """
 
-    n: str = "N"
-    d: str = "D"
-    loss: str = "loss"
+    n: str = Point.key("N")
+    d: str = Point.key("D")
+    loss: str = Point.key("loss")
     group: str | None = None
     c: str | None = None
-    flops_per_token: str = "flops_per_token"
-    sparsity: str = "sparsity"
+    flops_per_token: str = Point.key("flops_per_token")
+    sparsity: str = Point.key("sparsity")
     run: str | None = None
     flops_per_nd: float | None = None
     where: tuple[str, ...] = ()
@@ -227,7 +231,7 @@ def _points_of(obj: object, where: str) -> list[dict]:
         pts = obj["points"]
         if not isinstance(pts, list) or not all(isinstance(p, dict) for p in pts):
             raise UserError(f"{where}: 'points' must be a list of objects")
-        meta = {k: obj[k] for k in ("run", "arch", "tier")
+        meta = {k: obj[k] for k in FINAL_META
                 if k in obj and not isinstance(obj[k], (dict, list))}
         return [{**meta, **p} for p in pts]
     if isinstance(obj, list) and all(isinstance(p, dict) for p in obj):
@@ -265,7 +269,7 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
             n_corrupt += 1
             skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
             continue
-        rows.extend({"run": name, **p} for p in pts)
+        rows.extend({GUESS_RUN: name, **p} for p in pts)
     if warn is not None:
         for s in skipped:
             warn(str(s))
@@ -377,18 +381,18 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
             raise _missing(raw, "C", c_name, source)
         compute = values(c_name, c_scale)
         mapping["C"] = described(c_name, c_scale)
-    elif c.c is None and "flops" in cols:
-        guess = values("flops", 1.0)
+    elif c.c is None and GUESS_C in cols:
+        guess = values(GUESS_C, 1.0)
         if has_n and has_d:
             ratio = guess / (values(n_name, n_scale) * values(d_name, d_scale))
             med = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else math.nan
             if not (PLAUSIBLE_K[0] <= med <= PLAUSIBLE_K[1]):
-                notes.append(f"column 'flops' is not total training compute (its median flops/(N D) is "
+                notes.append(f"column {GUESS_C!r} is not total training compute (its median flops/(N D) is "
                              f"{med:.3g}, not ~6): ignored; name a compute column explicitly if there is one")
                 guess = None
         if guess is not None:
             compute = guess
-            mapping["C"] = "'flops' (guessed: column named flops)"
+            mapping["C"] = f"{GUESS_C!r} (guessed: column named {GUESS_C})"
 
     def derive(target: str, other: np.ndarray, other_name: str) -> np.ndarray:
         return compute / (k * other)
@@ -427,16 +431,16 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
             raise _missing(raw, "group", c.group, source)
         out["group"] = raw[c.group].astype(str).to_numpy()
         mapping["group"] = repr(c.group)
-    elif c.group is None and "arch" in cols:
-        out["group"] = raw["arch"].fillna(DEFAULT_GROUP).astype(str).to_numpy()
-        mapping["group"] = "'arch' (guessed: column named arch)"
+    elif c.group is None and GUESS_GROUP in cols:
+        out["group"] = raw[GUESS_GROUP].fillna(DEFAULT_GROUP).astype(str).to_numpy()
+        mapping["group"] = f"{GUESS_GROUP!r} (guessed: column named {GUESS_GROUP})"
     else:
         out["group"] = DEFAULT_GROUP
         mapping["group"] = f"none: one group {DEFAULT_GROUP!r}"
-    run_name = "run" if c.run is None else c.run
+    run_name = GUESS_RUN if c.run is None else c.run
     if not _off(run_name) and run_name in cols:
         out["run"] = raw[run_name].astype(str).to_numpy()
-        mapping["run"] = repr(run_name) + (" (guessed: column named run)" if c.run is None else "")
+        mapping["run"] = repr(run_name) + (f" (guessed: column named {GUESS_RUN})" if c.run is None else "")
     elif c.run is not None and not _off(c.run):
         raise _missing(raw, "run", c.run, source)
     else:

@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from scaling.common.errors import UserError
+from scaling.common.stats import quantiles
 from scaling.fitting.curves import val_differences
 from scaling.plots.style import (
     MARKERS,
@@ -146,7 +147,7 @@ def loss_curves(curves: pd.DataFrame, *, x: str = "tokens", smooth: int = 5, ref
         ax0.set_xlim(left=0.5 * float(ends.min()))
     shown = curves[curves[x] >= 0.5 * float(ends.min())] if len(ends) else curves
     lo = curves["val_loss"].min()
-    hi = shown["train_loss"].quantile(0.995) if shown["train_loss"].notna().any() else None
+    hi = quantiles(shown["train_loss"], 0.995) if shown["train_loss"].notna().any() else None
     if np.isfinite(lo) and hi is not None and np.isfinite(hi):
         ax0.set_ylim(lo - 0.2, hi + 0.1)
     return fig

@@ -46,14 +46,27 @@ def _inputs(fit: Any, df: pd.DataFrame) -> dict[str, np.ndarray]:
     return law_inputs(df, fit.law_obj.inputs, source=f"group {fit.group!r}")
 
 
-def _levels(values: np.ndarray, rel: float = 0.02) -> np.ndarray:
-    """Distinct levels of a quantity, merging values within ``rel`` of each other."""
+MAX_LEVELS = 8   # lines and legend entries per panel that stay readable
+
+
+def _levels(values: np.ndarray, rel: float = 0.02, at_most: int = MAX_LEVELS) -> np.ndarray:
+    """Distinct levels of a quantity, merging values within ``rel`` of each other.
+
+    More than ``at_most`` levels (an IsoFLOP design gives every size its own token counts) are
+    binned into ``at_most`` equal bins in log space, each level the geometric mean of the values
+    in its bin, so a panel keeps one line per bin and its points sit near (not on) their line.
+    """
     v = np.sort(np.unique(values))
     out = [v[0]]
     for x in v[1:]:
         if x > out[-1] * (1 + rel):
             out.append(x)
-    return np.array(out)
+    if len(out) <= at_most:
+        return np.array(out)
+    logs = np.log(v)
+    edges = np.linspace(logs[0], logs[-1], at_most + 1)
+    idx = np.clip(np.searchsorted(edges, logs, side="right") - 1, 0, at_most - 1)
+    return np.array([np.exp(logs[idx == k].mean()) for k in range(at_most) if (idx == k).any()])
 
 
 def _nearest(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -124,8 +137,9 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
     fig, axes = figure(len(groups), 2, 8.2, 3.0 * len(groups) + 0.3)
     for row, g in enumerate(groups):
         fit, sub = fits[g], points[points["group"] == g].reset_index(drop=True)
-        Ns = _levels(sub["N"].to_numpy())
+        Ns = _levels(sub["N"].to_numpy(), at_most=2 * MAX_LEVELS)   # trained sizes: few, each its own line
         Ds = _levels(sub["D"].to_numpy())
+        binned = len(Ds) < len(_levels(sub["D"].to_numpy(), at_most=len(sub)))
         ni, di = _nearest(sub["N"].to_numpy(), Ns), _nearest(sub["D"].to_numpy(), Ds)
         cN, cD = shades(colours[g], len(Ns)), shades(colours[g], len(Ds))
         ax = axes[row, 0]
@@ -142,7 +156,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
         log_axis(ax, "x")
         ax.set_xlabel("training tokens D")
         ax.set_ylabel(f"{group_label(g)}\nvalidation loss (nats/token)")
-        legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="active params", title_fontsize=7)
+        legend(ax, loc="upper right", title="active params", title_fontsize=7, fontsize=6.5, ncol=2)
         ax.text(0.02, 0.03, _param_text(fit), transform=ax.transAxes, fontsize=7, va="bottom")
         ax = axes[row, 1]
         ngrid = np.geomspace(Ns[0] / 1.6, Ns[-1] * 1.6, 80)
@@ -156,7 +170,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
                 at = sub[m].sort_values("N")
                 ax.plot(at["N"], fit.predict(**_inputs(fit, at)), color=cD[j], lw=1.2)
             ax.plot(sub.loc[m, "N"], sub.loc[m, "loss"], ls="none", marker=MARKERS[j % len(MARKERS)],
-                    color=cD[j], mec="0.15", mew=0.4, label=f"D = {si(D)}")
+                    color=cD[j], mec="0.15", mew=0.4, label=f"D {'≈' if binned else '='} {si(D)}")
         log_axis(ax, "x")
         ax.set_xlabel("active non-embedding parameters N")
         ax.set_ylabel("validation loss (nats/token)")

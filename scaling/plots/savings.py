@@ -29,9 +29,48 @@ def pct(fraction: float | None) -> str:
     return percent(fraction, PCT_DIGITS)
 
 
+def _draw_rows(ax: Any, ax2: Any, rs: list, colour: Any, ls: Any, lab: str) -> list:
+    """One curve of rows in both panels (the loss-gap band drawn at once); returns the savings band
+    to draw once the axis range is known, so that it can be clipped there."""
+    b = np.array([r.budget for r in rs])
+    # markers only where a number rests on measurements (the envelope); law rows are curves
+    mk = "o" if all(r.method == "envelope" for r in rs) else None
+    ax.plot(b, 100 * np.array([r.savings for r in rs]), color=colour, marker=mk, ms=3, ls=ls, label=lab)
+    ax2.plot(b, [r.loss_gap for r in rs], color=colour, marker=mk, ms=3, ls=ls, label=lab)
+    if all(r.loss_gap_ci is not None for r in rs):
+        ax2.fill_between(b, [r.loss_gap_ci[0] for r in rs], [r.loss_gap_ci[1] for r in rs], color=colour,
+                         alpha=0.18, lw=0)
+    if all(r.savings_ci is not None for r in rs):
+        lo, hi = (np.array([100 * r.savings_ci[i] for r in rs]) for i in (0, 1))
+        return [(b, lo, hi)]
+    return []
+
+
+def _mark(ax: Any, mark: float, rs: list, every: list, level: str) -> None:
+    """The value at the ``mark`` budget in a box, or why there is none."""
+    box = {"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5}
+    hit = [r for r in rs if np.isclose(r.budget, mark, rtol=1e-6)]
+    withheld = [r for r in every if np.isclose(r.budget, mark, rtol=1e-6) and r not in rs]
+    if withheld and not hit:
+        r = withheld[0]
+        far_txt = ("" if r.extrapolation_decades is None
+                   else f", {r.extrapolation_decades:.1f} decades beyond the data")
+        ax.text(0.98, 0.04, f"at {si(mark)} FLOPs: withheld (laws not identified{far_txt})",
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=7, bbox=box)
+    if hit:
+        r = hit[0]
+        ci = "" if r.savings_ci is None else f"\n{level} CI [{pct(r.savings_ci[0])}, {pct(r.savings_ci[1])}]"
+        if r.extrapolation_decades is not None:
+            ci += f"\n{r.extrapolation_decades:.1f} decades beyond the data"
+        ax.plot([r.budget], [100 * r.savings], marker="o", ms=7, mfc="none", mec="k", ls="none")
+        ax.text(0.98, 0.04, f"at {si(mark)} FLOPs: {pct(r.savings)}{ci}", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, bbox=box)
+
+
 @styled
 def savings(result: Any, *, data_range: tuple[float, float] | None = None,
-            reference: Any | None = None, mark: float | None = 1e21) -> Figure:
+            reference: Any | None = None, mark: float | None = 1e21, observed: Any | None = None,
+            laws_identified: bool = True) -> Figure:
     """Compute savings of the candidate over the reference against the budget (left, %, with the
     bootstrap interval) and the loss gap at equal compute (right, nats/token).
 
@@ -43,6 +82,11 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
     The savings axis follows the point estimates; a bootstrap interval reaching past it (far from
     the data it can run to -1e5 %) is clipped at the axis and a triangle at the edge says it goes
     on. Every percentage is written by ``scaling.common.format.percent`` with ``PCT_DIGITS``.
+
+    ``observed``: the envelope's rows (``scaling.fitting.envelope.envelope_savings``, law-free, inside
+    the data), drawn as markers with their bootstrap intervals: what `smelt-scale savings` answers
+    inside the data when the laws are not identified. ``laws_identified`` False draws every law row
+    dashed (the laws' shape, not a result) and leaves them out of the axis range.
     """
     c_cand = ARCH_COLOURS.get(result.candidate, EXTRA[0])
     level = percent(result.ci_level, 0)
@@ -55,53 +99,36 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
         every = sorted([r for r in result.rows if r.sparsity == S], key=lambda r: r.budget)
         # what `smelt-scale savings` withholds (an unidentified law far beyond its data: rows marked
         # extrapolated, or refused) is never drawn as a result: at most a dashed, marker-free line
-        far = [r for r in every if r.extrapolated and r.savings is not None]
-        rs = [r for r in every if not r.extrapolated and r.savings is not None]
+        far = [r for r in every if (r.extrapolated or not laws_identified) and r.savings is not None]
+        rs = [r for r in every if not r.extrapolated and laws_identified and r.savings is not None]
         lab = f"{group_label(result.candidate)} vs {group_label(result.reference)}" + (
             "" if S is None else f", S = {S:g}")
         if far:
             # join the dashed part to the last shown point so the eye follows one curve
             link = ([rs[-1]] if rs and rs[-1].budget < far[0].budget else []) + far
             fb = [r.budget for r in link]
+            what = ("unidentified laws beyond the data (withheld by `savings`)" if laws_identified
+                    else "fitted laws, not identified: their shape, not a result")
             ax.plot(fb, [100 * r.savings for r in link], color=c_cand, ls=(0, (3, 3)), lw=1.0, alpha=0.7,
-                    label=f"{lab}: unidentified laws beyond the data (withheld by `savings`)")
+                    label=f"{lab}: {what}")
             ax2.plot(fb, [r.loss_gap for r in link], color=c_cand, ls=(0, (3, 3)), lw=1.0, alpha=0.7)
-        if not rs:
-            continue
-        b = np.array([r.budget for r in rs])
-        s = 100 * np.array([r.savings for r in rs])
-        gap = np.array([r.loss_gap for r in rs])
-        # markers only where a number rests on measurements (the envelope); law rows are curves
-        mk = "o" if all(r.method == "envelope" for r in rs) else None
-        ax.plot(b, s, color=c_cand, marker=mk, ms=3, ls=styles[k % 4], label=lab)
-        ax2.plot(b, gap, color=c_cand, marker=mk, ms=3, ls=styles[k % 4], label=lab)
-        if all(r.savings_ci is not None for r in rs):
-            # drawn once the axis range is known, so it can be clipped there
-            bands.append((b, np.array([100 * r.savings_ci[0] for r in rs]),
-                          np.array([100 * r.savings_ci[1] for r in rs])))
-        if all(r.loss_gap_ci is not None for r in rs):
-            ax2.fill_between(b, [r.loss_gap_ci[0] for r in rs], [r.loss_gap_ci[1] for r in rs], color=c_cand,
-                             alpha=0.18, lw=0)
+        if rs:
+            bands += _draw_rows(ax, ax2, rs, c_cand, styles[k % 4], lab)
         if mark is not None and S == sparsities[0]:
-            hit = [r for r in rs if np.isclose(r.budget, mark, rtol=1e-6)]
-            withheld = [r for r in every if np.isclose(r.budget, mark, rtol=1e-6) and r not in rs]
-            if withheld and not hit:
-                r = withheld[0]
-                far_txt = ("" if r.extrapolation_decades is None
-                           else f", {r.extrapolation_decades:.1f} decades beyond the data")
-                ax.text(0.98, 0.04, f"at {si(mark)} FLOPs: withheld (laws not identified{far_txt})",
-                        transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
-                        bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5})
-            if hit:
-                r = hit[0]
-                ci = "" if r.savings_ci is None else (
-                    f"\n{level} CI [{pct(r.savings_ci[0])}, {pct(r.savings_ci[1])}]")
-                ci += "" if r.extrapolation_decades is None else (
-                    f"\n{r.extrapolation_decades:.1f} decades beyond the data")
-                ax.plot([r.budget], [100 * r.savings], marker="o", ms=7, mfc="none", mec="k", ls="none")
-                ax.text(0.98, 0.04, f"at {si(mark)} FLOPs: {pct(r.savings)}{ci}",
-                        transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
-                        bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "0.6", "lw": 0.5})
+            _mark(ax, mark, rs, every, level)
+    seen = [r for r in (observed.rows if hasattr(observed, "rows") else observed or ())
+            if r.savings is not None]
+    if seen:
+        b = np.array([r.budget for r in seen])
+        lab = "observed frontiers (envelope, no law): what `savings` answers inside the data"
+        for a, val, ci, k in ((ax, [100 * r.savings for r in seen], [r.savings_ci for r in seen], 100.0),
+                              (ax2, [r.loss_gap for r in seen], [r.loss_gap_ci for r in seen], 1.0)):
+            v = np.array(val)
+            err = None
+            if all(c is not None for c in ci):
+                err = np.abs(np.array([[k * c[0] for c in ci], [k * c[1] for c in ci]]) - v)
+            a.errorbar(b, v, yerr=err, fmt="D", ms=4, color=c_cand, mec="0.15", mew=0.4, elinewidth=1.0,
+                       capsize=2.5, ls="none", label=lab)
     if reference is not None:
         greys = ["0.35", "0.55", "0.7", "0.8"]
         ref_s = sorted({r.sparsity for r in reference.rows}, key=lambda s: -1 if s is None else s)
@@ -113,7 +140,9 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
             ax2.plot(b, [r.loss_gap for r in rs], color=greys[k % 4], lw=1.0, ls="--", label=lab)
     # The y range follows the point estimates (and the reference): far from the data a bootstrap
     # interval can run to -1e5 % (resamples clamped at the 6-decade bracket); it is cut at the axes.
-    shown = [100 * r.savings for r in result.rows if r.savings is not None and not r.extrapolated] + (
+    shown = [100 * r.savings for r in result.rows
+             if r.savings is not None and not r.extrapolated and laws_identified] + [
+        100 * r.savings for r in seen] + (
         [100 * r.savings for r in reference.rows if r.savings is not None] if reference is not None else [])
     shown = shown or [100 * r.savings for r in result.rows if r.savings is not None] or [0.0]
     lo_y, hi_y = min(min(shown), 0.0), max(max(shown), 0.0)

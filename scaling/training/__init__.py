@@ -4,7 +4,8 @@ process group and data/expert parallelism, and sweep plans submitted through sub
 Rooms within the room, lowest first (each may import only the ones before it; tests/test_layout.py
 enforces it):
 
-* ``runlog``, ``schema`` (modules at this level): run-folder writes and the typed checks of plan
+* ``runlog``, ``schema`` (modules at this level): run metadata and weights files (the run folder
+  itself is ``scaling.common.run_folder``'s, re-exported by ``runlog``) and the typed checks of plan
   and config values; the base every sub-package may use.
 * ``data/``: the built-in corpus, prepared token shards (``prepare-data``) and ``open_data``.
 * ``model/``: the torch model (``transformer``) and its chunked cross-entropy.

@@ -1,11 +1,9 @@
-"""Run-folder I/O: crash-safe appends and rewrites, run metadata, final weights.
+"""The training side of the run folder: run metadata (code version, environment) and weights files.
 
-A run folder ``runs/<name>/`` holds ``config.json`` (written once at start),
-``metrics.jsonl`` (one JSON object per line, each appended with write + flush + fsync, so a
-crash loses at most the line being written, and a reader skips a torn last line) and
-``final.json`` (rewritten whole, via a temporary file + ``os.replace``, which is atomic on
-POSIX: a reader sees the old or the new file, never a mix), and ``checkpoints/`` (see
-:mod:`scaling.training.loop.checkpoint`).
+The folder's layout, file names and crash-safe writes are :mod:`scaling.common.run_folder`'s (the
+one owner, torch-free so that fitting and analysis read the same definitions); they are imported
+here because the training rooms write the folder through this module. What stays here needs torch
+(``environment``, ``save_weights``) or the package checkout (``code_version``).
 """
 
 from __future__ import annotations
@@ -13,82 +11,27 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any
 
 from scaling.common import files
-from scaling.common.serialize import to_json
-
-CONFIG, METRICS, FINAL, WEIGHTS = "config.json", "metrics.jsonl", "final.json", "final_weights.safetensors"
-# weights at the end of each budget: <run>/weights/budget-<i>.safetensors (TrainConfig budget order)
-BUDGET_WEIGHTS_DIR = "weights"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def current_umask() -> int:
-    """The process's umask. Linux reports it in /proc/self/status; elsewhere it is read by setting
-    and restoring it (Python has no getter), which another thread creating a file in that instant
-    would see, hence /proc first."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def umask_mode(mode: int = 0o666) -> int:
-    """``mode`` as ``open``/``mkdir`` would create it under the current umask (0o666 for files,
-    0o777 for folders)."""
-    return mode & ~current_umask()
-
-
-def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(fh)`` on a tmp file in the same folder, fsync, then os.replace onto ``path``.
-
-    The file gets the mode a plain ``open(path, "w")`` would give (0o666 less the umask):
-    ``mkstemp`` creates its file owner-only (0o600), which in a shared project folder would hide
-    results from colleagues who can read the appended metrics.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, umask_mode(0o666))
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    atomic_write(path, lambda fh: fh.write(data))
-
-
-def write_json(path: Path | str, obj: Any) -> None:
-    """Atomic JSON write (NaN/inf as null, numpy scalars converted)."""
-    atomic_write_bytes(path, (to_json(obj) + "\n").encode())
+from scaling.common.run_folder import (  # noqa: F401  (the training rooms' access to the run folder)
+    BUDGET_WEIGHTS_DIR,
+    CHECKPOINTS,
+    CONFIG,
+    FINAL,
+    METRICS,
+    WEIGHTS,
+    append_jsonl,
+    atomic_write,
+    atomic_write_bytes,
+    budget_weights_path,
+    current_umask,
+    fsync_dir,
+    rewrite_jsonl,
+    umask_mode,
+    write_json,
+)
 
 
 def read_json(path: Path | str) -> Any:
@@ -96,22 +39,7 @@ def read_json(path: Path | str) -> Any:
     return files.read_json(path)
 
 
-def append_jsonl(path: Path | str, record: dict) -> None:
-    """Append one line and make it durable (write, flush, fsync) before returning."""
-    line = to_json(record, indent=None) + "\n"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
-    """Replace a JSONL file atomically with ``records``."""
-    text = "".join(to_json(r, indent=None) + "\n" for r in records)
-    atomic_write_bytes(path, text.encode())
-
-
-# ----- run folder -------------------------------------------------------------------------
+# ----- run metadata -------------------------------------------------------------------------
 
 def code_version() -> dict:
     """Package version and, when the source is a git checkout, its commit and dirty flag."""
@@ -142,11 +70,6 @@ def environment() -> dict:
 
 
 # ----- final weights ----------------------------------------------------------------------
-
-def budget_weights_path(run_dir: Path | str, index: int) -> Path:
-    """``<run_dir>/weights/budget-<index>.safetensors``: the weights at the end of budget ``index``."""
-    return Path(run_dir) / BUDGET_WEIGHTS_DIR / f"budget-{index}.safetensors"
-
 
 def save_weights(path: Path | str, weights, metadata: dict[str, str] | None = None) -> None:
     """Weights as one safetensors file, written atomically.

@@ -143,6 +143,8 @@ PARALLEL = {
                          "a positive number of GB"),
     "grad_sync": Key(str, "every or last", lambda v: v in ("every", "last"), "every or last"),
     "ep": _pos_int("expert-parallel degree (fsdp/hsdp; default 1)"),
+    "loop_grad": Key(str, "per-pass or fsdp: when looped layers' gradients are reduce-scattered",
+                     lambda v: v in ("per-pass", "fsdp"), "per-pass or fsdp"),
     # step-time model only (scaling/accounting/steptime.py), never passed to the trainer
     "nvlink_gb_s": Key(float, "step-time model: intra-node bus bandwidth per GPU per direction, GB/s "
                        "(default 450, H100/H200 SXM NVLink)", positive, "a positive number of GB/s"),

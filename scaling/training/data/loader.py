@@ -151,7 +151,7 @@ def plan_data_use(runs, cache_dir: str | os.PathLike | None = None) -> list[Data
         got = opened[key]
         label = str(expand_path(key[0])) if key[0] else "the built-in corpus"
         if isinstance(got, UserError):
-            problem = str(got)
+            problem = got.with_hint()  # a line of `sweep --dry-run`'s report
             if key[0] is not None and not expand_path(key[0]).exists():
                 problem = (f"[data] path {label} does not exist: set [data] path to a folder made by "
                            "`smelt-scale prepare-data`")

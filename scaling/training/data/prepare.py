@@ -69,8 +69,6 @@ TOKENIZER = "tokenizer.json"
 # Separators looked up by name in a given tokenizer: (bos, eos) candidates, first match wins.
 _SEPARATORS = (("<|bos|>", None), (None, "<|endoftext|>"), ("<s>", "</s>"), ("<|begin_of_text|>", None),
                ("[CLS]", "[SEP]"))
-# Fault injection for tests/test_prepare.py: raise after this many shards are complete.
-_FAULT_ENV = "SMELT_FAULT_PREPARE_RAISE_AFTER_SHARDS"
 
 
 @dataclass(frozen=True)
@@ -451,6 +449,7 @@ def prepare(
     *,
     overwrite: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    after_shard: Callable[[int], None] | None = None,
 ) -> dict:
     """Prepare ``specs`` (see :func:`find_inputs`) into shards under ``out``; returns the manifest.
 
@@ -462,6 +461,10 @@ def prepare(
     (:func:`_tokenizer`); bring the work files back to the last checkpoint (:func:`_restore`);
     tokenize into training shards (:func:`_tokenize`); sort the validation documents into their
     shards (:func:`_write_val`); write the manifest (:func:`_manifest`).
+
+    ``after_shard(n)`` is called each time a training shard is complete under its final name
+    (``n`` shards so far), before the checkpoint records it: where the tests interrupt a
+    preparation to check that a rerun gives the same output.
     """
     out = Path(out)
     files = find_inputs(specs)
@@ -469,7 +472,7 @@ def prepare(
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is not a folder")
     if overwrite and out.exists() and any(out.iterdir()):
-        return _prepare_over(specs, files, out, opts, progress)
+        return _prepare_over(specs, files, out, opts, progress, after_shard)
     try:
         (out / WORK).mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -482,7 +485,7 @@ def prepare(
     vocab = tok.get_vocab_size(with_added_tokens=True)
     work = _restore(out, state, DTYPES[dtype_for_vocab(vocab)])
     bos, eos = _separators(tok, opts)
-    _tokenize(files, opts, state, work, tok, (bos, eos), tick)
+    _tokenize(files, opts, state, work, tok, (bos, eos), tick, after_shard)
     shards = list(state.train_shards)
     if state.partial_tokens:
         shards.append(_finish_shard(work.partial, out / _shard_name("train", work.k), work.dtype))
@@ -619,11 +622,11 @@ def _doc_tokens(ids: list[int], separators: tuple[int | None, int | None], dtype
 
 
 def _tokenize(files: list[InputFile], opts: PrepareOptions, state: _State, work: _Work, tok,
-              separators: tuple[int | None, int | None], tick) -> None:
+              separators: tuple[int | None, int | None], tick,
+              after_shard: Callable[[int], None] | None = None) -> None:
     """Encode the inputs chunk by chunk from the checkpoint on: training tokens into shards of
     ``shard_tokens``, validation tokens and their index into work files; after every chunk the
     work files are fsynced and the checkpoint rewritten."""
-    fault = int(os.environ.get(_FAULT_ENV, "-1"))
     skip = sum(f.bytes for f in files[:state.position[0]])
     if skip:
         tick("tokenizing", skip)
@@ -640,8 +643,8 @@ def _tokenize(files: list[InputFile], opts: PrepareOptions, state: _State, work:
             if state.partial_tokens == opts.shard_tokens:
                 state.train_shards.append(_finish_shard(work.partial, work.out / _shard_name("train", work.k),
                                                         work.dtype))
-                if len(state.train_shards) == fault:
-                    raise RuntimeError(f"fault injected after {fault} shards")
+                if after_shard is not None:
+                    after_shard(len(state.train_shards))
                 state.partial_tokens = 0
                 work.next_shard()
         if val_parts:
@@ -799,7 +802,8 @@ def _owned(out: Path) -> set[str]:
 
 
 def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: PrepareOptions,
-                  progress: Callable[[str, int, int], None] | None) -> dict:
+                  progress: Callable[[str, int, int], None] | None,
+                  after_shard: Callable[[int], None] | None = None) -> dict:
     """``--overwrite`` of a folder that holds something: validate, prepare into a fresh folder beside
     ``out``, then replace only the earlier preparation's files (:func:`_owned`) with the new ones,
     manifest last. Nothing in ``out`` is touched before the new shards are complete; files the
@@ -817,7 +821,7 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
     tmp = out.parent / f".{out.name}.overwrite-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        manifest = prepare(specs, tmp, opts, overwrite=False, progress=progress)
+        manifest = prepare(specs, tmp, opts, overwrite=False, progress=progress, after_shard=after_shard)
         new = sorted(p.name for p in tmp.iterdir())
         clash = [n for n in new if (out / n).exists() and n not in owned]
         if clash:

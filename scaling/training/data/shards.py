@@ -336,9 +336,9 @@ def read_manifest(folder: Path | str) -> tuple[dict, str]:
         raise UserError(f"data folder {folder} does not exist or is not a folder")
     if not path.exists():
         raise UserError(
-            f"no {MANIFEST} in {folder}: make one with `smelt-scale prepare-data` (which also indexes "
-            "existing nanoGPT/OLMo-style shards when told their dtype and vocabulary)"
-        )
+            f"no {MANIFEST} in {folder}",
+            hint="make one with `smelt-scale prepare-data` (which also indexes existing nanoGPT/OLMo-style "
+                 "shards when told their dtype and vocabulary)", sep=": ")
     text = read_text(path, "manifest")
     raw = text.encode("utf-8")
     m = parse_json(text, str(path))

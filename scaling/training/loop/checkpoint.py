@@ -247,7 +247,7 @@ class Checkpointer:
             if final.exists():  # only a branch point saved again after a resume
                 shutil.rmtree(final)
             tmp.rename(final)
-            runlog._fsync_dir(self.folder)
+            runlog.fsync_dir(self.folder)
             if name.startswith("iter-"):
                 for old in self.folder.glob("iter-*"):
                     if old != final:

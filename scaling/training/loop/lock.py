@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 from scaling.common.errors import UserError
-
-LOCK = ".lock"
+from scaling.common.run_folder import LOCK
 
 
 def _holder(path: Path) -> str:

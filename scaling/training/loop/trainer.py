@@ -20,7 +20,7 @@ weight decay, Loshchilov & Hutter 2019) on every matrix except the token embeddi
 Gradients are clipped to a global norm. fp32 on CPU (bitwise reproducible for a fixed thread
 count), bf16 autocast with fp32 master weights on CUDA.
 
-Logs go to ``runs/<name>/`` (see :mod:`scaling.training.runlog`): ``config.json``, ``metrics.jsonl``
+Logs go to ``runs/<name>/`` (see :mod:`scaling.common.run_folder`): ``config.json``, ``metrics.jsonl``
 (one line per logged update, keyed by ``iter``, the run's update counter, monotone across trunk
 and branches), ``final.json`` and ``checkpoints/``. A run killed at any moment and resumed logs
 exactly what an uninterrupted run logs.
@@ -38,8 +38,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
-import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,9 +47,12 @@ from typing import Any, Callable
 import torch
 
 from scaling.accounting.config import ModelConfig
+from scaling.accounting.costs import Costs
 from scaling.accounting.costs import costs as accounting
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
+from scaling.common.format import format_tokens
+from scaling.common.run_folder import CHECKPOINTS, Point, final_doc
 from scaling.training import runlog
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import open_data
@@ -85,11 +86,6 @@ from scaling.training.parallel.launcher import stop_requested
 from scaling.training.schema import check_fields, check_value
 
 log = logging.getLogger(__name__)
-
-# Fault injection for tests: SIGKILL the process right after the metrics line of this update is
-# written and before its checkpoint (the most adversarial moment).
-_KILL_ENV = "SMELT_FAULT_KILL_AT_ITER"
-CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -134,6 +130,9 @@ class TrainConfig:
     replicate         HSDP replicate degree (None: the number of nodes)
     ep                expert-parallel degree (fsdp/hsdp only; 1: every rank holds every expert's
                       shard): scaling.training.parallel.expert_parallel
+    loop_grad         looped layers' gradients under fsdp/hsdp: "per-pass" (reduce-scattered after
+                      each pass) or "fsdp" (FSDP2's own, after the last); None: per-pass for SMELT
+                      (scaling.training.parallel.loop_grad)
     """
 
     tokens: tuple[float, ...]
@@ -175,6 +174,7 @@ class TrainConfig:
     grad_sync: str | None = None
     replicate: int | None = None
     ep: int = 1
+    loop_grad: str | None = None
 
     def __post_init__(self) -> None:
         # types first (the schema shared with plans and `train --config`), then ranges
@@ -209,6 +209,8 @@ class TrainConfig:
             raise UserError(f"parallel must be none, ddp, fsdp or hsdp, got {self.parallel!r}")
         if self.grad_sync is not None and self.grad_sync not in GRAD_SYNC:
             raise UserError(f"grad_sync must be last or every, got {self.grad_sync!r}")
+        if self.loop_grad is not None and self.loop_grad not in ("per-pass", "fsdp"):
+            raise UserError(f"loop_grad must be per-pass or fsdp, got {self.loop_grad!r}")
         if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):
             raise UserError(f"replicate must be a positive HSDP replicate degree, got {self.replicate!r} "
                             f"with parallel {self.parallel!r}")
@@ -261,19 +263,11 @@ _RANGES = (
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate", "ep", "data_verify"}
+               "grad_sync", "replicate", "ep", "loop_grad", "data_verify"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
     return min(1000, max(1, round(0.1 * budgets[0].steps)))
-
-
-def format_tokens(n: float) -> str:
-    """2e5 -> '200k', 1.5e6 -> '1.5M', 2e9 -> '2B'."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.4g}{unit}"
-    return f"{n:.4g}"
 
 
 def default_run_name(tier: str, arch: str, cfg: TrainConfig) -> str:
@@ -312,15 +306,13 @@ def _agreed(dist: DistEnv, fn: Callable[[], Any]) -> Any:
 
 # ----- the run folder ---------------------------------------------------------------------
 
-def _point(run: str, tier: str, proxy: bool, model_cfg: ModelConfig, b: TokenBudget, val_loss: float,
-           val_bpb: float, train_loss: float, seed: int, wall_s: float) -> dict:
-    acc = accounting(model_cfg)
-    return {"run": run, "arch": model_cfg.arch, "tier": tier, "proxy": proxy, "N": acc.active_params,
-            "D": b.tokens, "loss": val_loss, "val_bpb": val_bpb, "flops": acc.flops_per_token * b.tokens,
-            "flops_per_token": acc.flops_per_token, "sparsity": acc.sparsity,
-            "non_embedding_params": acc.non_embedding_params, "total_params": acc.total_params,
-            "seed": seed, "budget_index": b.index, "steps": b.steps, "requested_tokens": b.requested_tokens,
-            "train_loss": train_loss, "wall_s": wall_s}
+def _point(run: str, tier: str, proxy: bool, arch: str, acc: Costs, b: TokenBudget, val_loss: float,
+           val_bpb: float, train_loss: float, seed: int, wall_s: float) -> Point:
+    return Point(run=run, arch=arch, tier=tier, proxy=proxy, N=acc.active_params, D=b.tokens, loss=val_loss,
+                 val_bpb=val_bpb, flops=acc.flops_per_token * b.tokens, flops_per_token=acc.flops_per_token,
+                 sparsity=acc.sparsity, non_embedding_params=acc.non_embedding_params,
+                 total_params=acc.total_params, seed=seed, budget_index=b.index, steps=b.steps,
+                 requested_tokens=b.requested_tokens, train_loss=train_loss, wall_s=wall_s)
 
 
 def _config_diff(old: dict, new: dict) -> list[str]:
@@ -426,9 +418,11 @@ class Trainer:
                  proxy: bool | None,
                  run_name: str | None, runs_dir: Path, ckpt_dir: Path | None, resume: bool, overwrite: bool,
                  progress: Callable[[Progress], None] | None, data_cache, save_budget_weights: bool = False,
-                 lock: RunLock | None = None):
+                 lock: RunLock | None = None, after_update: Callable[[TrainState], None] | None = None):
 
         self.model_cfg, self.cfg, self.dist = model_cfg, cfg, dist
+        self.acc = accounting(model_cfg)  # exact costs: config.json, every point, MFU
+        self.after_update = after_update
         self.save_budget_weights = save_budget_weights
         self.lock = lock if lock is not None else RunLock()  # rank 0 takes it when it creates the folder
         self.tier = tier
@@ -509,7 +503,8 @@ class Trainer:
         self.grad_sync = resolve_grad_sync(cfg.grad_sync, resolve_mode(cfg.parallel, dist.world))
         self.model = build_model(model_cfg, cfg.seed, dist, cfg.parallel,
                                  activation_checkpointing=cfg.activation_checkpointing,
-                                 compile=resolve_compile(cfg.compile, device.type))
+                                 compile=resolve_compile(cfg.compile, device.type),
+                                 loop_grad=cfg.loop_grad)
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")
@@ -532,7 +527,7 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         return {
             "run": self.run_name, "tier": self.tier, "arch": self.model_cfg.arch, "proxy": self.proxy,
-            "model": self.model_cfg.to_dict(), "accounting": accounting(self.model_cfg).to_dict(),
+            "model": self.model_cfg.to_dict(), "accounting": self.acc.to_dict(),
             "train": cfg.to_dict(),
             "resolved": {"warmup": self.warmup, "micro_batch_size": self.micro,
                          "grad_accum_steps": self.n_micro,
@@ -576,8 +571,7 @@ class Trainer:
 
     # ----- pieces of the loop --------------------------------------------------------------
     def write_final(self) -> dict:
-        doc = {"run": self.run_name, "arch": self.model_cfg.arch, "tier": self.tier,
-               "complete": self.state.done, "points": self.state.points}
+        doc = final_doc(self.run_name, self.model_cfg.arch, self.tier, self.state.done, self.state.points)
         if self.dist.is_main:
             runlog.write_json(self.run_dir / runlog.FINAL, doc)
         return doc
@@ -632,8 +626,7 @@ class Trainer:
                     "budget": budget, "branch": branch}
 
         report(Progress(self.run_name, s.iter * self.tokens_per_step, total, **where(s.position.branch)))
-        kill_at = int(os.environ.get(_KILL_ENV, "-1"))
-        fpt = accounting(self.model_cfg).flops_per_token
+        fpt = self.acc.flops_per_token
         t_start, wall_base = time.perf_counter(), s.wall_s
         timer = {"train": 0.0, "tokens": 0, "data": 0.0}
         if s.iter == 0 and not s.done:
@@ -663,9 +656,10 @@ class Trainer:
                 s.wall_s = wall_base + time.perf_counter() - t_start
                 if up.budget_end is not None:
                     record["budget_index"] = up.budget_end
-                    s.points.append(_point(self.run_name, self.tier, self.proxy, self.model_cfg,
-                                           plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
-                                           record["train_loss"], cfg.seed, s.wall_s))
+                    point = _point(self.run_name, self.tier, self.proxy, self.model_cfg.arch, self.acc,
+                                   plan.budgets[up.budget_end], record["val_loss"], record["val_bpb"],
+                                   record["train_loss"], cfg.seed, s.wall_s)
+                    s.points.append(point.to_dict())
                     if self.save_budget_weights:  # before the branch closes and the trunk returns
                         self.save_weights(runlog.budget_weights_path(self.run_dir, up.budget_end))
                 if up.closed is not None:  # back to the trunk at the branch point
@@ -685,8 +679,8 @@ class Trainer:
                                 record["train_loss"], s.last_eval.get("val_loss") if s.last_eval else None,
                                 mfu=record.get("mfu"), peak_mem_bytes=record["peak_mem_bytes"],
                                 **where(record["branch"])))
-                if s.iter == kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.after_update is not None:  # its line and point are written, its checkpoint not yet
+                    self.after_update(s)
                 if up.budget_end is not None or up.opened is not None or self.checkpointer.due(s):
                     self.save()
                 if s.iter % cfg.log_every == 0:
@@ -711,7 +705,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
           run_name: str | None = None, runs_dir: str | Path = "runs", ckpt_dir: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, save_final_weights: bool = False,
           save_budget_weights: bool = False, progress: Callable[[Progress], None] | None = None,
-          data_cache: str | Path | None = None) -> dict:
+          data_cache: str | Path | None = None,
+          after_update: Callable[[TrainState], None] | None = None) -> dict:
     """Train one model; returns the final.json document (plus ``run_dir`` and ``ckpt_dir``).
 
     ``resume=True`` continues an existing run from its last checkpoint (a complete run returns its
@@ -719,9 +714,12 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
     for checkpoints (default: ``<run_dir>/checkpoints``). ``save_budget_weights`` writes each budget's
     final weights to ``<run_dir>/weights/budget-<i>.safetensors`` as its cooldown branch ends
     (a resumed run rewrites the ones after its checkpoint). ``progress`` is called after every
-    update with a :class:`Progress`. Raises UserError for bad input (an existing run without
-    resume/overwrite, a budget below one step, an unwritable folder, a checkpoint of another run,
-    ...), before creating any folder where it can.
+    update with a :class:`Progress`. ``after_update`` (every rank) is called with the
+    :class:`TrainState` after each update once its metrics line (and, at a budget end, its
+    final.json point) is durable and before its checkpoint: the most adversarial moment for a
+    crash, where the kill-and-resume tests kill the process (tests/killing_cli.py). Raises
+    UserError for bad input (an existing run without resume/overwrite, a budget below one step, an
+    unwritable folder, a checkpoint of another run, ...), before creating any folder where it can.
     """
     dist = setup_distributed(train_cfg.device, train_cfg.parallel, replicate=train_cfg.replicate,
                              ep=train_cfg.ep)
@@ -730,7 +728,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
         trainer = Trainer(model_cfg, train_cfg, dist, tier=tier, proxy=proxy, run_name=run_name,
                           runs_dir=Path(runs_dir), ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                           progress=progress, data_cache=data_cache, save_budget_weights=save_budget_weights,
-                          lock=lock)
+                          lock=lock, after_update=after_update)
         doc = trainer.train()
         if save_final_weights:
             trainer.save_weights()

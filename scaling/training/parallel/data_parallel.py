@@ -25,7 +25,10 @@ parameters, 54 GB in bf16 per GPU, which does not fit next to the rest. Reshardi
 extra all-gather per looped layer and pass: per step (L + L_loop) all-gathers in forward and
 again in backward instead of 2 L, i.e. 1.5x a Baseline's traffic for SMELT's 1.5x layer passes,
 so the communication per FLOP stays that of the Baseline. The root keeps FSDP2's default
-(no reshard after forward: its parameters are needed first in backward).
+(no reshard after forward: its parameters are needed first in backward). Their *gradients* are
+reduce-scattered after each pass by default (``loop_grad="per-pass"``,
+:mod:`scaling.training.parallel.loop_grad`): FSDP2 alone would hold each looped layer's later-pass
+gradient unsharded until its first pass's backward; ``loop_grad="fsdp"`` leaves it to FSDP2.
 
 **Mixed precision.** On CUDA ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the
 sharded fp32 parameters are the master weights (AdamW updates them in fp32), the all-gathered
@@ -123,6 +126,7 @@ def parallelize(
     activation_checkpointing: bool = False,
     compile: bool = False,
     ep_meshes=None,
+    loop_grad: str | None = None,
 ) -> nn.Module:
     """Apply activation checkpointing, torch.compile and the data-parallel wrapping of ``mode``.
 
@@ -130,6 +134,7 @@ def parallelize(
     ddp/none). ``mesh`` is the DeviceMesh of fsdp/hsdp. ``mixed_precision`` (fsdp/hsdp): bf16
     compute with fp32 reduce and master weights; None = on CUDA only. Returns the module to
     train (DDP's wrapper for ddp; the same module, changed in place, otherwise).
+    ``loop_grad`` (fsdp/hsdp, looped models): "per-pass" or "fsdp" (``resolve_loop_grad``).
     """
     if mode not in PARALLEL_MODES:
         raise UserError(f"parallel mode must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
@@ -158,14 +163,22 @@ def parallelize(
             mixed_precision = mesh.device_type == "cuda"
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if mixed_precision else MixedPrecisionPolicy())
+        from scaling.training.parallel.loop_grad import install_per_pass, resolve_loop_grad
+
+        per_pass = resolve_loop_grad(loop_grad, mode, model.cfg.is_looped) == "per-pass"
         if ep_meshes is not None:
             from scaling.training.parallel.expert_parallel import shard_with_ep
 
             shard_with_ep(model, ep_meshes, mp)
+            if per_pass:  # the expert groups divide by the world size (shard_with_ep)
+                install_per_pass(model, mp, {getattr(b, "_checkpoint_wrapped_module", b).moe:
+                                             float(ep_meshes.world) for b in layers})
             return model
         for block in layers:  # one group per physical layer; looped ones reshard between passes
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
         fully_shard(model, mesh=mesh, mp_policy=mp)  # root last: embedding, norm, LM head
+        if per_pass:
+            install_per_pass(model, mp)
         return model
     if mode == "ddp":
         import inspect
@@ -220,6 +233,7 @@ def build_model(
     mixed_precision: bool | None = None,
     activation_checkpointing: bool = False,
     compile: bool = False,
+    loop_grad: str | None = None,
 ) -> nn.Module:
     """The model to train on ``dist`` in ``mode``, initialised exactly as ``MoETransformer(cfg, seed)``.
 
@@ -241,7 +255,7 @@ def build_model(
             localize_experts(model, dist.ep)
         model = parallelize(model, mode, dist.mesh, mixed_precision=mixed_precision,
                             activation_checkpointing=activation_checkpointing, compile=compile,
-                            ep_meshes=dist.ep)
+                            ep_meshes=dist.ep, loop_grad=loop_grad)
         materialize(model, dist.device, seed)
         if dist.ep is not None:
             from scaling.training.parallel.expert_parallel import tag_expert_params
@@ -259,6 +273,7 @@ def gradient_sync(model: nn.Module, is_last: bool, grad_sync: str = "last"):
     ``grad_sync="last"``: only the last micro-batch reduces (DDP ``no_sync``, FSDP2
     ``set_requires_gradient_sync``). ``"every"`` (FSDP2/HSDP): reduce-scatter every micro-batch
     so that gradients stay sharded; HSDP's cross-replica all-reduce still waits for the last.
+    The per-pass reducers of looped layers (``loop_grad``) follow the same two switches.
     """
     if grad_sync not in GRAD_SYNC:
         raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNC)}, got {grad_sync!r}")
@@ -267,11 +282,14 @@ def gradient_sync(model: nn.Module, is_last: bool, grad_sync: str = "last"):
             yield
         return
     if _is_fsdp(model):
+        from scaling.training.parallel.loop_grad import set_loop_grad_sync
+
         if grad_sync == "last":
             model.set_requires_gradient_sync(is_last)
         else:
             model.set_requires_gradient_sync(True)
             model.set_requires_all_reduce(is_last)
+        set_loop_grad_sync(model, is_last or grad_sync == "every", is_last)
     yield
 
 

@@ -79,6 +79,13 @@ def export_submitit_env() -> bool:
     return True
 
 
+def launch_rank() -> int:
+    """This process's rank as its launcher gave it: ``RANK`` from torchrun, or from submitit once
+    :func:`setup_distributed` exported it; 0 for a process alone. Readable before the process group
+    exists and after it is gone (a command prints its result on rank 0 only)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _pick_device(device_pref: str, local_rank: int) -> torch.device:
     if device_pref == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -128,7 +135,7 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
     if "WORLD_SIZE" not in os.environ:
         export_submitit_env()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launch_rank()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     device = _pick_device(device_pref, local)

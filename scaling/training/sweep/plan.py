@@ -53,6 +53,9 @@ Format (see ``plans/cpu-proxy.toml``)::
     grad_sync = "every"                    # "every" micro-batch or only the "last" (default:
                                            # "every" when sharded, "last" otherwise)
     ep = 8                                 # expert-parallel degree (fsdp/hsdp; default 1)
+    loop_grad = "per-pass"                 # looped layers' gradients reduce-scattered after each
+                                           # pass, or "fsdp" after the last (default: per-pass
+                                           # when sharded)
     nvlink_gb_s = 450                      # step-time model only (scaling.accounting.steptime):
     network_gb_s = 50                      # per-GPU link bandwidths, GB/s, and the fraction of
     overlap = 0.8                          # compute FSDP traffic can hide behind (defaults shown)
@@ -192,7 +195,7 @@ def train_fields(train: dict[str, Any], data: dict[str, Any], parallel: dict[str
             fields[name] = str(expand_path(value)) if key in ("path", "tokenizer") else value
     # the [parallel] layout that the memory planner checked is the one trained
     for key, name in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate"),
-                      ("ep", "ep")):
+                      ("ep", "ep"), ("loop_grad", "loop_grad")):
         if key in parallel:
             if name in fields and fields[name] != parallel[key]:
                 raise UserError(f"{what}: [train] {name} = {fields[name]!r} contradicts "

@@ -29,23 +29,15 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.accounting.steptime import StepTime, predict_step_time
 from scaling.common.errors import UserError
-from scaling.common.files import read_config
+from scaling.common.run_folder import CONFIG, FINAL, METRICS, WEIGHTS, RunFolder
 from scaling.training.sweep.plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
 
 
 def run_status(runs_dir: Path, name: str) -> str:
-    """'done' (final.json complete), 'partial' (started), or 'new'."""
-    folder = runs_dir / name
-    final = folder / "final.json"
-    if final.exists():
-        try:
-            if read_config(final, "final").get("complete"):
-                return "done"
-        except (OSError, ValueError, AttributeError):
-            return "partial"
-    return "partial" if (folder / "config.json").exists() else "new"
+    """'done', 'partial' (resume it) or 'new' (start it): :meth:`RunFolder.status`, the one rule."""
+    return RunFolder(runs_dir / name).status()
 
 
 def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
@@ -55,7 +47,7 @@ def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
     parallel layout) are not compared; an unreadable config.json is a difference."""
     from scaling.training.loop.trainer import RESUME_FREE
 
-    path = runs_dir / run.name / "config.json"
+    path = runs_dir / run.name / CONFIG
     if not path.exists():
         return []
     try:
@@ -85,7 +77,7 @@ def missing_outputs(run: PlannedRun, runs_dir: Path) -> list[str]:
     """Files the plan asks of a finished run that its folder lacks (final weights when
     [train] save_final_weights)."""
     folder = runs_dir / run.name
-    wanted = ["final.json"] + (["final_weights.safetensors"] if run.train.get("save_final_weights") else [])
+    wanted = [FINAL] + ([WEIGHTS] if run.train.get("save_final_weights") else [])
     return [name for name in wanted if not (folder / name).is_file()]
 
 
@@ -470,7 +462,7 @@ def run_progress(plan: SweepPlan, run: PlannedRun) -> RunProgress:
     decay = float(run.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))
     total = float(run.tokens_trained(decay))
     status = run_status(plan.runs_dir, run.name)
-    rows = _last_lines(plan.runs_dir / run.name / "metrics.jsonl")
+    rows = _last_lines(plan.runs_dir / run.name / METRICS)
     if not rows:
         return RunProgress(run.name, status, total if status == "done" else 0.0, total, None, None, None,
                            0.0 if status == "done" else None)

@@ -1,0 +1,247 @@
+"""Loop-aware gradient sharding: reduce-scatter a looped layer's gradient after *each* pass.
+
+Why: FSDP2 reduce-scatters a module's gradients in its post-backward, from the unsharded
+parameter's ``.grad``. A SMELT layer in the loop block runs twice per forward with the same
+unsharded parameter (a leaf), and the autograd engine sums every contribution to a leaf before
+its ``AccumulateGrad`` runs: the later pass's gradient (first in backward) waits, unsharded and
+whole, in the engine until the earlier pass's backward. Across the loop block that is one
+unsharded gradient per looped layer alive at once (the planner's "held looped gradients": 56 GB
+per GPU at the 1.6B tier). No FSDP2 setting changes when the engine sums, and two FSDP modules
+may not share parameters.
+
+What this does (``loop_grad = "per-pass"``, the default for SMELT under fsdp/hsdp): for each
+FSDP module inside a looped layer (the layer, and under expert parallelism its nested MoE /
+router / shared-expert groups), three module hooks around FSDP2's own:
+
+* before FSDP's pre-forward (``prepend=True``): note the sharded DTensor parameters;
+* after FSDP's all-gather: replace each unsharded parameter in the module by
+  ``_PassGrad.apply(unsharded)``, an identity (a view) with its own autograd node, so every pass
+  has its own non-leaf "weight" and its own backward node;
+* before FSDP's reshard (``prepend=True``): put the unsharded parameters back.
+
+In backward, a pass's ``_PassGrad`` node (one per module and pass, over all its weights)
+receives that pass's summed weight gradients once the layer pass's backward has produced them
+(its sequence number sits just below the pass's own ops, so the engine runs it at the pass
+boundary) and reduce-scatters them, in one flat collective as FSDP2 does, into the sharded
+gradients itself, returning nothing to the unsharded leaves, so FSDP's post-backward finds no
+gradient to reduce. FSDP still owns the all-gathers, resharding and prefetching.
+
+The reduction mirrors FSDP2's ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/
+_fsdp_collectives.py) with public collectives: cast to the policy's ``reduce_dtype``, pad dim 0
+to a multiple of the shard degree S (``torch.chunk`` rows, as FSDP2 shards), one
+``reduce_scatter_tensor`` over the shard dimension's group with ``AVG`` (fp32/bf16; fp16 sums
+and divides after, without FSDP2's pre/post split), or with a divide factor (expert
+parallelism's ``set_gradient_divide_factor``) ``SUM`` and a division; under HSDP the result is
+summed over the micro-batches that do not all-reduce and all-reduced (``AVG``) over the replicate
+group once, at the last pass of the micro-batch that does (FSDP2's ``partial_reduce_output``);
+then cast to the parameter's dtype and added to the DTensor ``.grad``. A micro-batch that
+does not reduce (``grad_sync="last"`` before the last one) hands the gradient to autograd
+unchanged, i.e. FSDP2's own unsharded accumulation, reduced by FSDP on the last micro-batch.
+
+Cost: reduce-scatters per step go from one per looped layer to one per looped layer pass (for
+SMELT's loop of r = 2 passes over half the layers, 1.5x the layer reduce-scatter bytes), and
+a looped layer's sharded gradient exists from the backward of its later pass on (the first
+in backward) instead of its earlier one.
+
+``torch.compile``: the hooks are ``torch._dynamo.disable``-d as FSDP2's are and run outside the
+compiled block graphs (``Module.compile`` + ``fullgraph=True``, with activation checkpointing:
+on CPU every pass gradient reaches its node and 2 ranks train like one process, the slow test
+of tests/test_parallel.py); on CUDA ``benchmarks/gpu_check_scale.py`` checks it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from scaling.common.errors import UserError
+
+LOOP_GRADS = ("per-pass", "fsdp")
+
+
+def resolve_loop_grad(loop_grad: str | None, mode: str, looped: bool) -> str:
+    """None -> "per-pass" for a looped model under fsdp/hsdp, else "fsdp" (nothing to do): the
+    rule of ``scaling.accounting.memory.Layout.loop_grad``."""
+    if loop_grad is None:
+        return "per-pass" if looped and mode in ("fsdp", "hsdp") else "fsdp"
+    if loop_grad not in LOOP_GRADS:
+        raise UserError(f"loop_grad must be one of {', '.join(LOOP_GRADS)}, got {loop_grad!r}")
+    return loop_grad
+
+
+class _PassGrad(torch.autograd.Function):
+    """Identity on all of one FSDP module's weights in forward (one autograd node per pass); in
+    backward, reduce this pass's gradients of them together (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hook: "PerPassReducer", *ws: torch.Tensor):
+        ctx.hook = hook
+        ctx.meta = [(w.shape, w.dtype, w.device) for w in ws]
+        return tuple(w.view_as(w) for w in ws)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        hook = ctx.hook
+        hook.pending -= 1
+        if hook.observer is not None:
+            for g in grads:
+                if g is not None:
+                    hook.observer(g)
+        if not hook.sync:  # FSDP2's own unsharded accumulation (grad_sync="last")
+            return (None, *grads)
+        # a weight this pass did not use reduces zeros: every rank must send the same layout
+        hook.reduce([g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                     for g, (shape, dtype, device) in zip(grads, ctx.meta)])
+        return (None,) + (None,) * len(grads)
+
+
+class PerPassReducer:
+    """The hooks on one FSDP module of a looped layer (``install_per_pass`` makes them).
+
+    ``sync`` (reduce on this micro-batch) and ``all_reduce`` (HSDP: all-reduce on this one) are
+    set per micro-batch by ``data_parallel.gradient_sync``, as FSDP2's
+    ``set_requires_gradient_sync`` / ``set_requires_all_reduce`` are. ``observer(grad)``, if
+    set, sees every unsharded pass gradient as it arrives (tests measure their lifetime).
+    """
+
+    def __init__(self, module: nn.Module, mp_policy, divide_factor: float | None = None):
+        from torch.distributed.fsdp import FSDPModule
+
+        self.module = module
+        self.reduce_dtype = getattr(mp_policy, "reduce_dtype", None)
+        self.divide_factor = divide_factor
+        self.sync = True
+        self.all_reduce = True
+        self.observer: Callable[[torch.Tensor], None] | None = None
+        # the parameters this FSDP module manages: its submodules' own, not a nested FSDP group's
+        self.entries: list[tuple[nn.Module, str]] = []
+        self.sharded: list = []      # their sharded DTensors, noted before each all-gather
+        self.pending = 0             # passes of this micro-batch whose backward has not run
+        self.partial = None          # HSDP: reduce-scattered, not yet all-reduced (flat)
+        self._saved: list[torch.Tensor] = []
+
+        def walk(m: nn.Module) -> None:
+            for name, p in m._parameters.items():
+                if p is not None and p.requires_grad:
+                    self.entries.append((m, name))
+            for child in m.children():
+                if not isinstance(child, FSDPModule):
+                    walk(child)
+
+        walk(module)
+        disable = torch._dynamo.disable
+        module.register_forward_pre_hook(disable(self._note_sharded), prepend=True)
+        module.register_forward_pre_hook(disable(self._swap_in))
+        module.register_forward_hook(disable(self._swap_out), prepend=True, always_call=True)
+
+    # -- forward -----------------------------------------------------------------------------
+    def _note_sharded(self, module, args) -> None:
+        self.sharded = [m._parameters[name] for m, name in self.entries]
+
+    def _swap_in(self, module, args) -> None:
+        self._saved = []
+        if not torch.is_grad_enabled() or not self.entries:
+            return
+        self._saved = [m._parameters[name] for m, name in self.entries]
+        self.pending += 1
+        for (m, name), w in zip(self.entries, _PassGrad.apply(self, *self._saved)):
+            m._parameters[name] = w
+
+    def _swap_out(self, module, args, output) -> None:
+        if self._saved:
+            for (m, name), w in zip(self.entries, self._saved):
+                m._parameters[name] = w
+            self._saved = []
+
+    # -- backward ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def reduce(self, grads: list[torch.Tensor]) -> None:
+        """Reduce-scatter one pass's unsharded gradients (one flat collective, FSDP2's layout:
+        each rank's dim-0 chunk of every weight, padded, side by side) and add each rank's
+        share to the sharded ``.grad``."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        p0 = self.sharded[0]
+        if not all(isinstance(p, DTensor) for p in self.sharded):
+            raise RuntimeError("per-pass gradient reduction needs FSDP2's sharded DTensor parameters")
+        mesh, placements = p0.device_mesh, p0.placements
+        shard_dims = [i for i, pl in enumerate(placements) if pl.is_shard()]
+        rep_dims = [i for i, pl in enumerate(placements) if pl.is_replicate()]
+        if len(shard_dims) != 1 or placements[shard_dims[0]].dim != 0:
+            raise RuntimeError(f"per-pass reduction expects Shard(0) on one mesh dim, got {placements}")
+        S = mesh.size(shard_dims[0])
+        rdtype = self.reduce_dtype or grads[0].dtype
+        rows = [-(-g.shape[0] // S) for g in grads]
+        chunks = []
+        for g, r in zip(grads, rows):
+            g = g.to(rdtype)
+            if r * S != g.shape[0]:
+                g = torch.cat([g, g.new_zeros(r * S - g.shape[0], *g.shape[1:])])
+            chunks.append(g.reshape(S, -1))
+        flat = torch.cat(chunks, dim=1) if len(chunks) > 1 else chunks[0].contiguous()
+        del chunks, grads
+        out = flat.new_empty(flat.shape[1])
+        replicas = 1
+        for i in rep_dims:
+            replicas *= mesh.size(i)
+        avg = self.divide_factor is None and rdtype in (torch.float32, torch.bfloat16)
+        if S > 1:
+            dist.reduce_scatter_tensor(out, flat.view(-1), op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                                       group=mesh.get_group(shard_dims[0]))
+        else:
+            out.copy_(flat.view(-1))
+        del flat
+        if rep_dims:
+            if self.partial is not None:
+                out += self.partial
+                self.partial = None
+            if not (self.all_reduce and self.pending == 0):
+                self.partial = out
+                return
+            for i in rep_dims:
+                dist.all_reduce(out, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                                group=mesh.get_group(i))
+        if not avg:
+            out.div_(self.divide_factor or S * replicas)
+        offset = 0
+        for p, r in zip(self.sharded, rows):
+            row = p.numel() // p.shape[0] if p.shape[0] else 0
+            local = p.to_local()
+            new = out[offset: offset + local.numel()].view(local.shape).to(p.dtype)
+            offset += r * row
+            if p.grad is None:
+                p.grad = DTensor.from_local(new, mesh, placements, run_check=False,
+                                            shape=p.shape, stride=p.stride())
+            else:
+                p.grad.to_local().add_(new)
+
+
+def install_per_pass(model: nn.Module, mp_policy, divide_factors: dict | None = None) -> list[PerPassReducer]:
+    """Per-pass reduction on every FSDP module inside the looped layers of a sharded model.
+
+    Call after ``fully_shard`` (the hooks must wrap FSDP2's). ``divide_factors`` maps a module to
+    its ``set_gradient_divide_factor`` (expert parallelism). Returns the reducers, also kept in
+    ``model.loop_grad_reducers`` for ``gradient_sync``.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = model.cfg
+    reducers = []
+    if cfg.is_looped:
+        for i in range(cfg.loop_start, cfg.loop_end):
+            for m in model.layers[i].modules():
+                if isinstance(m, FSDPModule):
+                    reducers.append(PerPassReducer(m, mp_policy, (divide_factors or {}).get(m)))
+    model.loop_grad_reducers = reducers
+    return reducers
+
+
+def set_loop_grad_sync(model: nn.Module, sync: bool, all_reduce: bool) -> None:
+    """Whether this micro-batch reduces its looped gradients (and, HSDP, all-reduces them).
+    Called before the micro-batch's forward: the pass count starts afresh (a forward with a
+    graph but no backward, e.g. after an error, would otherwise leave it off by its passes)."""
+    for r in getattr(model, "loop_grad_reducers", ()):
+        r.sync, r.all_reduce, r.pending = sync, all_reduce, 0
