@@ -242,9 +242,10 @@ class TrainConfig(ParallelConfig, DataConfig, LogConfig, OptimConfig):
 
     @classmethod
     def from_tables(cls, train: dict[str, Any], data: dict[str, Any], parallel: dict[str, Any], what: str,
-                    **given: Any) -> "TrainConfig":
+                    /, **given: Any) -> "TrainConfig":
         """The one constructor of a run's config: checked [train], [data] and [parallel] tables
-        (:func:`fields_of_tables`), then ``given`` (command-line values) over them."""
+        (:func:`fields_of_tables`), then ``given`` (command-line values: fields, ``data`` and
+        ``parallel`` among them, hence the positional-only tables) over them."""
         return cls(**{**fields_of_tables(train, data, parallel, what), **given})
 
 
