@@ -13,11 +13,7 @@ from typing import Any, Sequence
 from scaling.accounting.steptime import choose_layout
 from scaling.common.format import duration
 from scaling.training.sweep.plan import PlannedRun, SweepPlan
-from scaling.training.sweep.submit import RunEstimate
-
-# the plan's [executor] assumptions when it states none (H100 SXM dense bf16, a typical MFU)
-DEFAULT_MFU = 0.4
-DEFAULT_GPU_PEAK_FLOPS = 9.89e14
+from scaling.training.sweep.submit import DEFAULT_GPU_PEAK_FLOPS, DEFAULT_MFU, RunEstimate
 
 # (header, left-justified) of the estimate table, one row per run: estimate_cells gives the cells
 ESTIMATE_COLUMNS: tuple[tuple[str, bool], ...] = (
