@@ -81,3 +81,93 @@ def test_a_plan_file_is_a_train_config(tmp_path):
         res = runner.invoke(app, args)
         assert res.exit_code == 2, res.output
         assert "[train] batch_size must be an integer, got True" in res.stderr
+
+
+# --- issue 30 item 4: one TrainConfig, composed of small configs --------------------------------
+# Every option of `smelt-scale train --help` (the names users and scripts know; a test keeps them).
+TRAIN_OPTIONS = {
+    "--tier", "--arch", "--tokens", "--config", "--run-name", "--runs-dir", "--batch-size",
+    "--micro-batch-size", "--lr", "--warmup", "--schedule", "--decay-fraction", "--weight-decay",
+    "--grad-clip", "--seed", "--eval-every", "--val-windows", "--ckpt-every", "--ckpt-dir", "--async-ckpt",
+    "--log-every", "--progress-every", "--log-to", "--peak-flops", "--mfu", "--val-by-source", "--parallel",
+    "--activation-checkpointing", "--compile", "--no-compile", "--grad-sync", "--replicate", "--ep",
+    "--loop-grad", "--resume", "--overwrite", "--device", "--threads", "--save-final-weights",
+    "--save-budget-weights",
+    "--data", "--data-tokenizer", "--data-max-bytes", "--verify-data", "--quiet", "--json", "--help",
+}
+
+
+def test_train_options_come_from_the_config_fields():
+    """`train --help` lists the same options as before the configs were split, each TrainConfig field
+    that is an option carries its help text there, and the others are plan/--config keys only."""
+    import re
+
+    from scaling.training.loop.config import TrainConfig, option_fields
+
+    out = runner.invoke(app, ["train", "--help"], terminal_width=200).stdout
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", out)) >= TRAIN_OPTIONS
+    listed = set(re.findall(r"^\s+(--[a-z][a-z-]*)", out, flags=re.M))
+    assert listed | {"--no-compile"} == TRAIN_OPTIONS
+    flat = " ".join(out.split())
+    for f in option_fields():
+        assert " ".join(f.metadata["help"].split())[:40] in flat, f.name
+    plan_only = set(TrainConfig.field_names()) - {f.name for f in option_fields()}
+    assert plan_only == {"tokens", "min_lr_ratio", "beta1", "beta2", "eps", "aux_coef", "z_coef",
+                         "eval_batch_size", "data_val_fraction"}
+
+
+def test_the_parts_make_the_same_config():
+    from scaling.training.loop.config import (
+        PARTS,
+        DataConfig,
+        LogConfig,
+        OptimConfig,
+        ParallelConfig,
+        TrainConfig,
+    )
+
+    cfg = TrainConfig(tokens=(2e5, 4e5), lr=1e-3, log_every=5, data_max_bytes=1000, threads=2)
+    parts = [cfg.part(p) for p in PARTS]
+    assert TrainConfig.from_parts(cfg.tokens, *parts) == cfg
+    assert cfg.part(OptimConfig).lr == 1e-3 and cfg.part(LogConfig).log_every == 5
+    assert cfg.part(DataConfig).data_max_bytes == 1000 and cfg.part(ParallelConfig).threads == 2
+    assert list(cfg.to_dict()) == TrainConfig.field_names()
+    # each part checks its own fields and rules
+    for bad, message in ((lambda: OptimConfig(lr=0), "lr must be in (0, 100]"),
+                         (lambda: LogConfig(mfu=True), "MFU needs peak_flops"),
+                         (lambda: DataConfig(data_verify="some"), "data_verify must be cheap or full"),
+                         (lambda: ParallelConfig(ep=2), "needs parallel fsdp or hsdp")):
+        try:
+            bad()
+        except Exception as exc:  # noqa: BLE001 - UserError, checked by its text
+            assert message in str(exc)
+        else:
+            raise AssertionError(message)
+
+
+def test_shipped_config_json_files_still_load():
+    """Resume reads the recorded [train] table back: every shipped run's loads, and gives back the
+    same values (a file from before a field existed takes that field's default)."""
+    from pathlib import Path
+
+    from scaling.training.loop.config import TrainConfig
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(root.glob("runs*/*/config.json"))
+    assert files
+    for path in files:
+        recorded = json.loads(path.read_text())["train"]
+        again = TrainConfig.from_dict(recorded).to_dict()
+        assert {k: again[k] for k in recorded if k in again} == {k: v for k, v in recorded.items()
+                                                                  if k in again}, path
+
+
+def test_a_config_file_may_set_fields_that_are_not_options(tmp_path, env):
+    """[train] beta1 (a TrainConfig field without a command-line option) in --config is trained with
+    (it was a KeyError before the options came from the fields)."""
+    path = tmp_path / "train.toml"
+    path.write_text(CONFIG.replace("seed = 3", "seed = 3\nbeta1 = 0.8\neval_batch_size = 8"))
+    res = _train(tmp_path, "--config", str(path))
+    assert res.exit_code == 0, res.output
+    recorded = json.loads((tmp_path / "runs" / "r" / "config.json").read_text())["train"]
+    assert recorded["beta1"] == 0.8 and recorded["eval_batch_size"] == 8 and recorded["seed"] == 3

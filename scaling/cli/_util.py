@@ -64,6 +64,23 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def finish(json_out: bool, document: Any, show: Callable[[], None], *, save: Callable[[], Any] | None = None,
+           plot: Callable[[], Any] | None = None, warnings: Iterable[str] = ()) -> None:
+    """The end every command shares: write its result file (``save``), draw its figure (``plot``),
+    then either ``warnings`` and one JSON document (``--json``; ``document`` may be a function that
+    builds it) or the human output (``show``, which prints its own warnings where they belong)."""
+    if save is not None:
+        save()
+    if plot is not None:
+        plot()
+    if json_out:
+        for w in warnings:
+            warn(w)
+        emit_json(document() if callable(document) else document)
+    else:
+        show()
+
+
 def warn(message: str) -> None:
     stderr.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
 

@@ -20,6 +20,7 @@ from scaling.cli._util import (
     FORCE_HELP,
     check_output_file,
     emit_json,
+    finish,
     run_cli,
     show_progress,
     stderr,
@@ -139,12 +140,10 @@ def register(app: typer.Typer) -> None:
                     results.append(an.attention_sink(run, sequences, seed, batch_size))
                 else:
                     results.append(an.dyck_sink(run, sequences, seed, shots, batch_size=batch_size))
-        _save(results, loaded, save, quiet)
-        _plot("sink", plot, quiet, results)
-        if json_out:
-            emit_json({"runs": [r.to_dict() for r in results]})
-        else:
-            stdout.print(_sink_table(results))
+        finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
+               lambda: stdout.print(_sink_table(results)),
+               save=lambda: _save(results, loaded, save, quiet),
+               plot=lambda: _plot("sink", plot, quiet, results))
 
     @sub.command("lengths")
     @run_cli
@@ -192,22 +191,16 @@ def register(app: typer.Typer) -> None:
                 results.append(an.loss_by_length(run, windows, documents, batch_size))
         by_name = {r.run: r for r in results}
         g = an.length_gain(by_name[pair[0].name], by_name[pair[1].name]) if pair else None
-        _save(results, loaded, save, quiet)
-        if g is not None:
-            _save([g, g], list(pair), save, quiet)
-        _plot("lengths", plot, quiet, results, g)
-        if json_out:
-            emit_json({"runs": [r.to_dict(per_sequence=False) for r in results],
-                       "gain": None if g is None else g.to_dict()})
-        else:
-            for table in _lengths_tables(results, g):
-                stdout.print(table)
+
+        def save_all() -> None:
+            _save(results, loaded, save, quiet)
             if g is not None:
-                ratio = "-" if g.long_short_ratio is None else f"{g.long_short_ratio:.2f}x"
-                stdout.print(f"gain on documents >= {g.long_from} tokens {number(g.long_gain, '+.4f')}, "
-                             f"shorter {number(g.short_gain, '+.4f')}: long/short {ratio} "
-                             "(paper: about 1.52x)",
-                             highlight=False)
+                _save([g, g], list(pair), save, quiet)
+
+        finish(json_out, lambda: {"runs": [r.to_dict(per_sequence=False) for r in results],
+                                  "gain": None if g is None else g.to_dict()},
+               lambda: _print_lengths(results, g),
+               save=save_all, plot=lambda: _plot("lengths", plot, quiet, results, g))
 
     @sub.command("icl")
     @run_cli
@@ -254,12 +247,10 @@ def register(app: typer.Typer) -> None:
             if results[-1].skipped and not quiet:
                 warn(f"{run.name}: prompts with k = {', '.join(map(str, results[-1].skipped))} "
                      f"demonstrations do not fit its {run.seq_len}-token context; skipped")
-        _save(results, loaded, save, quiet)
-        _plot("icl", plot, quiet, results)
-        if json_out:
-            emit_json({"runs": [r.to_dict() for r in results]})
-        else:
-            stdout.print(_icl_table(results))
+        finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
+               lambda: stdout.print(_icl_table(results)),
+               save=lambda: _save(results, loaded, save, quiet),
+               plot=lambda: _plot("icl", plot, quiet, results))
 
     @sub.command("snapshot-data")
     @run_cli
@@ -287,6 +278,17 @@ def register(app: typer.Typer) -> None:
 
 
 # ----- tables -----------------------------------------------------------------------------
+def _print_lengths(results, g) -> None:
+    for table in _lengths_tables(results, g):
+        stdout.print(table)
+    if g is not None:
+        ratio = "-" if g.long_short_ratio is None else f"{g.long_short_ratio:.2f}x"
+        stdout.print(f"gain on documents >= {g.long_from} tokens {number(g.long_gain, '+.4f')}, "
+                     f"shorter {number(g.short_gain, '+.4f')}: long/short {ratio} "
+                     "(paper: about 1.52x)",
+                     highlight=False)
+
+
 
 def _sink_table(results: list[an.SinkResult]) -> Table:
     dyck = results[0].probe == "dyck"

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.cli._util import FORCE_HELP, check_output_file, emit_json, run_cli, stdout, warn
+from scaling.cli._util import FORCE_HELP, check_output_file, finish, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.fitting.compare import (
     CLUSTERS,
@@ -119,13 +119,15 @@ def register(app: typer.Typer) -> None:
                 raise UserError(f"no budget of at least {min_tokens:g} tokens in {runs}")
         lengths = length_buckets(runs, points, reference, candidate, warn=warn)
         res = compare(points, reference, candidate, cluster=cluster, lengths=lengths)
-        if plot is not None:
+
+        def draw() -> None:
             from scaling import plots
 
             plots.save(plots.compare(res), plot)
-        if json_out:
-            emit_json(res.to_dict())
-        else:
+
+        def show() -> None:
             print_result(res, cells)
             if plot is not None:
                 stdout.print(f"figure: {plot}", highlight=False)
+
+        finish(json_out, res.to_dict, show, plot=None if plot is None else draw)

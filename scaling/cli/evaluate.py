@@ -40,6 +40,16 @@ def print_rows(rows: list[dict]) -> None:
     stdout.print(table)
 
 
+def _floor(text: str) -> float | None:
+    """--floor: a number, or None for "free" (fitted)."""
+    if text.strip() == "free":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"--floor must be a number or 'free', got {text!r}") from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("export")
     @run_cli
@@ -210,13 +220,7 @@ def register(app: typer.Typer) -> None:
         from scaling.fitting.calibration import FORMULA, calibrate_table
         from scaling.fitting.tables import read_table
 
-        if floor.strip() == "free":
-            fl = None
-        else:
-            try:
-                fl = float(floor)
-            except ValueError:
-                raise UserError(f"--floor must be a number or 'free', got {floor!r}") from None
+        fl = _floor(floor)
         if not 0 < level < 1:
             raise UserError(f"--level must lie in (0, 1), got {level}")
         if not table.is_file():

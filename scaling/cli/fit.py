@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -10,10 +11,20 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scaling.cli._util import emit_json, run_cli, schema_name, show_progress, stderr, stdout, warn
+from scaling.cli._util import (
+    check_output_file,
+    finish,
+    run_cli,
+    schema_name,
+    show_progress,
+    stderr,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
 from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
+from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_DELTA,
@@ -29,7 +40,6 @@ from scaling.fitting.fit import (
 from scaling.fitting.laws import LAWS, get_law
 from scaling.fitting.tables import Columns
 
-# -- tables and holdout (the point-table options, the held-out check) --------------------------------
 # Library messages name the quantity; these are the flags that set it.
 ROLE_FLAGS = {"parameter column": "--n-col", "token column": "--d-col", "loss column": "--loss-col",
               "compute column": "--c-col", "group column": "--group-col", "run column": "--run-col",
@@ -91,7 +101,6 @@ def print_holdout(result) -> None:
                       f"{r.error_log:+.4f}", inside)
         stdout.print(t)
     stdout.print(result.summary_text(), highlight=False, markup=False)
-# -- end tables and holdout ----------------------------------------------------------------------------
 
 
 def _fmt(x: float) -> str:
@@ -117,7 +126,6 @@ def print_fit(fit: FitResult) -> None:
                  f"param spread {d['best_start_param_spread']:.1e})   on a bound: "
                  f"{', '.join(d['on_bound']) or 'none'}   identified: {'yes' if d['identified'] else 'NO'}",
                  highlight=False)
-    # -- fitcore: constraints, goodness of fit, allocation --------------------------------------
     cons = [f"{k}={v:g} fixed" for k, v in (fit.settings.get("fixed") or {}).items()]
     cons += [f"{t} tied" for t in fit.settings.get("tied") or []]
     if fit.settings.get("shared"):
@@ -146,7 +154,6 @@ def print_fit(fit: FitResult) -> None:
                      f"C^{fit.derived[ea]:.4f}, "
                      f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
                      f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
-    # -- end fitcore ---------------------------------------------------------------------------
     for key in ("approach1", "approach2"):
         c = fit.cross_checks.get(key)
         if not c:
@@ -276,7 +283,6 @@ def register(app: typer.Typer) -> None:
         huber_delta: float = typer.Option(DEFAULT_DELTA,
                                           help="Huber delta on log-loss residuals (objective huber-log; "
                                                "least squares: --objective sq-log)."),
-        # -- fitcore options ---------------------------------------------------------------------
         objective: ObjectiveName = typer.Option(DEFAULT_OBJECTIVE, "--objective",
                                       help="Objective: "
                                       + "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()) + "."),
@@ -290,13 +296,11 @@ def register(app: typer.Typer) -> None:
                                                  "across groups."),
         at: Optional[float] = typer.Option(None, "--at", help="Also print N* (F*), D*, L* at this budget "
                                                               "C (training FLOPs), with intervals."),
-        # -- end fitcore options -----------------------------------------------------------------
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON object to this file "
                                                                "(read by `smelt-scale savings --fits`)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing --out or --holdout-figure "
                                                           "file (never the input table)."),
-        # -- tables and holdout options --
         run_col: Optional[str] = typer.Option(None, help="Column of run ids: the bootstrap resamples runs, "
                                                          "so rows of one run stay together. Without it (and "
                                                          "without a column named run) every row counts as an "
@@ -334,124 +338,133 @@ def register(app: typer.Typer) -> None:
         With --holdout, a held-out extrapolation check instead: fit on the rest, predict the held-out points.
         """
         the_law = get_law(law)
-        # -- fitcore: objective and constraints (names checked against the law before any work)
-        if objective not in OBJECTIVES:
-            raise UserError(f"--objective: unknown objective {objective!r}; "
-                            f"choose one of: {', '.join(OBJECTIVES)}")
         cons = Constraints.parse(fix=fix, tie=tie, share=[share] if share else [])
-        ParamMap.build(the_law, cons, ["check"])
-        if at is not None and not (math.isfinite(at) and at > 0):
-            raise UserError(f"--at: the budget must be a positive number of FLOPs, got {at}")
+        ParamMap.build(the_law, cons, ["check"])  # the names against the law, before any work
         settings = FitSettings(objective=objective, huber_delta=huber_delta, n_bootstrap=n_bootstrap,
                                seed=seed, fix=cons.fixed, tie=cons.ties)
-        if holdout_rule is not None and (cons.shared or at is not None):
-            raise UserError("--share and --at apply to the fit itself, not to --holdout")
-        # -- end fitcore
-        # -- tables and holdout --
-        from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
-
-        if isoflop_estimator not in ESTIMATORS:
-            raise UserError(f"--isoflop-estimator must be one of {', '.join(ESTIMATORS)}, "
-                            f"got {isoflop_estimator!r}")
-        if not isoflop_window > 0:
-            raise UserError(f"--isoflop-window must be > 0 decades, got {isoflop_window}")
-        if holdout_figure is not None:
-            from scaling.cli._util import check_output_file
-
-            if holdout_rule is None:
-                raise UserError("--holdout-figure needs --holdout")
-            if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
-                raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
-            check_output_file(holdout_figure, "holdout figure", force=force, inputs=[path])
-        if out is not None:
-            from scaling.cli._util import check_output_file
-
-            if holdout_figure is not None and out.resolve() == holdout_figure.resolve():
-                raise UserError("--out and --holdout-figure name the same file")
-            check_output_file(out, "fits file (--out)", force=force, inputs=[path])
+        _check_options(at, holdout_rule, cons, isoflop_estimator, isoflop_window)
+        _check_outputs(path, out, holdout_figure, holdout_rule, force)
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
                        flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))
         table = load_fit_table(path, cols)
-        points = table.points
         print_table_mapping(table, json_out)
         if holdout_rule is not None:
-            from scaling.fitting.holdout import holdout
-
-            try:
-                result = holdout(points, the_law, holdout_rule, settings)
-            except UserError as exc:
-                raise UserError(with_flags(exc)) from None
-            for f in result.fits.values():
-                for w in f.diagnostics.get("warnings", []):
-                    warn(f"{f.group} (fitted part): {w}")
-            if holdout_figure is not None:
-                from scaling import plots
-
-                plots.save(plots.holdout(result), holdout_figure)
-            # its "fits" are fit/2 entries: the file loads as a fits file too
-            payload = {"schema": schema_name("fit"), **result.to_dict(), "table": table.settings}
-            if out is not None:
-                from scaling.common.serialize import to_json
-
-                out.write_text(to_json(payload) + "\n")
-            if json_out:
-                emit_json(payload)
-                return
-            print_holdout(result)
-            for extra in (holdout_figure, out):
-                if extra is not None:
-                    stdout.print(f"wrote {extra}", highlight=False)
+            _holdout(table, the_law, holdout_rule, settings, holdout_figure, out, json_out)
             return
-        # -- end tables and holdout --
-        # cross-checks are computed once, below (cross_check_groups)
-        kwargs = dict(share=list(cons.shared), cross_checks=False)
-        if show_progress(json_out) and n_bootstrap > 0:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=stderr, transient=True) as bar:
-                # the multi-start fit of a group has no count to show: an open-ended bar until its
-                # bootstrap (a counted bar) starts
-                fitting = bar.add_task(f"fit of {len(points):,} points (multi-start)", total=None)
-                tasks: dict[str, int] = {}
-
-                def progress(group: str, done: int, total: int) -> None:
-                    if group not in tasks:
-                        bar.update(fitting, visible=False)
-                        tasks[group] = bar.add_task(f"bootstrap {group}", total=total)
-                    bar.update(tasks[group], completed=done)
-                    if done >= total:
-                        bar.update(fitting, visible=True)
-
-                fits = fit_groups(points, the_law, settings, progress=progress, **kwargs)
-        elif show_progress(json_out):
-            with stderr.status(f"fitting {len(points):,} points (multi-start)"):
-                fits = fit_groups(points, the_law, settings, **kwargs)
-        else:
-            fits = fit_groups(points, the_law, settings, **kwargs)
-        # -- tables and holdout: the chosen IsoFLOP estimator, and how the table was read --
-        from dataclasses import replace
-
-        fits = cross_check_groups(points, fits, estimator=isoflop_estimator, window=isoflop_window)
+        # cross-checks are computed once, below, with the chosen IsoFLOP estimator
+        fits = _fit_groups(table.points, the_law, settings, json_out, share=list(cons.shared),
+                           cross_checks=False)
+        fits = cross_check_groups(table.points, fits, estimator=isoflop_estimator, window=isoflop_window)
         fits = {g: replace(f, settings={**f.settings, "table": table.settings}) for g, f in fits.items()}
-        # -- end tables and holdout --
         fitset = FitSet(fits)
         at_budget = {g: f.at_budget(at) for g, f in fits.items()} if at is not None else {}
-        if out is not None:
-            fitset.save(out)
-        if json_out:
-            for w in merged_warnings(fits):
-                warn(w)
+
+        def document() -> dict:
             data = fitset.to_dict()
             for g, a in at_budget.items():
                 data["fits"][g]["at_budget"] = a
-            emit_json(data)
-            return
-        for f in fits.values():
-            print_fit(f)
-            if f.group in at_budget:
-                print_at_budget(f, at_budget[f.group])
-        for w in merged_warnings(fits):
-            warn(w)
-        print_summary(fits)
-        if out is not None:
-            stdout.print(f"wrote {out}", highlight=False)
+            return data
+
+        finish(json_out, document, lambda: _print_fits(fits, at_budget, out),
+               save=None if out is None else (lambda: fitset.save(out)), warnings=merged_warnings(fits))
+
+
+def _check_options(at: Optional[float], holdout_rule: Optional[str], cons: Constraints,
+                   isoflop_estimator: str, isoflop_window: float) -> None:
+    """The option values the fit reaches only after its work, refused before it, worded with the flags."""
+    if at is not None and not (math.isfinite(at) and at > 0):
+        raise UserError(f"--at: the budget must be a positive number of FLOPs, got {at}")
+    if holdout_rule is not None and (cons.shared or at is not None):
+        raise UserError("--share and --at apply to the fit itself, not to --holdout")
+    if isoflop_estimator not in ESTIMATORS:
+        raise UserError(f"--isoflop-estimator must be one of {', '.join(ESTIMATORS)}, "
+                        f"got {isoflop_estimator!r}")
+    if not isoflop_window > 0:
+        raise UserError(f"--isoflop-window must be > 0 decades, got {isoflop_window}")
+
+
+def _check_outputs(path: Path, out: Optional[Path], holdout_figure: Optional[Path],
+                   holdout_rule: Optional[str], force: bool) -> None:
+    """--out and --holdout-figure may be written, before any work."""
+    if holdout_figure is not None:
+        if holdout_rule is None:
+            raise UserError("--holdout-figure needs --holdout")
+        if holdout_figure.suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise UserError(f"--holdout-figure must end in .png, .pdf or .svg, got {holdout_figure.name}")
+        check_output_file(holdout_figure, "holdout figure", force=force, inputs=[path])
+    if out is not None:
+        if holdout_figure is not None and out.resolve() == holdout_figure.resolve():
+            raise UserError("--out and --holdout-figure name the same file")
+        check_output_file(out, "fits file (--out)", force=force, inputs=[path])
+
+
+def _fit_groups(points, the_law, settings: FitSettings, json_out: bool, **kwargs) -> "dict[str, FitResult]":
+    """fit_groups with a progress display on a terminal: an open-ended bar for the multi-start fit
+    (it has no count to show), then a counted bar per group's bootstrap."""
+    if not show_progress(json_out):
+        return fit_groups(points, the_law, settings, **kwargs)
+    if settings.n_bootstrap <= 0:
+        with stderr.status(f"fitting {len(points):,} points (multi-start)"):
+            return fit_groups(points, the_law, settings, **kwargs)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True) as bar:
+        fitting = bar.add_task(f"fit of {len(points):,} points (multi-start)", total=None)
+        tasks: dict[str, int] = {}
+
+        def progress(group: str, done: int, total: int) -> None:
+            if group not in tasks:
+                bar.update(fitting, visible=False)
+                tasks[group] = bar.add_task(f"bootstrap {group}", total=total)
+            bar.update(tasks[group], completed=done)
+            if done >= total:
+                bar.update(fitting, visible=True)
+
+        return fit_groups(points, the_law, settings, progress=progress, **kwargs)
+
+
+def _holdout(table, the_law, rule: str, settings: FitSettings, figure: Optional[Path], out: Optional[Path],
+             json_out: bool) -> None:
+    """--holdout: fit the rest, predict the held-out points, report (and draw, and save)."""
+    from scaling.fitting.holdout import holdout
+
+    try:
+        result = holdout(table.points, the_law, rule, settings)
+    except UserError as exc:
+        raise UserError(with_flags(exc)) from None
+    for f in result.fits.values():
+        for w in f.diagnostics.get("warnings", []):
+            warn(f"{f.group} (fitted part): {w}")
+    # its "fits" are fit/2 entries: the file loads as a fits file too
+    payload = {"schema": schema_name("fit"), **result.to_dict(), "table": table.settings}
+
+    def draw() -> None:
+        from scaling import plots
+
+        plots.save(plots.holdout(result), figure)
+
+    def save() -> None:
+        from scaling.common.serialize import to_json
+
+        out.write_text(to_json(payload) + "\n")
+
+    def show() -> None:
+        print_holdout(result)
+        for extra in (figure, out):
+            if extra is not None:
+                stdout.print(f"wrote {extra}", highlight=False)
+
+    finish(json_out, payload, show, save=None if out is None else save,
+           plot=None if figure is None else draw)
+
+
+def _print_fits(fits: "dict[str, FitResult]", at_budget: dict, out: Optional[Path]) -> None:
+    for f in fits.values():
+        print_fit(f)
+        if f.group in at_budget:
+            print_at_budget(f, at_budget[f.group])
+    for w in merged_warnings(fits):
+        warn(w)
+    print_summary(fits)
+    if out is not None:
+        stdout.print(f"wrote {out}", highlight=False)

@@ -4,20 +4,20 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from scaling.accounting.tiers import ARCHS
 from scaling.cli._util import (
     check_output_file,
-    emit_json,
     fail,
+    finish,
     one_path,
     parse_budgets,
     parse_sparsities,
@@ -30,21 +30,25 @@ from scaling.cli._util import (
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import count, percent
-from scaling.common.stats import quantiles
 from scaling.design.output import sweep_plan_document
-from scaling.design.points import isoflop_design, points_of_sweep_plan
+from scaling.design.points import (
+    DESIGN_BUDGETS,
+    DESIGN_SIZES,
+    SimulationDesign,
+    default_design,
+    savings_budgets,
+    savings_sparsities,
+)
 from scaling.design.proposal import DEFAULT_SIZES, SPREAD_DECADES, Proposal, propose
 from scaling.design.simulate import STARTS, SimulationResult, simulate
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP, FitSettings
 from scaling.fitting.reference_laws import LAW_SETS
-from scaling.fitting.sources import LawSource, default_sparsity, load_laws
+from scaling.fitting.sources import LawSource, load_laws
 from scaling.training.sweep.plan import load_plan, parse_plan
 
 PLANS_DIR = Path(str(resources.files("scaling").joinpath("resources", "plans")))  # package data
 TEMPLATES = {True: PLANS_DIR / "cpu-proxy.toml", False: PLANS_DIR / "paper-tiers.toml"}
 MIN_STEPS = 20  # fewer optimiser updates than this and a run is mostly warm-up
-DESIGN_BUDGETS = 4  # default simulation design: IsoFLOP budgets over the fitted compute range
-DESIGN_SIZES = 6  # ... and sizes per budget (4 x 6 x 3 sparsities = the paper's 72 runs)
 
 
 # -- laws ------------------------------------------------------------------------------------------
@@ -166,6 +170,38 @@ def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
         if pt.D < MIN_STEPS * batch * pt.config.seq_len
     ]
     return [f"{t}: {steps:.1f} optimiser updates of {batch} sequences" for t, steps in short]
+
+
+def _template(template: Optional[Path], proposal: Proposal) -> tuple[Path, dict[str, Any]]:
+    """The template plan (given, or the shipped one for the proposal's kind of shape) and its train,
+    data and executor tables (none, with a warning, when the shipped one is missing)."""
+    tpl_path = template if template is not None else TEMPLATES[proposal.proxy]
+    if tpl_path.exists() or template is not None:
+        return tpl_path, _read_template(tpl_path)
+    warn(f"no template plan at {tpl_path}: the plan has no [train] section (TrainConfig defaults)")
+    return tpl_path, {}
+
+
+def _write_plan(out: Path, doc: dict[str, Any], proposal: Proposal, src: LawSource, tpl_path: Path,
+                tpl: dict[str, Any], json_out: bool) -> str:
+    """Write the plan file with a header saying where it comes from, and check it reads back."""
+    import tomli_w
+
+    header = (
+        f"# Proposed by `smelt-scale plan`: {proposal.n_runs} runs, "
+        f"{proposal.total_flops:.4g} FLOPs.\n"
+        f"# Laws: {src.source}\n"
+        f"# Shape {proposal.shape} (d_model, expert_hidden scaled; width multiple "
+        f"{proposal.width_multiple}); each tier's SMELT twin is derived by the matcher.\n"
+        f"# Train/data/executor copied from {tpl_path if tpl else 'nothing (defaults)'}.\n"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + tomli_w.dumps(doc))
+    plan = load_plan(out)
+    _check_round_trip(doc, proposal, out)
+    if not json_out:
+        stderr.print(f"wrote {out} ({len(plan.runs)} runs)", highlight=False)
+    return str(out)
 
 
 # -- simulate --------------------------------------------------------------------------------------
@@ -337,51 +373,23 @@ def register(app: typer.Typer) -> None:
             noise=src.noise,
             source=src.source,
         )
-        tpl_path = template if template is not None else TEMPLATES[proposal.proxy]
-        tpl: dict[str, Any] = {}
-        if tpl_path.exists() or template is not None:
-            tpl = _read_template(tpl_path)
-        else:
-            warn(f"no template plan at {tpl_path}: the plan has no [train] section (TrainConfig defaults)")
+        tpl_path, tpl = _template(template, proposal)
         if runs_dir is None:
             runs_dir = _rel(src.runs_dir) if src.runs_dir is not None else f"runs-{out.stem}"
         doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl)
         _check_round_trip(doc, proposal, None)
         warnings = list(proposal.warnings) + [f"short run {s}" for s in _short_runs(proposal, tpl)]
-        plan_file = None
-        if not dry_run:
-            import tomli_w
-
-            header = (
-                f"# Proposed by `smelt-scale plan`: {proposal.n_runs} runs, "
-                f"{proposal.total_flops:.4g} FLOPs.\n"
-                f"# Laws: {src.source}\n"
-                f"# Shape {proposal.shape} (d_model, expert_hidden scaled; width multiple "
-                f"{proposal.width_multiple}); each tier's SMELT twin is derived by the matcher.\n"
-                f"# Train/data/executor copied from {tpl_path if tpl else 'nothing (defaults)'}.\n"
-            )
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(header + tomli_w.dumps(doc))
-            plan = load_plan(out)
-            _check_round_trip(doc, proposal, out)
-            plan_file = str(out)
-            if not json_out:
-                stderr.print(f"wrote {out} ({len(plan.runs)} runs)", highlight=False)
+        plan_file = None if dry_run else _write_plan(out, doc, proposal, src, tpl_path, tpl, json_out)
         for w in warnings:
             warn(w)
-        if json_out:
-            emit_json(
-                {
-                    **proposal.to_dict(),
-                    "warnings": warnings,
-                    "plan_file": plan_file,
-                    "runs_dir": runs_dir,
-                    "template": str(tpl_path) if tpl else None,
-                    "sweep_command": None if plan_file is None else f"smelt-scale sweep {plan_file}",
-                }
-            )
-        else:
-            print_proposal(proposal, plan_file, runs_dir)
+        finish(json_out, lambda: {
+            **proposal.to_dict(),
+            "warnings": warnings,
+            "plan_file": plan_file,
+            "runs_dir": runs_dir,
+            "template": str(tpl_path) if tpl else None,
+            "sweep_command": None if plan_file is None else f"smelt-scale sweep {plan_file}",
+        }, lambda: print_proposal(proposal, plan_file, runs_dir))
 
     @app.command("simulate")
     @run_cli
@@ -448,79 +456,22 @@ def register(app: typer.Typer) -> None:
         """
         src = _laws(None, fits, law_set, seed=seed, default="law_set")
         truth = {g: replace(fl, samples=None) for g, fl in src.laws.items()}
-        smelt_form = src.smelt_form
         given_s = parse_sparsities(sparsity)
-        if given_s and not smelt_form:
+        if given_s and not src.smelt_form:
             raise UserError("--sparsity applies only to smelt-form laws; these are chinchilla-form")
         if design is not None:
-            points = points_of_sweep_plan(load_plan(design))
-            design_source = f"plan {design}"
-            rec = [float(x) for x in points["sparsity"] if np.isfinite(x)]
-            design_s = (default_sparsity(rec),) if rec else (None,)
+            the_design = SimulationDesign.of_sweep_plan(load_plan(design), str(design))
         else:
-            if src.law_set is not None and src.law_set.compute_range is not None:
-                lo, hi = src.law_set.compute_range
-            else:
-                lo = (
-                    min(fl.compute_min for fl in truth.values() if fl.compute_min)
-                    if all(fl.compute_min for fl in truth.values())
-                    else None
-                )
-                hi = (
-                    max(fl.compute_max for fl in truth.values() if fl.compute_max)
-                    if all(fl.compute_max for fl in truth.values())
-                    else None
-                )
-                if lo is None or hi is None:
-                    raise UserError(
-                        "the fits record no compute range for a default design: pass --design PLAN"
-                    )
-            if smelt_form:
-                if src.law_set is not None:
-                    design_s = tuple(src.law_set.sparsities)
-                else:  # the design samples the fitted range of S: its ends and its middle
-                    seen = sorted({float(s) for f in src.fits for s in f.data_summary.get("sparsities", [])})
-                    if not seen:
-                        raise UserError("the smelt-form fits record no sparsities: pass --design PLAN")
-                    design_s = tuple(sorted({round(float(q), 4) for q in quantiles(seen, [0.0, 0.5, 1.0])}))
-            else:
-                design_s = (None,)
-            design_budgets = np.logspace(np.log10(lo), np.log10(hi), DESIGN_BUDGETS)
-            points = isoflop_design(truth, design_budgets, n_sizes=DESIGN_SIZES, sparsities=design_s)
-            design_source = (
-                f"IsoFLOP design, {DESIGN_BUDGETS} budgets {lo:.3g}–{hi:.3g} FLOPs x {DESIGN_SIZES} "
-                f"sizes over ±{SPREAD_DECADES:g} decade around each law's optimum"
-            )
-        if smelt_form:
-            # the savings are evaluated at the one default sparsity of the laws' source
-            # (scaling.fitting.sources) or, for a plan's design, of the plan's runs
-            S = given_s or (src.default_sparsities() if design is None else design_s)
-            if any(s is None for s in S):
-                raise UserError("the design records no sparsity for the smelt-form law: pass --sparsity")
-        else:
-            S = (None,)
+            the_design = default_design(src, truth)
+        S = savings_sparsities(src, the_design, given_s)
         if budget is None and budgets is None:
-            pub = src.law_set.published.get("savings_range", {}) if src.law_set is not None else {}
-            if pub:
-                C = np.array(sorted(float(k) for k in pub))
-            else:
-                top = float(points["flops"].max())
-                C = np.array([top, 10.0 * top])
+            C = savings_budgets(src, the_design)
         else:
             C = parse_budgets(budget, budgets)
-        bar = None
-        progress = None
-        if show_progress(json_out):
-            from rich.progress import Progress
-
-            bar = Progress(console=stderr, transient=True)
-            task = bar.add_task("trials", total=trials)
-            bar.start()
-            progress = lambda done, total: bar.update(task, completed=done)  # noqa: E731
-        try:
+        with _trials_bar(json_out, trials) as progress:
             res = simulate(
                 truth,
-                points,
+                the_design.points,
                 C,
                 FitSettings(n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level),
                 sparsities=S,
@@ -528,16 +479,27 @@ def register(app: typer.Typer) -> None:
                 trials=trials,
                 starts=starts,
                 check_starts=check_starts,
-                design_source=design_source,
+                design_source=the_design.source,
                 source=src.source,
                 progress=progress,
             )
-        finally:
-            if bar is not None:
-                bar.stop()
         for w in res.warnings:
             warn(w)
-        if json_out:
-            emit_json(res.to_dict())
-        else:
-            print_simulation(res)
+        finish(json_out, res.to_dict, lambda: print_simulation(res))
+
+
+@contextmanager
+def _trials_bar(json_out: bool, trials: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A transient progress bar over the simulated trials (None when bars are off)."""
+    if not show_progress(json_out):
+        yield None
+        return
+    from rich.progress import Progress
+
+    bar = Progress(console=stderr, transient=True)
+    task = bar.add_task("trials", total=trials)
+    bar.start()
+    try:
+        yield lambda done, total: bar.update(task, completed=done)
+    finally:
+        bar.stop()

@@ -9,23 +9,17 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from scaling.cli._util import emit_json, one_path, parse_budgets, parse_sparsities, run_cli, stdout, warn
+from scaling.cli._util import finish, one_path, parse_budgets, parse_sparsities, run_cli, stdout, warn
 from scaling.common.errors import UserError
 from scaling.common.format import number
-from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP
 from scaling.fitting.reference_laws import LAW_SETS
 from scaling.fitting.savings import (
     WITHHOLD_DECADES,
     SavingsResult,
-    SavingsRow,
-    disagreements,
-    law_distrust,
-    savings,
-    withhold_unidentified,
 )
-from scaling.fitting.savings_sweep import savings_over
-from scaling.fitting.sources import DEFAULT_RUNS, load_laws, read_points
+from scaling.fitting.savings_answer import METHODS, answer_savings
+from scaling.fitting.sources import DEFAULT_RUNS, read_points
 
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
 
@@ -80,34 +74,6 @@ def print_result(res: SavingsResult) -> None:
 
 def _num(x: float) -> str:
     return number(x, ".1f", missing="—")
-
-
-def _law_savings(ref, cand, budgets: np.ndarray, **kwargs):
-    """``savings`` at every budget it can answer, and (budget, reason) for the others (the two
-    frontiers never reach each other's loss within the bisection bracket), instead of one error
-    for the whole command."""
-    try:
-        return savings(ref, cand, budgets, **kwargs), []
-    except UserError as exc:
-        if not _unmatched(exc):
-            raise
-    try:
-        return savings_over(ref, cand, budgets, **kwargs)
-    except UserError as exc:
-        empty = SavingsResult(reference=ref.name, candidate=cand.name,
-                              convention=kwargs.get("convention", "candidate-budget"), rows=())
-        return empty, [(float(c), str(exc)) for c in budgets]
-
-
-def _unmatched(exc: Exception) -> bool:
-    """Whether ``savings`` failed because a frontier never meets the other's loss in its bracket
-    (scaling.fitting.savings: "never reaches" / "already beats"), not because of bad input."""
-    return "never reaches the other's loss" in str(exc) or "already beats the other's loss" in str(exc)
-
-
-def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
-    """Rows by budget, then sparsity."""
-    return sorted(rows, key=lambda r: (r.budget, -1.0 if r.sparsity is None else r.sparsity))
 
 
 def register(app: typer.Typer) -> None:
@@ -175,7 +141,7 @@ def register(app: typer.Typer) -> None:
         (savings null and a reason in --json), unless --extrapolate.
         """
         runs = one_path(runs_arg, runs)
-        if method not in ("auto", "envelope", "law"):
+        if method not in METHODS:
             raise UserError(f"--method must be auto, envelope or law, got {method!r}")
         if not (np.isfinite(max_extrapolation) and max_extrapolation >= 0):
             raise UserError(f"--max-extrapolation must be a non-negative number of decades, "
@@ -190,83 +156,15 @@ def register(app: typer.Typer) -> None:
         if reference == candidate:
             raise UserError(f"--reference and --candidate are the same group {reference!r}")
         S = parse_sparsities(sparsity)
-        shown: dict[str, None] = {}  # ordered set: each warning printed once
-
-        def warn_once(message: str) -> None:
-            if message not in shown:
-                shown[message] = None
-                warn(message)
-
         if method == "envelope" and (law_set is not None or fits is not None):
             raise UserError("--method envelope needs runs (--runs PATH or the default runs/), not "
                             + ("--law-set" if law_set is not None else "--fits"))
-        rows: list[SavingsRow] = []
-        checks: list[SavingsRow] = []
-        sources: list[str] = []
-        laws: dict[str, str] = {}
         points = path = None
         if law_set is None and fits is None:
             path = DEFAULT_RUNS if runs is None else runs
             points = read_points(path, is_default=runs is None, warn=warn)
-        env: tuple[SavingsRow, ...] = ()
-        if points is not None and method != "law":
-            table = envelope_points(points, run_pair_units(path, points))
-            env = envelope_savings(table, reference, candidate, C, convention=_AT[at],
-                                   n_bootstrap=n_bootstrap, seed=seed, level=ci_level)
-        env_source = (f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples over run "
-                      f"pairs, seed {seed})")
-        if method == "envelope":
-            rows += env
-            sources.append(env_source)
-        else:
-            fit_notes: list[str] = []
-            src = load_laws((reference, candidate), runs=runs, fits=fits, law_set=law_set, law=law,
-                            n_bootstrap=n_bootstrap, seed=seed, warn=fit_notes.append, points=points)
-            # the fits' own warnings are `smelt-scale fit`'s to print (the main job runs both): here
-            # only whether the laws may answer, in one line below
-            ref, cand = src.laws[reference], src.laws[candidate]
-            distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
-            answered = {r.budget for r in env if r.savings is not None}
-            if method == "auto" and distrust and answered:
-                # the laws do not hold: inside the data the observed frontiers answer, and where
-                # they cannot (a frontier never reaches the other's loss) nobody does
-                rows += [r for r in env if r.savings is not None]
-                inside = [r for r in env if r.savings is None and not r.reason.startswith("budget outside")]
-                rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
-                                            method="envelope") for r in inside]
-                done = answered | {r.budget for r in inside}
-                law_budgets = np.array([c for c in C if float(c) not in done])
-                sources.append(env_source)
-                warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
-                          "(`smelt-scale fit` for the details)")
-            else:
-                law_budgets = C
-                checks = [r for r in env if r.savings is not None]
-                if distrust:
-                    warn_once(f"the laws answer although {distrust} (`smelt-scale fit` for the details)")
-            if law_budgets.size:
-                law_res, unanswered = _law_savings(ref, cand, law_budgets, sparsities=src.sparsities(S),
-                                                   convention=_AT[at], level=ci_level, source=src.source)
-                tops = [x for x in (ref.compute_max, cand.compute_max) if x]
-                rows += [SavingsRow.refused(
-                    c, why if not distrust else f"laws not identified ({distrust}); and {why}", method="law",
-                    extrapolation_decades=float(np.log10(c / min(tops))) if tops else None)
-                    for c, why in unanswered]
-                law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
-                                                extrapolate=extrapolate)
-                rows += law_res.rows
-                laws = dict(law_res.laws)
-                sources.append(f"law: {src.source}")
-                for w in law_res.warnings:
-                    warn_once(w)
-                if checks:
-                    sources.append(f"cross-check, {env_source}")
-                    for w in disagreements(law_res.rows, checks):
-                        warn_once(w)
-        res = SavingsResult(reference=reference, candidate=candidate, convention=_AT[at],
-                            rows=tuple(merge(rows)), ci_level=ci_level, warnings=tuple(shown), laws=laws,
-                            source="; ".join(sources), cross_checks=tuple(checks))
-        if json_out:
-            emit_json(res.to_dict())
-        else:
-            print_result(res)
+        res = answer_savings(reference, candidate, C, method=method, points=points, path=path, runs=runs,
+                             fits=fits, law_set=law_set, law=law, convention=_AT[at], n_bootstrap=n_bootstrap,
+                             seed=seed, level=ci_level, sparsities=S, max_extrapolation=max_extrapolation,
+                             extrapolate=extrapolate, warn=warn)
+        finish(json_out, res.to_dict, lambda: print_result(res))

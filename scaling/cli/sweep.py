@@ -10,10 +10,9 @@ from typing import Literal, Optional
 import typer
 from rich.table import Table
 
-from scaling.accounting.steptime import choose_layout as choose_layout_for
 from scaling.cli._util import (
     check_output_dir,
-    emit_json,
+    finish,
     run_cli,
     setup_logging,
     show_progress,
@@ -25,6 +24,13 @@ from scaling.common.errors import UserError
 from scaling.common.format import duration, number, si
 from scaling.training.data.loader import check_data_use, plan_data_use
 from scaling.training.loop.progress import eta_text
+from scaling.training.sweep.dry_run import (
+    ESTIMATE_COLUMNS,
+    NOT_FITTING,
+    dry_run_rows,
+    dry_run_total,
+    estimate_cells,
+)
 from scaling.training.sweep.plan import EXECUTORS, load_plan
 from scaling.training.sweep.submit import (
     check_memory,
@@ -37,35 +43,6 @@ from scaling.training.sweep.submit import (
 
 POLL_S = 1.0  # how often a waiting sweep looks at its jobs (a failure is reported within this)
 WATCH_INTERVAL_S = 60.0  # --watch: how often the runs' folders are read
-
-
-def _memory_cells(row: dict) -> list[str]:
-    mem = row.get("memory_gb_per_gpu")
-    if not mem:
-        return ["-"] * 5
-    fits = {True: "yes", False: "[bold red]NO[/bold red]", None: "-"}[row["fits"]]
-    return [
-        f"{mem['total']:.1f}",
-        f"{mem['params'] + mem['grads'] + mem['optimizer']:.1f}",
-        f"{mem['activations'] + mem['working']:.1f}",
-        f"{mem['buffers']:.1f}",
-        fits,
-    ]
-
-
-def _step_cells(row: dict) -> list[str]:
-    """Predicted step time, MFU and binding resource (scaling/accounting/steptime.py)."""
-    if "predicted_step_s" not in row:
-        return ["-"] * 3
-    return [f"{row['predicted_step_s']:.3g}", f"{row['predicted_mfu']:.1%}", row["binding_resource"]]
-
-
-def _choose(plan, run) -> dict:
-    """The fastest predicted layout of ``run`` that fits (scaling.accounting.steptime.choose_layout)."""
-    best, tried, fitting = choose_layout_for(
-        run.model, run.layout(), run.gpu_memory_gb, float(plan.executor.get("gpu_peak_flops", 9.89e14)),
-        float(plan.executor.get("mfu", 0.4)), run.links())
-    return {"tried": tried, "fitting": fitting, "best": None if best is None else best.to_dict()}
 
 
 def _print_choices(rows: list[dict]) -> None:
@@ -165,6 +142,7 @@ def register(app: typer.Typer) -> None:
         uses = plan_data_use(plan.runs)
         allow_repeat = any(bool(r.data.get("allow_repeat")) for r in plan.runs)
         data_errors, data_warnings = check_data_use(uses, allow_repeat, max_epochs)
+
         def refuse() -> None:
             """The refusals of a real sweep; a dry run raises them too, after its table."""
             check_memory(estimate(plan, probe=False))
@@ -179,123 +157,86 @@ def register(app: typer.Typer) -> None:
             for msg in data_warnings:
                 warn(msg)
         if dry_run:
-            est = estimate(plan, probe=probe)
-            rows = [{**e.to_dict(), **u.to_dict()} for e, u in zip(est, uses)]
-            if choose_layout:
-                for row, e in zip(rows, est):
-                    row["chosen_layout"] = _choose(plan, e.run)
-            total = {
-                "runs": len(rows),
-                "flops": sum(r["flops"] for r in rows),
-                "est_seconds_serial": sum(r["est_seconds"] or 0 for r in rows) or None,
-                "gpu_hours": sum(r["gpu_hours"] or 0 for r in rows) or None,
-                "mfu": float(plan.executor.get("mfu", 0.4)),
-                "gpu_peak_flops": float(plan.executor.get("gpu_peak_flops", 9.89e14)),
-            }
-            if json_out:
-                emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
-                           "data_errors": data_errors, "data_warnings": data_warnings})
-                refuse()
-                return
-            table = Table(
-                title=f"plan {plan.name}: {len(rows)} runs -> {plan.runs_dir}", title_justify="left"
-            )
-            for col in (
-                "run",
-                "budgets (tokens)",
-                "status",
-                "train tokens",
-                "data tokens",
-                "epochs",
-                "FLOPs",
-                "tok/s",
-                "est. time",
-                "GPU-h",
-                "mem/GPU GB",
-                "params+grads+optim",
-                "activ+work",
-                "buffers",
-                "fits",
-                "step s",
-                "MFU",
-                "binds",
-            ):
-                table.add_column(
-                    col, justify="left" if col in ("run", "budgets (tokens)", "status") else "right"
-                )
-            for r in rows:
-                table.add_row(
-                    r["run"],
-                    ", ".join(f"{b:.3g}" for b in r["budgets"]),
-                    r["status"],
-                    f"{r['tokens']:.3g}",
-                    f"{r['data_tokens']:.3g}",
-                    "-" if r["epochs"] is None else f"{r['epochs']:.3g}",
-                    f"{r['flops']:.3g}",
-                    f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
-                    duration(r["est_seconds"]),
-                    f"{r['gpu_hours']:.0f}" if r["gpu_hours"] else "-",
-                    *_memory_cells(r),
-                    *_step_cells(r),
-                )
-            stdout.print(table)
-            if choose_layout:
-                _print_choices(rows)
-            conc = concurrency or int(plan.executor.get("concurrency", 1))
-            if total["est_seconds_serial"]:
-                stdout.print(
-                    f"CPU estimate: {duration(total['est_seconds_serial'])} one at a time, about "
-                    f"{duration(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
-                    "uncontended; concurrent runs share cores).",
-                    highlight=False,
-                )
-            if total["gpu_hours"]:
-                stdout.print(
-                    f"GPU estimate: {total['gpu_hours']:.0f} GPU-hours at MFU {total['mfu']:.0%} of "
-                    f"{total['gpu_peak_flops']:.3g} FLOP/s per GPU.",
-                    highlight=False,
-                )
-            stdout.print(
-                "Memory: per-GPU peak of a training step (scaling.accounting.memory; GB = 1e9 bytes); "
-                "`--json` has every part and the communication per step.",
-                highlight=False,
-            )
+            _dry_run(plan, uses, probe, choose_layout, concurrency, json_out, data_errors, data_warnings)
             refuse()
             return
-        est = None
-        if (executor or plan.executor.get("kind", "local")) == "local" and probe:
-            est = estimate(plan, probe=True)
-        kind = executor or plan.executor.get("kind", "local")
-        submitted, skipped = submit_runs(plan, kind=executor, concurrency=concurrency, threads=threads,
-                                         estimates=est)
-        if skipped and not json_out:
-            stderr.print(f"skipping {len(skipped)} finished run(s): {', '.join(skipped)}", highlight=False)
-        if wait is None:
-            wait = kind != "slurm"  # a Slurm sweep runs for days: the submitting shell must not block
-        failed = _follow_jobs(plan, submitted, kind, fail_fast, json_out) if wait else {}
-        status = {r.name: run_status(plan.runs_dir, r.name) for r in plan.runs}
-        if json_out:
-            emit_json(
-                {
-                    "plan": plan.name,
-                    "runs_dir": str(plan.runs_dir),
-                    "skipped": skipped,
-                    "jobs": [str(s.job.job_id) for s in submitted],
-                    "waited": wait,
-                    "status": status,
-                    "failed": failed,
-                }
-            )
-        else:
-            done = sum(v == "done" for v in status.values())
-            stdout.print(
-                f"{done}/{len(status)} runs finished in {plan.runs_dir}"
-                + ("" if wait else f"; submitted jobs {', '.join(str(s.job.job_id) for s in submitted)}; "
-                   f"follow with `smelt-scale sweep {plan_file} --watch`"),
-                highlight=False,
-            )
-        if failed:  # the work failed (not the input): exit 1, after the status above
-            _exit_failed(failed)
+        _submit(plan, plan_file, executor, probe, concurrency, threads, wait, fail_fast, json_out)
+
+
+def _dry_run(plan, uses, probe: bool, choose: bool, concurrency: Optional[int], json_out: bool,
+             data_errors: list[str], data_warnings: list[str]) -> None:
+    """--dry-run: every run's estimates and the plan's totals, as JSON or as a table."""
+    rows = dry_run_rows(plan, estimate(plan, probe=probe), uses, choose=choose)
+    total = dry_run_total(plan, rows)
+    doc = {"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
+           "data_errors": data_errors, "data_warnings": data_warnings}
+    finish(json_out, doc, lambda: _print_dry_run(plan, rows, total, choose, concurrency))
+
+
+def _print_dry_run(plan, rows: list[dict], total: dict, choose: bool, concurrency: Optional[int]) -> None:
+    table = Table(title=f"plan {plan.name}: {len(rows)} runs -> {plan.runs_dir}", title_justify="left")
+    for col, left in ESTIMATE_COLUMNS:
+        table.add_column(col, justify="left" if left else "right")
+    fits = [col for col, _ in ESTIMATE_COLUMNS].index("fits")
+    for r in rows:
+        cells = estimate_cells(r)
+        if cells[fits] == NOT_FITTING:
+            cells[fits] = f"[bold red]{NOT_FITTING}[/bold red]"
+        table.add_row(*cells)
+    stdout.print(table)
+    if choose:
+        _print_choices(rows)
+    conc = concurrency or int(plan.executor.get("concurrency", 1))
+    if total["est_seconds_serial"]:
+        stdout.print(
+            f"CPU estimate: {duration(total['est_seconds_serial'])} one at a time, about "
+            f"{duration(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
+            "uncontended; concurrent runs share cores).",
+            highlight=False,
+        )
+    if total["gpu_hours"]:
+        stdout.print(
+            f"GPU estimate: {total['gpu_hours']:.0f} GPU-hours at MFU {total['mfu']:.0%} of "
+            f"{total['gpu_peak_flops']:.3g} FLOP/s per GPU.",
+            highlight=False,
+        )
+    stdout.print(
+        "Memory: per-GPU peak of a training step (scaling.accounting.memory; GB = 1e9 bytes); "
+        "`--json` has every part and the communication per step.",
+        highlight=False,
+    )
+
+
+def _submit(plan, plan_file: Path, executor: Optional[str], probe: bool, concurrency: Optional[int],
+            threads: Optional[int], wait: Optional[bool], fail_fast: bool, json_out: bool) -> None:
+    """Submit the runs not yet done, follow them (``wait``), and report each run's status."""
+    est = None
+    if (executor or plan.executor.get("kind", "local")) == "local" and probe:
+        est = estimate(plan, probe=True)
+    kind = executor or plan.executor.get("kind", "local")
+    submitted, skipped = submit_runs(plan, kind=executor, concurrency=concurrency, threads=threads,
+                                     estimates=est)
+    if skipped and not json_out:
+        stderr.print(f"skipping {len(skipped)} finished run(s): {', '.join(skipped)}", highlight=False)
+    if wait is None:
+        wait = kind != "slurm"  # a Slurm sweep runs for days: the submitting shell must not block
+    failed = _follow_jobs(plan, submitted, kind, fail_fast, json_out) if wait else {}
+    status = {r.name: run_status(plan.runs_dir, r.name) for r in plan.runs}
+    doc = {"plan": plan.name, "runs_dir": str(plan.runs_dir), "skipped": skipped,
+           "jobs": [str(s.job.job_id) for s in submitted], "waited": wait, "status": status, "failed": failed}
+
+    def show() -> None:
+        done = sum(v == "done" for v in status.values())
+        stdout.print(
+            f"{done}/{len(status)} runs finished in {plan.runs_dir}"
+            + ("" if wait else f"; submitted jobs {', '.join(str(s.job.job_id) for s in submitted)}; "
+               f"follow with `smelt-scale sweep {plan_file} --watch`"),
+            highlight=False,
+        )
+
+    finish(json_out, doc, show)
+    if failed:  # the work failed (not the input): exit 1, after the status above
+        _exit_failed(failed)
 
 
 def _exit_failed(failed: dict) -> None:
@@ -331,10 +272,8 @@ def _follow_folders(plan, watch: bool, json_out: bool) -> None:
         elif not json_out:
             _progress_lines(plan, rows)
         time.sleep(WATCH_INTERVAL_S)
-    if json_out:
-        emit_json({"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": [p.to_dict() for p in rows]})
-    else:
-        stdout.print(_status_table(plan, rows))
+    finish(json_out, {"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": [p.to_dict() for p in rows]},
+           lambda: stdout.print(_status_table(plan, rows)))
 
 
 def _status_table(plan, rows) -> Table:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import typer
 from rich.markup import escape
@@ -110,9 +111,74 @@ def _check_flags(folder: Path, resume: bool, overwrite: bool) -> None:
         raise UserError(f"--resume: no run to resume in {folder}; start it without --resume")
 
 
+# How a `train` option differs from its TrainConfig field (scaling.training.loop.config, which
+# gives the name, default and help): its command-line type (a choice, a path, text parsed by
+# _setting), a flag that is not --<field-name>, a lower bound shown in --help.
+_OPTION_TYPES: dict[str, Any] = {"schedule": ScheduleName, "parallel": ParallelMode,
+                                 "grad_sync": Optional[GradSync], "loop_grad": Optional[LoopGrad],
+                                 "data": Optional[Path],
+                                 "data_tokenizer": Optional[Path], "peak_flops": Optional[str], "log_to": str}
+_FLAGS = {"data_verify": ("--verify-data",), "compile": ("--compile/--no-compile",)}
+_MIN = {"seed": 0}
+
+
+def _config_options() -> list[inspect.Parameter]:
+    """One keyword parameter with its typer.Option per TrainConfig field that is an option."""
+    from scaling.training.loop.config import field_types, option_fields
+
+    hints = field_types()
+    params = []
+    for f in option_fields():
+        kind = _OPTION_TYPES.get(f.name, hints[f.name])
+        default = ",".join(f.default) if f.name == "log_to" else f.default
+        decls = _FLAGS.get(f.name) or ((f"--{f.name.replace('_', '-')}",) if kind is bool else ())
+        extra = {"min": _MIN[f.name]} if f.name in _MIN else {}
+        option = typer.Option(default, *decls, help=f.metadata["help"], **extra)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                        annotation=kind))
+    return params
+
+
+def _setting(name: str, value: Any) -> Any:
+    """A TrainConfig field's value from its option's."""
+    if name == "log_to":
+        return tuple(t.strip() for t in value.split(",") if t.strip())
+    if name in ("data", "data_tokenizer"):
+        return None if value is None else str(value)
+    return value
+
+
+def _with_config_options(fn: Callable, after: str) -> Callable:
+    """``fn`` (whose ``**settings`` take the TrainConfig options) with those options in its signature,
+    after the parameter ``after``: typer reads the signature."""
+    sig = inspect.signature(fn, eval_str=True)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    at = [p.name for p in fixed].index(after) + 1
+    fixed = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed]
+    params = [*fixed[:at], *_config_options(), *fixed[at:]]
+    fn.__signature__ = sig.replace(parameters=params)
+    fn.__annotations__ = {p.name: p.annotation for p in params}
+    return fn
+
+
+def _given(ctx: typer.Context, param: str) -> bool:
+    """Whether a parameter was given on the command line (typer may vendor click: compare by name)."""
+    source = ctx.get_parameter_source(param)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+def _progress(json_out: bool, quiet: bool, every: int) -> tuple[Optional[_Bar], Any]:
+    """The trainer's progress callback: a bar on a terminal, else a log line every ``every`` updates."""
+    bar = _Bar() if show_progress(json_out, quiet) else None
+    if bar is None and not quiet:
+        from scaling.training.loop.progress import ProgressLog
+
+        setup_logging()
+        return None, ProgressLog(every=every)
+    return bar, bar
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("train")
-    @run_cli
     def train_cmd(
         ctx: typer.Context,
         tier: TierName = typer.Option(..., help="Model tier (see `smelt-scale tiers`)."),
@@ -134,74 +200,13 @@ def register(app: typer.Typer) -> None:
             Path(DEFAULT_RUNS_DIR), help="Parent folder of run folders (not runs/: that holds the shipped "
             "study, which fit, compare and savings read by default)."
         ),
-        batch_size: int = typer.Option(16, help="Global batch in sequences of seq_len tokens."),
-        micro_batch_size: Optional[int] = typer.Option(
-            None, help="Sequences per forward on one rank (gradient accumulation) [default: whole batch]."
-        ),
-        lr: float = typer.Option(3e-3, help="Peak learning rate."),
-        warmup: Optional[int] = typer.Option(
-            None, help="Warmup steps [default: 10% of the smallest budget's steps, at most 1000]."
-        ),
-        schedule: ScheduleName = typer.Option(
-            "wsd", help="wsd (branches a cooldown at every budget) or cosine (one budget)."
-        ),
-        decay_fraction: float = typer.Option(0.2, help="WSD cooldown length as a fraction of each budget."),
-        weight_decay: float = typer.Option(0.1, help="AdamW decoupled weight decay (matrices only)."),
-        grad_clip: float = typer.Option(1.0, help="Global gradient-norm clip (0: off)."),
-        seed: int = typer.Option(0, min=0, help="Seed of the initial weights and of the batch order."),
-        eval_every: int = typer.Option(
-            250, help="Validate every this many trunk steps (0: only at budget ends)."
-        ),
-        val_windows: Optional[int] = typer.Option(
-            None, help="Validation windows [default: the whole split]."
-        ),
-        ckpt_every: int = typer.Option(100, help="Checkpoint every this many updates."),
         ckpt_dir: Optional[Path] = typer.Option(
             None, help="Checkpoint parent folder, one <run-name>-<run-id> folder per run "
             "[default: <runs-dir>/<run-name>/checkpoints]."
         ),
-        async_ckpt: bool = typer.Option(
-            False, "--async-ckpt", help="Write periodic checkpoints in the background."
-        ),
-        log_every: int = typer.Option(1, help="Metrics line every this many updates."),
         progress_every: int = typer.Option(
             100, min=1, help="When stderr is not a terminal (Slurm, nohup, CI): a progress line every this "
             "many updates, and at least every 60 s (logger scaling.progress)."
-        ),
-        log_to: str = typer.Option(
-            "jsonl", help="Comma-separated: jsonl plus tensorboard and/or wandb mirrors (extra [track])."
-        ),
-        peak_flops: Optional[str] = typer.Option(
-            None, help="Peak FLOP/s of one device for MFU: a number or h100-sxm-bf16, h200-bf16, a100-bf16."
-        ),
-        mfu: bool = typer.Option(False, "--mfu", help="Require MFU in the log (needs --peak-flops)."),
-        val_by_source: bool = typer.Option(
-            False, "--val-by-source", help="Also log val_loss/<source> per data source."
-        ),
-        parallel: ParallelMode = typer.Option(
-            "none", help="none (DDP under torchrun), ddp, fsdp or hsdp."
-        ),
-        activation_checkpointing: bool = typer.Option(
-            False, "--activation-checkpointing", help="Recompute each layer pass in the backward."
-        ),
-        compile_model: Optional[bool] = typer.Option(
-            None, "--compile/--no-compile",
-            help="torch.compile the model's blocks [default: on CUDA, off on the CPU].",
-        ),
-        grad_sync: Optional[GradSync] = typer.Option(
-            None, help="Reduce gradients on the last micro-batch only (last) or after each (every: FSDP "
-            "keeps them sharded) [default: every under fsdp/hsdp, else last]."
-        ),
-        replicate: Optional[int] = typer.Option(
-            None, help="HSDP replicate degree [default: the number of nodes]."
-        ),
-        ep: int = typer.Option(
-            1, help="Expert-parallel degree (fsdp/hsdp): each rank holds 1/ep of the experts, tokens "
-            "reach them by all-to-all; must divide the ranks [default: 1, no expert parallelism]."
-        ),
-        loop_grad: Optional[LoopGrad] = typer.Option(
-            None, help="Looped layers' gradients under fsdp/hsdp: reduce-scattered after each pass "
-            "(per-pass) or by FSDP2 after the last (fsdp, holds them unsharded) [default: per-pass]."
         ),
         resume: bool = typer.Option(
             False, "--resume",
@@ -210,8 +215,6 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Delete an existing run of this name first."
         ),
-        device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
-        threads: Optional[int] = typer.Option(None, help="torch CPU threads [default: torch's]."),
         save_final_weights: bool = typer.Option(
             False, "--save-final-weights", help="Also write final weights (safetensors) into the run folder."
         ),
@@ -219,23 +222,11 @@ def register(app: typer.Typer) -> None:
             False, "--save-budget-weights", help="Also write each budget's final weights, as its cooldown "
             "branch ends, to weights/budget-<i>.safetensors (for export/eval at every budget)."
         ),
-        data: Optional[Path] = typer.Option(
-            None, help="Token-shard folder made by `smelt-scale prepare-data` [default: the built-in corpus]."
-        ),
-        data_tokenizer: Optional[Path] = typer.Option(
-            None, help="Refuse --data unless its shards were made with this tokenizer.json."
-        ),
-        data_max_bytes: Optional[int] = typer.Option(
-            None, help="Use a small deterministic subset of the built-in corpus (tests)."
-        ),
-        verify_data: str = typer.Option(
-            "cheap", help="Shard check at start: cheap (hash only shards whose size or mtime changed since "
-            "their last check) or full (hash every shard: catches bit rot that keeps the mtime)."
-        ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar or messages."),
         json_out: bool = typer.Option(
             False, "--json", help="Print final.json (one JSON document) on stdout."
         ),
+        **settings: Any,
     ) -> None:
         """Train a Baseline or SMELT model; write runs/<name>/{config.json, metrics.jsonl, final.json}.
 
@@ -248,81 +239,30 @@ def register(app: typer.Typer) -> None:
         "What happens when things go wrong"); --resume on a run that does not exist is an error.
         """
         from scaling.accounting.tiers import get_config, is_proxy
-        from scaling.training.loop.trainer import TrainConfig, default_run_name, train
+        from scaling.training.loop.config import TrainConfig
+        from scaling.training.loop.trainer import default_run_name, train
+        from scaling.training.sweep.plan import read_train_file
 
         model_cfg = get_config(tier, arch)
-        values = {  # TrainConfig field -> (command-line parameter, its value)
-            "tokens": ("tokens", parse_tokens(tokens) if tokens is not None else None),
-            "batch_size": ("batch_size", batch_size),
-            "micro_batch_size": ("micro_batch_size", micro_batch_size),
-            "lr": ("lr", lr),
-            "warmup": ("warmup", warmup),
-            "schedule": ("schedule", schedule),
-            "decay_fraction": ("decay_fraction", decay_fraction),
-            "weight_decay": ("weight_decay", weight_decay),
-            "grad_clip": ("grad_clip", grad_clip),
-            "seed": ("seed", seed),
-            "eval_every": ("eval_every", eval_every),
-            "val_windows": ("val_windows", val_windows),
-            "ckpt_every": ("ckpt_every", ckpt_every),
-            "log_every": ("log_every", log_every),
-            "data": ("data", str(data) if data is not None else None),
-            "data_tokenizer": ("data_tokenizer", str(data_tokenizer) if data_tokenizer is not None else None),
-            "data_max_bytes": ("data_max_bytes", data_max_bytes),
-            "data_verify": ("verify_data", verify_data),
-            "device": ("device", device),
-            "threads": ("threads", threads),
-            "async_ckpt": ("async_ckpt", async_ckpt),
-            "log_to": ("log_to", tuple(t.strip() for t in log_to.split(",") if t.strip())),
-            "peak_flops": ("peak_flops", peak_flops),
-            "mfu": ("mfu", mfu),
-            "val_by_source": ("val_by_source", val_by_source),
-            "parallel": ("parallel", parallel),
-            "activation_checkpointing": ("activation_checkpointing", activation_checkpointing),
-            "compile": ("compile_model", compile_model),
-            "grad_sync": ("grad_sync", grad_sync),
-            "replicate": ("replicate", replicate),
-            "ep": ("ep", ep),
-            "loop_grad": ("loop_grad", loop_grad),
-        }
-        fields = {k: v for k, (_, v) in values.items()}
-        if config is not None:  # the file's values, except where a flag was given on the command line
-            from scaling.training.sweep.plan import read_train_file
-
-            def given(param: str) -> bool:  # typer may vendor click: compare the enum by name
-                source = ctx.get_parameter_source(param)
-                return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
-
-            file_fields, options = read_train_file(config)
-            fields.update({k: v for k, v in file_fields.items() if not given(values[k][0])})
-            if not given("save_final_weights"):
+        # with --config, the file's values except where a flag was given on the command line
+        given = {k: _setting(k, v) for k, v in settings.items() if config is None or _given(ctx, k)}
+        if tokens is not None:
+            given["tokens"] = parse_tokens(tokens)
+        tables: tuple[dict, ...] = ({}, {}, {})
+        if config is not None:
+            *tables, options = read_train_file(config)
+            if not _given(ctx, "save_final_weights"):
                 save_final_weights = bool(options.get("save_final_weights", save_final_weights))
-        if fields["tokens"] is None:
+        if given.get("tokens", tables[0].get("tokens")) is None:
             raise UserError("give the token budget(s): --tokens 2e5,4e5 (or [train] tokens in --config)")
-        cfg = TrainConfig(**fields)
+        cfg = TrainConfig.from_tables(*tables, str(config or "the command line"), **given)
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
-        bar = _Bar() if show_progress(json_out, quiet) else None
-        progress = bar
-        if bar is None and not quiet:
-            from scaling.training.loop.progress import ProgressLog
-
-            setup_logging()
-            progress = ProgressLog(every=progress_every)
+        bar, progress = _progress(json_out, quiet, progress_every)
         try:
-            doc = train(
-                model_cfg,
-                cfg,
-                tier=tier,
-                proxy=is_proxy(tier),
-                run_name=run_name,
-                runs_dir=runs_dir,
-                ckpt_dir=ckpt_dir,
-                resume=resume,
-                overwrite=overwrite,
-                save_final_weights=save_final_weights,
-                save_budget_weights=save_budget_weights,
-                progress=progress,
-            )
+            doc = train(model_cfg, cfg, tier=tier, proxy=is_proxy(tier), run_name=run_name, runs_dir=runs_dir,
+                        ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
+                        save_final_weights=save_final_weights, save_budget_weights=save_budget_weights,
+                        progress=progress)
         finally:
             if bar is not None:
                 bar.close()
@@ -335,3 +275,5 @@ def register(app: typer.Typer) -> None:
         elif not quiet:
             stdout.print(_table(doc))
             stdout.print(f"run folder: {doc['run_dir']}")
+
+    app.command("train")(run_cli(_with_config_options(train_cmd, after="runs_dir")))

@@ -4,6 +4,7 @@ points a sweep plan will produce."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -11,9 +12,14 @@ import pandas as pd
 
 from scaling.accounting.costs import costs
 from scaling.common.errors import UserError
+from scaling.common.stats import quantiles
 from scaling.design.proposal import SPREAD_DECADES
 from scaling.fitting.savings import FittedLaw, check_budgets, frontier, uses_sparsity
+from scaling.fitting.sources import LawSource, default_sparsity
 from scaling.fitting.tables import CANONICAL
+
+DESIGN_BUDGETS = 4  # default simulation design: IsoFLOP budgets over the laws' compute range
+DESIGN_SIZES = 6  # ... and sizes per budget (4 x 6 x 3 sparsities = the paper's 72 runs)
 
 
 def isoflop_design(
@@ -87,3 +93,79 @@ def points_of_sweep_plan(plan: Any) -> pd.DataFrame:
         raise UserError("the plan has no runs")
     return pd.DataFrame(rows, columns=list(CANONICAL))
 
+
+
+@dataclass(frozen=True)
+class SimulationDesign:
+    """The points a simulated study fits, where they come from, and their sparsities.
+
+    points       canonical points, loss NaN (:func:`isoflop_design` or :func:`points_of_sweep_plan`)
+    source       one line naming the design
+    sparsities   the design's sparsities ((None,) for chinchilla-form laws or a plan without any)
+    of_plan      True for a plan's points: the savings are then evaluated at the plan's sparsity
+    """
+
+    points: pd.DataFrame
+    source: str
+    sparsities: tuple[float | None, ...]
+    of_plan: bool = False
+
+    @classmethod
+    def of_sweep_plan(cls, plan: Any, name: str) -> "SimulationDesign":
+        """The points of a sweep plan, at the default sparsity of its runs (if they record any)."""
+        points = points_of_sweep_plan(plan)
+        recorded = [float(x) for x in points["sparsity"] if np.isfinite(x)]
+        return cls(points, f"plan {name}", (default_sparsity(recorded),) if recorded else (None,), True)
+
+
+def default_design(src: LawSource, truth: Mapping[str, FittedLaw]) -> SimulationDesign:
+    """The default design of a simulation: :data:`DESIGN_BUDGETS` IsoFLOP budgets log-spaced over the
+    laws' compute range x :data:`DESIGN_SIZES` sizes around each law's optimum; smelt-form laws at a
+    law set's sparsities, else at the ends and middle of the fitted range of S."""
+    if src.law_set is not None and src.law_set.compute_range is not None:
+        lo, hi = src.law_set.compute_range
+    else:
+        lo = (min(fl.compute_min for fl in truth.values() if fl.compute_min)
+              if all(fl.compute_min for fl in truth.values()) else None)
+        hi = (max(fl.compute_max for fl in truth.values() if fl.compute_max)
+              if all(fl.compute_max for fl in truth.values()) else None)
+        if lo is None or hi is None:
+            raise UserError("the fits record no compute range for a default design: pass --design PLAN")
+    if src.smelt_form:
+        if src.law_set is not None:
+            design_s = tuple(src.law_set.sparsities)
+        else:  # the design samples the fitted range of S: its ends and its middle
+            seen = sorted({float(s) for f in src.fits for s in f.data_summary.get("sparsities", [])})
+            if not seen:
+                raise UserError("the smelt-form fits record no sparsities: pass --design PLAN")
+            design_s = tuple(sorted({round(float(q), 4) for q in quantiles(seen, [0.0, 0.5, 1.0])}))
+    else:
+        design_s = (None,)
+    budgets = np.logspace(np.log10(lo), np.log10(hi), DESIGN_BUDGETS)
+    points = isoflop_design(truth, budgets, n_sizes=DESIGN_SIZES, sparsities=design_s)
+    source = (f"IsoFLOP design, {DESIGN_BUDGETS} budgets {lo:.3g}–{hi:.3g} FLOPs x {DESIGN_SIZES} "
+              f"sizes over ±{SPREAD_DECADES:g} decade around each law's optimum")
+    return SimulationDesign(points, source, design_s)
+
+
+def savings_sparsities(src: LawSource, design: SimulationDesign,
+                       given: Sequence[float] = ()) -> tuple[float | None, ...]:
+    """Where a simulation evaluates the savings: ``given``, else the one default sparsity of the laws'
+    source (:mod:`scaling.fitting.sources`) or, for a plan's design, of the plan's runs; (None,) for
+    chinchilla-form laws."""
+    if not src.smelt_form:
+        return (None,)
+    S = tuple(given) or (design.sparsities if design.of_plan else src.default_sparsities())
+    if any(s is None for s in S):
+        raise UserError("the design records no sparsity for the smelt-form law: pass --sparsity")
+    return S
+
+
+def savings_budgets(src: LawSource, design: SimulationDesign) -> np.ndarray:
+    """The default budgets of a simulation's savings: a law set's published ones, else the design's
+    largest compute and 10x it."""
+    published = src.law_set.published.get("savings_range", {}) if src.law_set is not None else {}
+    if published:
+        return np.array(sorted(float(k) for k in published))
+    top = float(design.points["flops"].max())
+    return np.array([top, 10.0 * top])

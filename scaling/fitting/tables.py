@@ -448,6 +448,22 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         out["run"] = [f"row{int(i)}" for i in rownum]
         mapping["run"] = "none: each row is its own run (the bootstrap treats rows as independent)"
 
+    notes += _checked_points(out, raw, k, source, rownum)
+    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
+    mapping = {key: mapping[key] for key in order if key in mapping}
+    # k matters where it derived a column, or stands in for an unrecorded compute
+    k_used = not (has_n and has_d) or compute is None or k_given
+    settings = {"columns": mapping, "where": list(c.where), "flops_per_nd": k, "flops_per_nd_used": k_used,
+                "rows_read": rows_read, "rows_kept": len(out)}
+    return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
+                 rows_kept=len(out), settings=settings)
+
+
+def _checked_points(out: pd.DataFrame, raw: pd.DataFrame, k: float, source: str,
+                    rownum: np.ndarray) -> list[str]:
+    """N, D and loss positive and finite, k N D finite (UserError otherwise); the notes on implausible
+    counts and repeated rows."""
+    notes: list[str] = []
     for name in ("N", "D", "loss"):
         check_positive_finite(out[name].to_numpy(), name, source, rows=rownum)
     with np.errstate(over="ignore"):
@@ -457,7 +473,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         raise UserError(f"{source}: {k:g} N D overflows (row {int(rownum[i])}: N = {out['N'].iloc[i]:.3g}, "
                         f"D = {out['D'].iloc[i]:.3g}); are N and D in the right units?")
     # runs this trainer marked as CPU proxies are small on purpose: their counts are not in a wrong unit
-    proxies = "proxy" in cols and bool(raw["proxy"].fillna(False).astype(bool).all())
+    proxies = "proxy" in raw.columns and bool(raw["proxy"].fillna(False).astype(bool).all())
     if not proxies:
         notes += plausibility(out["N"].to_numpy(), out["D"].to_numpy())
     dups = int(out.duplicated(subset=["group", "N", "D", "loss"]).sum())
@@ -466,14 +482,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
             if dups * 2 >= len(out) else ""
         notes.append(f"{dups} of {len(out)} rows repeat another row exactly (same group, N, D and "
                      f"loss){every}; they count as separate points in the fit and the bootstrap")
-    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
-    mapping = {key: mapping[key] for key in order if key in mapping}
-    # k matters where it derived a column, or stands in for an unrecorded compute
-    k_used = not (has_n and has_d) or compute is None or k_given
-    settings = {"columns": mapping, "where": list(c.where), "flops_per_nd": k, "flops_per_nd_used": k_used,
-                "rows_read": rows_read, "rows_kept": len(out)}
-    return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
-                 rows_kept=len(out), settings=settings)
+    return notes
 
 
 def plausibility(N: np.ndarray, D: np.ndarray) -> list[str]:

@@ -4,7 +4,7 @@ Every value a plan or ``train --config`` file gives (TOML: strings, integers, fl
 arrays, tables) is checked against the type its consumer declares, before anything runs:
 
 * ``[train]`` (and the ``[train]`` keys of ``[tier."x"]``): the fields of
-  :class:`scaling.training.loop.trainer.TrainConfig`, typed by its annotations (:func:`check_fields`,
+  :class:`scaling.training.loop.config.TrainConfig`, typed by its annotations (:func:`check_fields`,
   called by ``TrainConfig.__post_init__``, so the trainer, ``train --config`` and plans share it);
 * ``[sweep]``, ``[executor]``, ``[parallel]``, ``[data]``: the tables below (:data:`SWEEP`,
   :data:`EXECUTOR`, :data:`PARALLEL`, :data:`DATA`), checked by :func:`check_table`.

@@ -35,12 +35,10 @@ Data parallel: under ``torchrun`` or a multi-task submitit job (``WORLD_SIZE`` >
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,11 +56,11 @@ from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import open_data
 from scaling.training.loop.branches import BranchPlan, Position, TokenBudget
 from scaling.training.loop.checkpoint import Checkpointer, identity_diff, run_identity
+from scaling.training.loop.config import TrainConfig
 from scaling.training.loop.evaluate import Evaluator, autocast
 from scaling.training.loop.lock import RunLock, check_free
 from scaling.training.loop.metrics import (
     MetricsSink,
-    check_log_to,
     mfu,
     peak_memory_bytes,
     require_trackers,
@@ -72,7 +70,6 @@ from scaling.training.loop.progress import Progress
 from scaling.training.loop.schedule import lr_at
 from scaling.training.loop.state import TrainState
 from scaling.training.parallel.data_parallel import (
-    GRAD_SYNC,
     build_model,
     full_state_dict,
     reshard,
@@ -81,183 +78,11 @@ from scaling.training.parallel.data_parallel import (
     split_batch,
     train_step,
 )
-from scaling.training.parallel.distributed import PARALLEL_MODES, DistEnv, resolve_mode, setup_distributed
+from scaling.training.parallel.distributed import DistEnv, resolve_mode, setup_distributed
 from scaling.training.parallel.launcher import stop_requested
-from scaling.training.schema import check_fields, check_value
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyperparameters and resources of one training run.
-
-    tokens            token budgets D (one point each); rounded to whole steps of
-                      batch_size * seq_len tokens
-    batch_size        global batch in sequences (all ranks, all accumulation steps)
-    micro_batch_size  sequences per forward/backward on one rank (None: batch_size / world);
-                      the accumulation steps are batch_size / world / micro_batch_size
-    lr                peak learning rate; warmup: linear warmup steps (None: auto =
-                      min(1000, max(1, round(0.1 * S_min))), S_min = steps of the smallest budget)
-    schedule          "wsd" (several budgets per run) or "cosine" (one budget, to min_lr_ratio*lr)
-    decay_fraction    WSD cooldown length as a fraction of each budget
-    eval_every        periodic validation every this many trunk steps (0: only at budget ends)
-    val_windows       validation windows of seq_len tokens (None: the whole split)
-    val_by_source     also log val_loss/<source> for each data source
-    ckpt_every        checkpoint every this many updates (budget ends always checkpoint)
-    async_ckpt        write periodic checkpoints in the background (torch.distributed.checkpoint)
-    log_every         metrics line every this many updates (evaluations are always logged)
-    log_to            "jsonl" plus optional mirrors "tensorboard", "wandb" (extra [track])
-    peak_flops        dense peak FLOP/s of one device, or a preset name (see metrics.PEAK_FLOPS);
-                      when set, each line records mfu
-    mfu               require MFU in the log (an error without peak_flops)
-    data              folder of token shards (``smelt-scale prepare-data``); None: built-in corpus
-    data_tokenizer    tokenizer.json the shards must have been made with (None: not checked)
-    data_max_bytes    None: full corpus; else the DataSpec test subset (built-in corpus only)
-    data_verify       shard check at start: "cheap" (hash only the shards whose size or mtime
-                      changed since their last full check) or "full" (hash every shard)
-    device            "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
-    threads           torch intra-op threads on CPU (None: torch default)
-    parallel          "none" (one rank; DDP under torchrun), "ddp", "fsdp", "hsdp"
-                      (scaling.training.parallel.data_parallel)
-    activation_checkpointing, compile   passed to parallelize (recompute each layer pass in the
-                      backward; torch.compile the blocks: None = on CUDA, off on the CPU; on
-                      CUDA the first step then takes ~1-2 minutes of compilation per
-                      architecture, an estimate until a GPU check measures it)
-    grad_sync         "last": reduce gradients on the last micro-batch only; "every": after each
-                      (FSDP: keeps gradients sharded between micro-batches); None: "every" under
-                      fsdp/hsdp, "last" otherwise (the memory planner's rule)
-    replicate         HSDP replicate degree (None: the number of nodes)
-    ep                expert-parallel degree (fsdp/hsdp only; 1: every rank holds every expert's
-                      shard): scaling.training.parallel.expert_parallel
-    loop_grad         looped layers' gradients under fsdp/hsdp: "per-pass" (reduce-scattered after
-                      each pass) or "fsdp" (FSDP2's own, after the last); None: per-pass for SMELT
-                      (scaling.training.parallel.loop_grad)
-    """
-
-    tokens: tuple[float, ...]
-    batch_size: int = 16
-    micro_batch_size: int | None = None
-    lr: float = 3e-3
-    warmup: int | None = None
-    schedule: str = "wsd"
-    decay_fraction: float = 0.2
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    aux_coef: float = 0.01
-    z_coef: float = 1e-3
-    seed: int = 0
-    eval_every: int = 250
-    val_windows: int | None = None
-    val_by_source: bool = False
-    eval_batch_size: int = 32
-    ckpt_every: int = 100
-    async_ckpt: bool = False
-    log_every: int = 1
-    log_to: tuple[str, ...] = ("jsonl",)
-    peak_flops: float | str | None = None
-    mfu: bool = False
-    data: str | None = None
-    data_tokenizer: str | None = None
-    data_max_bytes: int | None = None
-    data_val_fraction: float = 0.025
-    data_verify: str = "cheap"
-    device: str = "auto"
-    threads: int | None = None
-    parallel: str = "none"
-    activation_checkpointing: bool = False
-    compile: bool | None = None
-    grad_sync: str | None = None
-    replicate: int | None = None
-    ep: int = 1
-    loop_grad: str | None = None
-
-    def __post_init__(self) -> None:
-        # types first (the schema shared with plans and `train --config`), then ranges
-        check_value("tokens", self.tokens, tuple[float, ...])
-        check_value("log_to", self.log_to, tuple[str, ...])
-        tokens = tuple(float(t) for t in self.tokens)
-        if not tokens or not all(0 < t < float("inf") for t in tokens):
-            raise UserError(f"token budgets must be positive finite numbers, got {list(self.tokens)}")
-        object.__setattr__(self, "tokens", tokens)
-        object.__setattr__(self, "log_to", tuple(self.log_to))
-        check_fields(self)
-        for name, ok, text in _RANGES:
-            value = getattr(self, name)
-            if value is not None and not ok(value):
-                raise UserError(f"{name} must be {text}, got {value!r}")
-        for name in ("batch_size", "eval_batch_size", "ckpt_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise UserError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        # AdamW moves each weight by about lr per update: above 100 no run trains, and far above it the
-        # fp32 optimizer arithmetic overflows; such a value is a typo
-        if not 0 < self.lr <= 100:
-            raise UserError(f"lr must be in (0, 100], got {self.lr}")
-        if self.warmup is not None and self.warmup < 0:
-            raise UserError(f"warmup must be >= 0, got {self.warmup}")
-        if self.eval_every < 0:
-            raise UserError(f"eval_every must be >= 0, got {self.eval_every}")
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"threads must be >= 1, got {self.threads}")
-        if self.parallel not in PARALLEL_MODES:
-            raise UserError(f"parallel must be none, ddp, fsdp or hsdp, got {self.parallel!r}")
-        if self.grad_sync is not None and self.grad_sync not in GRAD_SYNC:
-            raise UserError(f"grad_sync must be last or every, got {self.grad_sync!r}")
-        if self.loop_grad is not None and self.loop_grad not in ("per-pass", "fsdp"):
-            raise UserError(f"loop_grad must be per-pass or fsdp, got {self.loop_grad!r}")
-        if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):
-            raise UserError(f"replicate must be a positive HSDP replicate degree, got {self.replicate!r} "
-                            f"with parallel {self.parallel!r}")
-        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
-            raise UserError(f"ep must be a positive integer, got {self.ep!r}")
-        if self.ep > 1 and self.parallel not in ("fsdp", "hsdp"):
-            raise UserError(f"expert parallelism (ep = {self.ep}) needs parallel fsdp or hsdp, "
-                            f"got {self.parallel!r}")
-        check_log_to(self.log_to)
-        resolve_peak_flops(self.peak_flops)
-        if self.mfu and self.peak_flops is None:
-            raise UserError("MFU needs peak_flops: the dense peak FLOP/s of one device or a preset "
-                            "(h100-sxm-bf16, h200-bf16, a100-bf16)")
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["tokens"], d["log_to"] = list(self.tokens), list(self.log_to)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def data_spec(self, vocab_size: int) -> DataSpec:
-        return DataSpec(vocab_size=vocab_size, max_bytes=self.data_max_bytes,
-                        val_fraction=self.data_val_fraction)
-
-
-# Range rules of TrainConfig fields (types come from the annotations: scaling.training.schema).
-_RANGES = (
-    ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
-    ("decay_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("weight_decay", lambda v: v >= 0, ">= 0"),
-    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("eps", lambda v: v > 0, "> 0"),
-    ("grad_clip", lambda v: v >= 0, ">= 0 (0: off)"),
-    ("aux_coef", lambda v: v >= 0, ">= 0"),
-    ("z_coef", lambda v: v >= 0, ">= 0"),
-    ("seed", lambda v: v >= 0, ">= 0"),
-    ("val_windows", lambda v: v >= 1, ">= 1 (or absent: the whole split)"),
-    ("data_max_bytes", lambda v: v >= 1, ">= 1"),
-    ("data_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("data_verify", lambda v: v in ("cheap", "full"), "cheap or full"),
-)
 
 # Fields that may differ between a run and its resumption: they do not change the maths, except
 # device/threads/parallel, which change float rounding (a warning is logged for those).

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,16 +88,15 @@ from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.training import schema
-from scaling.training.data.loader import DATA_TO_TRAIN, check_data_table, expand_path
+from scaling.training.data.loader import check_data_table
 from scaling.training.loop.branches import BranchPlan
+from scaling.training.loop.config import RUN_OPTIONS, TrainConfig, field_types, fields_of_tables
 from scaling.training.schema import check_name, check_table
 
 EXECUTORS = ("local", "slurm", "debug")
 TABLES = ("sweep", "train", "data", "parallel", "executor", "tier", "model")
-# [train] keys that are options of train() rather than TrainConfig fields, and their types
 # [parallel] keys read by the planner only, not part of the memory planner's Layout
 PLANNER_ONLY_KEYS = ("gpu_memory_gb", "nvlink_gb_s", "network_gb_s", "overlap")
-RUN_OPTIONS = {"save_final_weights": bool, "save_budget_weights": bool}
 
 
 @dataclass(frozen=True)
@@ -158,13 +156,10 @@ class PlannedRun:
     def train_config(self, threads: int | None = None):
         """The TrainConfig this run trains with: [train] + [tier] keys, [data], its seed and budgets,
         and the [parallel] mode (UserError for contradictions and for what TrainConfig refuses)."""
-        from scaling.training.loop.trainer import TrainConfig
-
-        fields = train_fields(self.train, self.data, self.parallel, f"run {self.name}")
-        fields.update(tokens=self.budgets, seed=self.seed)
+        given = {"tokens": self.budgets, "seed": self.seed}
         if threads is not None:
-            fields["threads"] = threads
-        return TrainConfig(**fields)
+            given["threads"] = threads
+        return TrainConfig.from_tables(self.train, self.data, self.parallel, f"run {self.name}", **given)
 
     def tokens_trained(self, decay_fraction: float) -> float:
         """Trunk to the largest budget plus one cooldown of decay_fraction*D_i per smaller budget."""
@@ -175,40 +170,11 @@ class PlannedRun:
         return costs(self.model).flops_per_token * self.tokens_trained(decay_fraction)
 
 
-def train_fields(train: dict[str, Any], data: dict[str, Any], parallel: dict[str, Any],
-                 what: str) -> dict[str, Any]:
-    """TrainConfig fields from checked [train], [data] and [parallel] tables, the one rule shared by
-    plans and ``train --config``: [data] keys map to their ``data_*`` fields, [parallel] mode /
-    grad_sync / replicate to ``parallel`` / ``grad_sync`` / ``replicate``; a key set in two tables
-    is an error (UserError naming ``what``)."""
-    from scaling.training.loop.trainer import TrainConfig
-
-    fields = {k: v for k, v in train.items() if k not in RUN_OPTIONS}
-    unknown = set(fields) - {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown:
-        raise UserError(f"{what}: unknown [train] keys: {', '.join(sorted(unknown))}")
-    for key, name in DATA_TO_TRAIN.items():
-        if key in data:
-            if name in fields:
-                raise UserError(f"{what}: {name} is set in [train] and as {key} in [data]; keep one")
-            value = data[key]
-            fields[name] = str(expand_path(value)) if key in ("path", "tokenizer") else value
-    # the [parallel] layout that the memory planner checked is the one trained
-    for key, name in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate"),
-                      ("ep", "ep"), ("loop_grad", "loop_grad")):
-        if key in parallel:
-            if name in fields and fields[name] != parallel[key]:
-                raise UserError(f"{what}: [train] {name} = {fields[name]!r} contradicts "
-                                f"[parallel] {key} = {parallel[key]!r}; set it in [parallel] only")
-            fields[name] = parallel[key]
-    return fields
-
-
-def read_train_file(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``train --config FILE``: (TrainConfig fields, train() options) from its [train], [data] and
-    [parallel] tables, checked by the plan's schema. A plan file may be given: its sweep-only
-    tables ([sweep], [executor], [tier], [model]) are not read by ``train`` and [train] may also
-    hold ``tokens`` and ``seed`` (a plan takes them from [sweep])."""
+def read_train_file(path: Path | str) -> tuple[dict[str, Any], ...]:
+    """``train --config FILE``: its checked [train], [data] and [parallel] tables (for
+    :meth:`TrainConfig.from_tables`) and its train() options. A plan file may be given: its
+    sweep-only tables ([sweep], [executor], [tier], [model]) are not read by ``train`` and [train]
+    may also hold ``tokens`` and ``seed`` (a plan takes them from [sweep])."""
     path = Path(path)
     where = str(path)
     doc = read_toml(path, "config")
@@ -219,8 +185,9 @@ def read_train_file(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
     train = check_table(doc.get("train", {}), _train_schema(), where, "[train]")
     data = check_data_table(doc.get("data", {}), where)
     parallel = check_table(doc.get("parallel", {}), schema.PARALLEL, where, "[parallel]")
+    fields_of_tables(train, data, parallel, where)  # contradictions between the tables, before any work
     options = {k: train[k] for k in RUN_OPTIONS if k in train}
-    return train_fields(train, data, parallel, where), options
+    return train, data, parallel, options
 
 
 @dataclass(frozen=True)
@@ -363,10 +330,10 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
 @functools.cache
 def _train_schema() -> dict[str, schema.Key]:
     """The [train] / [tier."x"] keys: TrainConfig's fields, typed by its annotations, + RUN_OPTIONS."""
-    from scaling.training.loop.trainer import TrainConfig
-
-    hints = typing.get_type_hints(TrainConfig)
-    out = {f.name: schema.Key(hints[f.name], "TrainConfig field") for f in dataclasses.fields(TrainConfig)}
+    hints = field_types()
+    by_name = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    out = {name: schema.Key(hints[name], by_name[name].metadata["help"])
+           for name in TrainConfig.field_names()}
     out.update({k: schema.Key(t, "train() option") for k, t in RUN_OPTIONS.items()})
     return out
 

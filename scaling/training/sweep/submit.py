@@ -33,6 +33,9 @@ from scaling.common.run_folder import CONFIG, FINAL, METRICS, WEIGHTS, RunFolder
 from scaling.training.sweep.plan import PlannedRun, SweepPlan
 
 DEFAULT_DECAY_FRACTION = 0.2
+# the plan's [executor] assumptions when it states none (a typical MFU; H100 SXM dense bf16)
+DEFAULT_MFU = 0.4
+DEFAULT_GPU_PEAK_FLOPS = 9.89e14
 
 
 def run_status(runs_dir: Path, name: str) -> str:
@@ -237,8 +240,8 @@ def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
     """FLOPs of every run, time on this machine from a measured probe (proxy tiers) and
     GPU-hours at the plan's stated MFU (paper tiers): hours = FLOPs / (mfu * peak) / 3600."""
     ex = plan.executor
-    mfu = float(ex.get("mfu", 0.4))
-    peak = float(ex.get("gpu_peak_flops", 9.89e14))
+    mfu = float(ex.get("mfu", DEFAULT_MFU))
+    peak = float(ex.get("gpu_peak_flops", DEFAULT_GPU_PEAK_FLOPS))
     threads = ex.get("threads_per_job")
     speed: dict[tuple, float] = {}
     out = []

@@ -1,0 +1,142 @@
+"""The savings of ``smelt-scale savings``: the observed frontiers (the envelope) and the fitted or
+published laws, combined by a method (auto, envelope or law) into one :class:`SavingsResult`.
+
+auto: laws that are identified and fit their points answer at every budget, and inside the data
+the envelope cross-checks them (a warning per budget where the intervals do not overlap); laws
+that are not answer only outside the data, the envelope inside. envelope: only the envelope.
+law: only the laws. A law that is not identified gives no number far beyond its data
+(:func:`scaling.fitting.savings.withhold_unidentified`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scaling.common.errors import UserError
+from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
+from scaling.fitting.savings import (
+    SavingsResult,
+    SavingsRow,
+    disagreements,
+    law_distrust,
+    savings,
+    withhold_unidentified,
+)
+from scaling.fitting.savings_sweep import savings_over
+from scaling.fitting.sources import load_laws
+
+METHODS = ("auto", "envelope", "law")
+
+
+def law_savings(ref: Any, cand: Any, budgets: np.ndarray, **kwargs: Any):
+    """``savings`` at every budget it can answer, and (budget, reason) for the others (the two
+    frontiers never reach each other's loss within the bisection bracket), instead of one error
+    for the whole command."""
+    try:
+        return savings(ref, cand, budgets, **kwargs), []
+    except UserError as exc:
+        if not _unmatched(exc):
+            raise
+    try:
+        return savings_over(ref, cand, budgets, **kwargs)
+    except UserError as exc:
+        empty = SavingsResult(reference=ref.name, candidate=cand.name,
+                              convention=kwargs.get("convention", "candidate-budget"), rows=())
+        return empty, [(float(c), str(exc)) for c in budgets]
+
+
+def _unmatched(exc: Exception) -> bool:
+    """Whether ``savings`` failed because a frontier never meets the other's loss in its bracket
+    (scaling.fitting.savings: "never reaches" / "already beats"), not because of bad input."""
+    return "never reaches the other's loss" in str(exc) or "already beats the other's loss" in str(exc)
+
+
+def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
+    """Rows by budget, then sparsity."""
+    return sorted(rows, key=lambda r: (r.budget, -1.0 if r.sparsity is None else r.sparsity))
+
+
+def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, method: str = "auto",
+                   points: pd.DataFrame | None = None, path: Path | None = None, runs: Path | None = None,
+                   fits: Path | None = None, law_set: str | None = None, law: str = "chinchilla",
+                   convention: str = "candidate-budget", n_bootstrap: int = 0, seed: int = 0,
+                   level: float = 0.95, sparsities: Sequence[float] = (), max_extrapolation: float,
+                   extrapolate: bool = False, warn: Callable[[str], None] | None = None) -> SavingsResult:
+    """The savings at ``budgets`` by ``method`` (see the module doc). ``points`` (read from ``path``)
+    feed the envelope and the fits of ``runs``; ``fits`` or ``law_set`` name the laws instead
+    (:func:`scaling.fitting.sources.load_laws`). Each warning goes to ``warn`` once, as it arises,
+    and into the result's ``warnings``."""
+    shown: dict[str, None] = {}  # ordered set: each warning once
+
+    def warn_once(message: str) -> None:
+        if message not in shown:
+            shown[message] = None
+            if warn is not None:
+                warn(message)
+
+    C = budgets
+    rows: list[SavingsRow] = []
+    checks: list[SavingsRow] = []
+    sources: list[str] = []
+    laws: dict[str, str] = {}
+    env: tuple[SavingsRow, ...] = ()
+    if points is not None and method != "law":
+        env = envelope_savings(envelope_points(points, run_pair_units(path, points)), reference, candidate, C,
+                               convention=convention, n_bootstrap=n_bootstrap, seed=seed, level=level)
+    env_source = (f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples over run "
+                  f"pairs, seed {seed})")
+    if method == "envelope":
+        rows += env
+        sources.append(env_source)
+    else:
+        fit_notes: list[str] = []
+        src = load_laws((reference, candidate), runs=runs, fits=fits, law_set=law_set, law=law,
+                        n_bootstrap=n_bootstrap, seed=seed, warn=fit_notes.append, points=points)
+        # the fits' own warnings are `smelt-scale fit`'s to print (the main job runs both): here
+        # only whether the laws may answer, in one line below
+        ref, cand = src.laws[reference], src.laws[candidate]
+        distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
+        answered = {r.budget for r in env if r.savings is not None}
+        if method == "auto" and distrust and answered:
+            # the laws do not hold: inside the data the observed frontiers answer, and where
+            # they cannot (a frontier never reaches the other's loss) nobody does
+            rows += [r for r in env if r.savings is not None]
+            inside = [r for r in env if r.savings is None and not r.reason.startswith("budget outside")]
+            rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
+                                        method="envelope") for r in inside]
+            done = answered | {r.budget for r in inside}
+            law_budgets = np.array([c for c in C if float(c) not in done])
+            sources.append(env_source)
+            warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
+                      "(`smelt-scale fit` for the details)")
+        else:
+            law_budgets = C
+            checks = [r for r in env if r.savings is not None]
+            if distrust:
+                warn_once(f"the laws answer although {distrust} (`smelt-scale fit` for the details)")
+        if law_budgets.size:
+            law_res, unanswered = law_savings(ref, cand, law_budgets, sparsities=src.sparsities(sparsities),
+                                              convention=convention, level=level, source=src.source)
+            tops = [x for x in (ref.compute_max, cand.compute_max) if x]
+            rows += [SavingsRow.refused(
+                c, why if not distrust else f"laws not identified ({distrust}); and {why}", method="law",
+                extrapolation_decades=float(np.log10(c / min(tops))) if tops else None)
+                for c, why in unanswered]
+            law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
+                                            extrapolate=extrapolate)
+            rows += law_res.rows
+            laws = dict(law_res.laws)
+            sources.append(f"law: {src.source}")
+            for w in law_res.warnings:
+                warn_once(w)
+            if checks:
+                sources.append(f"cross-check, {env_source}")
+                for w in disagreements(law_res.rows, checks):
+                    warn_once(w)
+    return SavingsResult(reference=reference, candidate=candidate, convention=convention,
+                         rows=tuple(merge(rows)), ci_level=level, warnings=tuple(shown), laws=laws,
+                         source="; ".join(sources), cross_checks=tuple(checks))
