@@ -19,19 +19,25 @@ for their first pass (3 layers' worth alive at once here); per pass, one layer p
 from __future__ import annotations
 
 import math
-import os
 import weakref
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from scaling.accounting.memory import param_shapes
 from scaling.accounting.tiers import get_config
-from scaling.training.model.transformer import MoETransformer
-from tests.test_parallel import N_MICRO, ROWS, SEED, STEPS, _free_port, batches, make_opt, run_steps
+from tests.test_parallel import (  # the same tier, seed, batches and steps as test_parallel
+    ARCH,
+    N_MICRO,
+    SEED,
+    STEPS,
+    TIER,
+    join_ranks,
+    make_opt,
+    one_process,
+    spawn_results,
+)
 
-TIER, ARCH = "proxy-tiny", "smelt"
 TOL = 1e-5
 # mode, replicate, activation checkpointing, grad_sync, loop_grad
 SCENARIOS = {
@@ -91,16 +97,11 @@ def _measure_held(model, x, y) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
     from scaling.training.parallel.data_parallel import build_model, full_state_dict, train_step
     from scaling.training.parallel.distributed import setup_distributed
 
-    cfg = get_config(TIER, ARCH)
-    x_all, y_all = batches(cfg)
-    per = ROWS // world
-    x, y = x_all[:, rank * per:(rank + 1) * per], y_all[:, rank * per:(rank + 1) * per]
+    cfg, x, y = join_ranks(rank, world, port)
+    per = x.shape[1]   # this rank's rows per step
     results, envs = {}, []
     for name, (mode, rep, ac, sync, loop_grad) in SCENARIOS.items():
         dist = setup_distributed("cpu", mode, replicate=rep)
@@ -129,23 +130,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("loop_grad") / "results.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
-    return torch.load(out, weights_only=False)
+    return spawn_results(_worker, 2, tmp_path_factory.mktemp("loop_grad"))
 
 
 @pytest.fixture(scope="module")
 def reference():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = get_config(TIER, ARCH)
-        model = MoETransformer(cfg, seed=SEED)
-        x, y = batches(cfg)
-        losses, norms = run_steps(model, x, y, n_micro=2 * N_MICRO)
-        return {"final": model.state_dict(), "losses": losses, "norms": norms}
-    finally:
-        torch.set_num_threads(threads)
+    return one_process()   # the same model, seed, batches and clipping as test_parallel's
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

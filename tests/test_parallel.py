@@ -64,17 +64,23 @@ def run_steps(model, x, y, n_micro, reduce=None):
     return losses, norms
 
 
-def _worker(rank: int, world: int, port: int, out: str, names: tuple[str, ...] = tuple(SCENARIOS)) -> None:
+def join_ranks(rank: int, world: int, port: int):
+    """A spawned rank's torchrun environment, one torch thread, and its rows of the global batches:
+    (config, x, y)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    from scaling.training.parallel.data_parallel import build_model, full_state_dict
-    from scaling.training.parallel.distributed import setup_distributed
-
     cfg = get_config(TIER, ARCH)
     x_all, y_all = batches(cfg)
     per = ROWS // world
-    x, y = x_all[:, rank * per:(rank + 1) * per], y_all[:, rank * per:(rank + 1) * per]
+    return cfg, x_all[:, rank * per:(rank + 1) * per], y_all[:, rank * per:(rank + 1) * per]
+
+
+def _worker(rank: int, world: int, port: int, out: str, names: tuple[str, ...] = tuple(SCENARIOS)) -> None:
+    from scaling.training.parallel.data_parallel import build_model, full_state_dict
+    from scaling.training.parallel.distributed import setup_distributed
+
+    cfg, x, y = join_ranks(rank, world, port)
 
     def mean_over_ranks(t):
         torch.distributed.all_reduce(t)
@@ -110,15 +116,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("parallel") / "results.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+def spawn_results(worker, world: int, folder) -> dict:
+    """Run ``worker(rank, world, port, out)`` on ``world`` gloo ranks; what rank 0 saved to ``out``."""
+    out = str(folder / "results.pt")
+    mp.spawn(worker, args=(world, _free_port(), out), nprocs=world, join=True)
     return torch.load(out, weights_only=False)
 
 
 @pytest.fixture(scope="module")
-def reference():
+def two_ranks(tmp_path_factory):
+    return spawn_results(_worker, 2, tmp_path_factory.mktemp("parallel"))
+
+
+def one_process() -> dict:
     """One process: the same global batches as 4 micro-batches of 2 rows, same clipping."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -131,6 +141,11 @@ def reference():
         return {"init": init, "final": model.state_dict(), "losses": losses, "norms": norms}
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return one_process()
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
