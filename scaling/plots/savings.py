@@ -4,7 +4,7 @@ at equal compute (a ``scaling.fitting.savings.SavingsResult``, e.g. from
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -69,7 +69,7 @@ def _mark(ax: Any, mark: float, rs: list, every: list, level: str) -> None:
 
 @styled
 def savings(result: Any, *, data_range: tuple[float, float] | None = None,
-            reference: Any | None = None, mark: float | None = 1e21, observed: Any | None = None,
+            reference: Any | None = None, mark: float | None = 1e21, observed: Sequence[Any] | None = None,
             laws_identified: bool = True) -> Figure:
     """Compute savings of the candidate over the reference against the budget (left, %, with the
     bootstrap interval) and the loss gap at equal compute (right, nats/token).
@@ -116,8 +116,7 @@ def savings(result: Any, *, data_range: tuple[float, float] | None = None,
             bands += _draw_rows(ax, ax2, rs, c_cand, styles[k % 4], lab)
         if mark is not None and S == sparsities[0]:
             _mark(ax, mark, rs, every, level)
-    seen = [r for r in (observed.rows if hasattr(observed, "rows") else observed or ())
-            if r.savings is not None]
+    seen = [r for r in observed or () if r.savings is not None]
     if seen:
         b = np.array([r.budget for r in seen])
         lab = "observed frontiers (envelope, no law): what `savings` answers inside the data"
