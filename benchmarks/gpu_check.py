@@ -94,8 +94,8 @@ def synthetic_tokens(vocab: int, rows: int, seq_len: int, seed: int = 0) -> torc
 
 
 def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: bool,
-                      grad_sync: str, device_type: str,
-                      compiled: bool = False) -> tuple[float | None, float | None]:
+                      grad_sync: str, device_type: str, compiled: bool = False,
+                      loop_grad: str | None = None) -> tuple[float | None, float | None]:
     """The memory planner's per-GPU peak and activations stored at the end of the forward (GB =
     1e9 bytes), or Nones if the planner is absent."""
     try:
@@ -106,7 +106,7 @@ def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: 
     layout = Layout(mode=mode if world > 1 or mode != "ddp" else "none", gpus_per_node=world,
                     micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
                     grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len,
-                    compiled=compiled)
+                    compiled=compiled, loop_grad=loop_grad)
     m = estimate_memory(cfg, layout)
     return m.total / 1e9, m.activations_stored / 1e9
 
@@ -196,7 +196,7 @@ def sync_check(step) -> dict:
 
 def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_micro: int, lr: float,
                activation_checkpointing: bool, compile: bool, grad_sync: str, max_seconds: float,
-               peak_flops: float | None, profile_steps: int = 0) -> dict:
+               peak_flops: float | None, profile_steps: int = 0, loop_grad: str | None = None) -> dict:
     """Train ``cfg`` on synthetic tokens on ``dist`` (this rank); the measurements as a dict."""
     from scaling.accounting.costs import flops_per_token
     from scaling.training.loop.evaluate import autocast  # the trainer's: bf16 on CUDA, nothing on CPU
@@ -207,7 +207,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         torch.cuda.reset_peak_memory_stats(dist.device)
     t_build = time.perf_counter()
     model = build_model(cfg, 0, dist, mode, activation_checkpointing=activation_checkpointing,
-                        compile=compile)
+                        compile=compile, loop_grad=loop_grad)
     if cuda:
         torch.cuda.synchronize(dist.device)
     build_s = time.perf_counter() - t_build
@@ -278,7 +278,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         opt.zero_grad(set_to_none=True)
     planned, planned_stored = planned_memory_gb(cfg, mode, dist.world, micro, n_micro,
                                                 activation_checkpointing, grad_sync, dist.device.type,
-                                                compiled=compile)
+                                                compiled=compile, loop_grad=loop_grad)
     tail = losses[-10:]
     return {
         "arch": cfg.arch,
@@ -294,6 +294,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         "stored_after_forward_gb": stored,
         "planned_activations_stored_gb": planned_stored,
         "compile": compile,
+        "loop_grad": "per-pass" if getattr(model, "loop_grad_reducers", None) else "fsdp",
         # wall seconds: building + materialising the model; the first step (compile time when
         # compiling, measured as first step - median later step); the median timed step
         "build_s": build_s,
@@ -338,6 +339,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                     activation_checkpointing=args.activation_checkpointing,
                     compile=resolve_compile(args.compile, dist.device.type), grad_sync=grad_sync,
                     max_seconds=args.max_seconds, profile_steps=args.profile_steps if args.profile else 0,
+                    loop_grad=args.loop_grad,
                     peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
             except Exception as exc:  # keep the other architecture's numbers (an OOM, a compile error)
                 if dist.world > 1:
@@ -487,6 +489,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--grad-sync", default=None, choices=("last", "every"),
                     help="default: every under fsdp/hsdp, last under ddp (the trainer's rule)")
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--loop-grad", default=None, choices=("per-pass", "fsdp"),
+                    help="looped layers' gradient reduction under fsdp/hsdp [default: the trainer's, "
+                         "per-pass for SMELT]; the 2026-12-04 H200 numbers predate per-pass (= fsdp)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile each block [default: on CUDA, off on the CPU]")
     ap.add_argument("--suite", action="store_true",

@@ -45,6 +45,11 @@ def test_the_check_at_tiny_size_on_two_cpu_ranks(capsys):
         assert m["equal"] and m["all_meta"] and m["built"] > 50e9
     assert arch["profile"] is None and arch["sync_check"]["sync_free"] is None  # CUDA-only check
     assert arch["compile"] is False  # the CPU default
+    assert arch["loop_grad"] == "per-pass"  # the trainer's default for SMELT under fsdp
+    rc = gpu_check.main(["--device", "cpu", "--tier", "proxy-tiny", "--archs", "smelt", "--steps", "3",
+                         "--warmup", "1", "--nproc", "2", "--loop-grad", "fsdp", "--json"])
+    (arch,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["archs"]
+    assert rc == 0 and arch["loop_grad"] == "fsdp"
     assert doc["extra_skipped"] == [] or "scale" in doc["extra_skipped"] or "scale" in doc
 
 
