@@ -159,8 +159,13 @@ def test_result_to_dict_and_summary():
     parts = ("params", "grads", "optimizer", "activations", "working", "buffers")
     assert d["total"] == pytest.approx(sum(d[p] for p in parts))
     assert d["total"] == m.total / GB
-    assert set(d["communication_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all",
-                                                "total"}
+    comm = d["communication_per_step"]
+    assert set(comm) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "reduce_scatter_inline",
+                         "total"}
+    # the in-line part (SMELT's per-pass reductions) is inside reduce_scatter, not added to the total
+    assert 0 < comm["reduce_scatter_inline"] < comm["reduce_scatter"]
+    assert comm["total"] == pytest.approx(sum(comm[k] for k in ("all_gather", "reduce_scatter", "all_reduce",
+                                                                 "all_to_all")))
     assert "GB per GPU" in m.summary() and "fsdp" in m.summary()
 
 

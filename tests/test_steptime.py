@@ -20,8 +20,36 @@ CFG = get_config("proxy-tiny", "smelt")
 
 
 def _toy(layout: Layout, **volumes):
-    """A planner estimate of ``layout`` with the communication volumes replaced by round numbers."""
-    return dataclasses.replace(estimate_memory(CFG, layout), **volumes)
+    """A planner estimate of ``layout`` with the communication volumes replaced by round numbers
+    (no in-line per-pass reduce-scatter unless given)."""
+    return dataclasses.replace(estimate_memory(CFG, layout), **{"reduce_scatter_inline": 0, **volumes})
+
+
+def test_per_pass_reduce_scatters_do_not_hide():
+    """The looped layers' per-pass reduce-scatters run in line (loop_grad.py): even with every FSDP
+    collective hidden (overlap 1), the step waits for them; the rest of the traffic still hides."""
+    lay = Layout(mode="fsdp", gpus_per_node=8)
+    f_model = flops_per_token(CFG) * CFG.seq_len
+    mem = _toy(lay, all_gather=30e9, reduce_scatter=40e9, reduce_scatter_inline=20e9, all_reduce=0,
+               all_to_all=0)
+    st = predict_step_time(CFG, lay, mem, f_model, 1.0, Links(nvlink_gb_s=100, overlap=1.0))
+    assert st.inline_reduce_scatter_s == pytest.approx(0.2) and st.reduce_scatter_s == pytest.approx(0.4)
+    assert st.step_s == pytest.approx(1.0 + 0.2)   # 0.3 + 0.2 s of other FSDP traffic hide in 1 s
+    slow = predict_step_time(CFG, lay, mem, f_model, 1.0, Links(nvlink_gb_s=20, overlap=1.0))
+    assert slow.step_s == pytest.approx(1.0 + 1.0 + max(0.0, 2.5 - 1.0))
+
+
+def test_the_planner_counts_each_looped_pass_in_line():
+    """Planted relation between the two loop_grad layouts of SMELT: per-pass reduce-scatters every
+    looped layer once per pass (in line), FSDP2's own once per looped layer; the rest is the same."""
+    cfg = get_config("600M", "smelt")
+    base = dict(mode="fsdp", gpus_per_node=8, micro_batch_size=2, grad_accum_steps=2)
+    pp = estimate_memory(cfg, Layout(**base, loop_grad="per-pass"))
+    own = estimate_memory(cfg, Layout(**base, loop_grad="fsdp"))
+    assert own.reduce_scatter_inline == 0 < pp.reduce_scatter_inline < pp.reduce_scatter
+    assert pp.reduce_scatter - pp.reduce_scatter_inline == pytest.approx(
+        own.reduce_scatter - pp.reduce_scatter_inline / cfg.n_loops, abs=4)
+    assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).reduce_scatter_inline == 0
 
 
 def test_hand_computed_toy_layout():

@@ -349,6 +349,9 @@ class MemoryEstimate:
     all_gather, reduce_scatter, all_reduce   bytes each GPU sends per optimizer step
     all_to_all     expert parallelism: token rows each GPU sends per optimizer step (dispatch
                    and combine, forward and backward), under uniform routing
+    reduce_scatter_inline   the part of ``reduce_scatter`` that the per-pass reduction of looped
+                   layers (``loop_grad = "per-pass"``) issues in line on the compute stream
+                   (scaling/training/parallel/loop_grad.py): the step waits for it
     """
 
     config_name: str
@@ -365,6 +368,7 @@ class MemoryEstimate:
     reduce_scatter: int
     all_reduce: int
     all_to_all: int = 0
+    reduce_scatter_inline: int = 0
 
     @property
     def total(self) -> int:
@@ -393,6 +397,7 @@ class MemoryEstimate:
                 "reduce_scatter": self.reduce_scatter / GB,
                 "all_reduce": self.all_reduce / GB,
                 "all_to_all": self.all_to_all / GB,
+                "reduce_scatter_inline": self.reduce_scatter_inline / GB,
                 "total": self.communication / GB,
             },
             "layout": asdict(self.layout),
@@ -591,13 +596,16 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     # communication per optimizer step
     m = layout.grad_accum_steps
     m_sync = m if layout.grad_sync == "every" else 1
-    ag = rs = ar = 0
+    ag = rs = ar = rs_inline = 0
     if layout.sharded and S > 1:
         frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
         ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
                             + frac_e * 2 * cfg.n_layer_passes * share_layer))
         n_rs = cfg.n_layer_passes if per_pass else cfg.n_layers  # reduce-scatters per micro-batch
         rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
+        if per_pass:  # the looped layer passes' own reduce-scatters (issued in line: they do not hide)
+            n_inline = (cfg.loop_end - cfg.loop_start) * cfg.n_loops
+            rs_inline = round(m_sync * rb * (frac * n_inline * Lp_ne + frac_e * n_inline * share_layer))
     # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
     # (P-1)/P of them leave the rank under uniform routing
     a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
@@ -611,4 +619,5 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
         activations=acts, working=work, buffers=buffers, activations_stored=activations_stored,
         peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar, all_to_all=a2a,
+        reduce_scatter_inline=rs_inline,
     )

@@ -53,9 +53,13 @@ can hide behind compute; ``overlap`` is the fraction of the compute time availab
 The all-to-all of expert parallelism cannot hide: the trainer's dispatch waits for its tokens
 before the expert matmul (scaling/training/parallel/expert_parallel.py). Hence
 
-    t_step = t_compute + t_all_to_all + max(0, t_fsdp - overlap * t_compute)
+    t_step = t_compute + t_all_to_all + t_inline + max(0, t_fsdp - overlap * t_compute)
 
-where t_fsdp = t_all_gather + t_reduce_scatter + t_all_reduce. overlap = 1 gives
+where t_fsdp = t_all_gather + t_reduce_scatter + t_all_reduce - t_inline, and t_inline is the
+time of the looped layers' per-pass reduce-scatters (``Layout.loop_grad = "per-pass"``,
+``MemoryEstimate.reduce_scatter_inline``): scaling/training/parallel/loop_grad.py issues them
+from the backward on the compute stream and the step waits for each, so they do not hide
+either. overlap = 1 gives
 max(t_compute, t_fsdp) + t_all_to_all, overlap = 0 the plain sum.
 
 Outputs. Predicted MFU (model FLOPs, PaLM's definition: Chowdhery et al. 2022, appendix B, which
@@ -142,6 +146,7 @@ class StepTime:
     reduce_scatter_s: float
     all_reduce_s: float
     all_to_all_s: float
+    inline_reduce_scatter_s: float
     nvlink_s: float
     network_s: float
     step_s: float
@@ -177,14 +182,15 @@ def predict_step_time(cfg: ModelConfig, layout: Layout, memory: MemoryEstimate, 
            "all_reduce": memory.all_reduce, "all_to_all": memory.all_to_all}
     t = {k: v / bw[on[k]] for k, v in vol.items()}
     per_link = {name: sum(t[k] for k in t if on[k] == name) for name in ("nvlink", "network")}
-    t_fsdp = t["all_gather"] + t["reduce_scatter"] + t["all_reduce"]
-    step = t_c + t["all_to_all"] + max(0.0, t_fsdp - links.overlap * t_c)
+    t_inline = memory.reduce_scatter_inline / bw[on["reduce_scatter"]]
+    t_fsdp = t["all_gather"] + t["reduce_scatter"] - t_inline + t["all_reduce"]
+    step = t_c + t["all_to_all"] + t_inline + max(0.0, t_fsdp - links.overlap * t_c)
     busy = {"compute": t_c, **per_link}
     binding = max(RESOURCES, key=lambda r: busy[r])  # ties: the first in RESOURCES order
     return StepTime(
         model_flops=f_model, executed_flops=f_exec, compute_s=t_c,
         all_gather_s=t["all_gather"], reduce_scatter_s=t["reduce_scatter"],
-        all_reduce_s=t["all_reduce"], all_to_all_s=t["all_to_all"],
+        all_reduce_s=t["all_reduce"], all_to_all_s=t["all_to_all"], inline_reduce_scatter_s=t_inline,
         nvlink_s=per_link["nvlink"], network_s=per_link["network"], step_s=step,
         mfu=f_model / (step * peak_flops), binding=binding, assumed_mfu=float(mfu),
         peak_flops=float(peak_flops), nvlink_gb_s=float(links.nvlink_gb_s),
