@@ -491,6 +491,23 @@ def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
     return max(C * V * (4 + (c if c < 4 else 0)), N * c * d + (4 + c) * V * d)
 
 
+def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: int, rb: int, Lp_ne: float,
+                     share_layer: float, root: float, per_pass: bool) -> tuple[int, int, int]:
+    """FSDP/HSDP bytes each GPU sends per step over its S-rank shard group (experts over S / P):
+    all-gather (every layer pass, forward and backward, in the compute dtype's ``c`` bytes),
+    reduce-scatter (``rb`` bytes; per layer, or per layer pass under per-pass reduction) and the
+    part of it the per-pass reduction issues in line (the looped layer passes'), in NCCL's
+    bus-bandwidth convention ((S-1)/S of the tensor)."""
+    frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
+    ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
+                        + frac_e * 2 * cfg.n_layer_passes * share_layer))
+    n_rs = cfg.n_layer_passes if per_pass else cfg.n_layers  # reduce-scatters per micro-batch
+    rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
+    n_inline = (cfg.loop_end - cfg.loop_start) * cfg.n_loops if per_pass else 0
+    rs_inline = round(m_sync * rb * (frac * n_inline * Lp_ne + frac_e * n_inline * share_layer))
+    return ag, rs, rs_inline
+
+
 def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     """Per-GPU memory at the peak of a training step and communication per step (see module doc)."""
     c = _dtype_bytes(layout.compute_dtype, "compute_dtype")
@@ -596,16 +613,9 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     # communication per optimizer step
     m = layout.grad_accum_steps
     m_sync = m if layout.grad_sync == "every" else 1
-    ag = rs = ar = rs_inline = 0
-    if layout.sharded and S > 1:
-        frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
-        ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
-                            + frac_e * 2 * cfg.n_layer_passes * share_layer))
-        n_rs = cfg.n_layer_passes if per_pass else cfg.n_layers  # reduce-scatters per micro-batch
-        rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
-        if per_pass:  # the looped layer passes' own reduce-scatters (issued in line: they do not hide)
-            n_inline = (cfg.loop_end - cfg.loop_start) * cfg.n_loops
-            rs_inline = round(m_sync * rb * (frac * n_inline * Lp_ne + frac_e * n_inline * share_layer))
+    ag, rs, rs_inline = (_sharded_volumes(cfg, S, P, m, m_sync, c, rb, Lp_ne, share_layer, root, per_pass)
+                         if layout.sharded and S > 1 else (0, 0, 0))
+    ar = 0
     # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
     # (P-1)/P of them leave the rank under uniform routing
     a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
