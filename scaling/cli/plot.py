@@ -116,9 +116,9 @@ class _Context:
         inside the data (None when the runs are not a folder or table of points)."""
         def make():
             from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
-            from scaling.fitting.savings import FittedLaw
+            from scaling.fitting.savings import unidentified
 
-            identified = not any(FittedLaw.from_fit(f).unidentified for f in self.pair())
+            identified = not any(unidentified(f.diagnostics or {}) for f in self.pair())
             if self.fits_file is not None:
                 return None, identified
             table = envelope_points(self.points, run_pair_units(self.runs, self.points))

@@ -209,7 +209,7 @@ def shard_with_ep(model, meshes: EPMeshes, mp_policy) -> None:
         fully_shard(moe, mesh=meshes.expert_dp, mp_policy=mp_policy, reshard_after_forward=True)
         moe.set_gradient_divide_factor(float(meshes.world))
         shard = meshes.expert_dp.size(meshes.expert_dp.ndim - 1)   # FSDP2 shards over the last dim
-        if _backend() != "nccl" and shard > 1:
+        if meshes.expert_dp.device_type != "cuda" and shard > 1:   # gloo off CUDA (DistEnv.backend)
             # a divide factor other than the group size makes FSDP2 reduce-scatter with PREMUL_SUM,
             # which only NCCL has (gloo: "Cannot use ReduceOp.PREMUL_SUM"); a plain sum and a
             # division after it give the same mean. Not for a one-rank shard group: there FSDP2
@@ -218,13 +218,6 @@ def shard_with_ep(model, meshes: EPMeshes, mp_policy) -> None:
             moe.set_force_sum_reduction_for_comms(True)
         fully_shard(block, mesh=meshes.dp, mp_policy=mp_policy, reshard_after_forward=True)
     fully_shard(model, mesh=meshes.dp, mp_policy=mp_policy)
-
-
-def _backend() -> str:
-    """The default process group's backend (every mesh of a run uses it)."""
-    import torch.distributed as dist
-
-    return str(dist.get_backend()).lower()
 
 
 def tag_expert_params(model) -> None:
