@@ -9,6 +9,7 @@ from typing import Any, Callable, Literal, Optional
 import typer
 from rich.markup import escape
 
+from scaling.accounting.memory import LOOP_GRADS
 from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
@@ -17,11 +18,10 @@ from scaling.common.run_folder import CONFIG, METRICS
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
 # Spelled out, not imported: the library's tuples live in torch modules, which --help must not
 # load; tests/test_cluster_use.py keeps them equal to training.loop.branches.SCHEDULES,
-# distributed.PARALLEL_MODES, parallel.GRAD_SYNC and loop_grad.LOOP_GRADS.
+# distributed.PARALLEL_MODES and parallel.GRAD_SYNC. LOOP_GRADS is torch-free (the planner's).
 SCHEDULES = ("wsd", "cosine")
 PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
 GRAD_SYNC = ("last", "every")
-LOOP_GRADS = ("per-pass", "fsdp")
 TierName = Literal[tuple(TIERS)]
 ArchName = Literal[ARCHS]
 ScheduleName = Literal[SCHEDULES]

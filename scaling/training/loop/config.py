@@ -28,6 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from scaling.accounting.memory import LOOP_GRADS
 from scaling.common.errors import UserError
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import DATA_TO_TRAIN, expand_path
@@ -54,12 +55,6 @@ def _grad_sync() -> tuple[str, ...]:
     from scaling.training.parallel.data_parallel import GRAD_SYNC  # torch: when checked only
 
     return GRAD_SYNC
-
-
-def _loop_grads() -> tuple[str, ...]:
-    from scaling.training.parallel.loop_grad import LOOP_GRADS  # torch: when checked only
-
-    return LOOP_GRADS
 
 
 def _at_least(n: int) -> Callable[[Any], bool]:
@@ -191,7 +186,7 @@ class ParallelConfig(_Part):
     loop_grad: str | None = setting(
         None, "Looped layers' gradients under fsdp/hsdp: per-pass (reduce-scattered after each pass) or "
         "fsdp (FSDP2's own, after the last pass) [default: per-pass for a looped model].",
-        lambda v: v in _loop_grads(), "per-pass or fsdp")
+        lambda v: v in LOOP_GRADS, "per-pass or fsdp")
 
     def _relations(self) -> None:
         if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):

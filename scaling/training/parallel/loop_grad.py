@@ -56,9 +56,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from scaling.accounting.memory import LOOP_GRADS  # the planner's Layout.loop_grad choices
 from scaling.common.errors import UserError
-
-LOOP_GRADS = ("per-pass", "fsdp")
 
 
 def resolve_loop_grad(loop_grad: str | None, mode: str, looped: bool) -> str:
