@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from scaling import plots
-from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
+from scaling.fitting.envelope import figure_budgets, observed_savings
 from scaling.fitting.fit import fit_groups
 from scaling.fitting.reference_laws import load_law_set
 from scaling.fitting.savings import FittedLaw, savings, withhold_unidentified
@@ -81,9 +81,8 @@ budgets = np.logspace(11, 22, 45)
 result, left_out = savings_over(base, smelt, budgets)
 result = withhold_unidentified(result, base, smelt, extrapolate=True)   # far rows marked, not dropped
 identified = not (base.unidentified or smelt.unidentified)
-inside = np.geomspace(*data_range, 9)
-observed = envelope_savings(envelope_points(points, run_pair_units(RUNS, points)), "baseline", "smelt",
-                            inside, n_bootstrap=BOOTSTRAP, seed=0)
+observed = observed_savings(points, RUNS, "baseline", "smelt", figure_budgets(*data_range),
+                            n_bootstrap=BOOTSTRAP, seed=0)
 paper = load_law_set("paper")
 paper_result = savings(paper.fitted("baseline"), paper.fitted("smelt"), np.logspace(19, 22, 13),
                        sparsities=paper.sparsities)

@@ -104,3 +104,27 @@ def test_bad_input():
         envelope_savings(pts, "baseline", "smelt", [1e18], convention="both")
     with pytest.raises(UserError, match="'unit'"):
         envelope_savings(pts.drop(columns="unit"), "baseline", "smelt", [1e18])
+
+
+def test_figure_budgets_are_eight_per_decade_with_both_ends():
+    from scaling.fitting.envelope import figure_budgets
+
+    b = figure_budgets(3.56e11, 3.56e12)
+    assert b[0] == pytest.approx(3.56e11) and b[-1] == pytest.approx(3.56e12)
+    assert len(b) == 9 and np.allclose(np.diff(np.log10(b)), 1 / 8)
+    assert len(figure_budgets(1e18, 1e18 * 10 ** 0.01)) == 2
+
+
+def test_observed_savings_without_a_folder_resamples_each_run_alone():
+    from scaling.fitting.envelope import envelope_points, observed_savings
+
+    env = two_architectures(0.8)
+    # canonical points (scaling.fitting.tables): the envelope's compute comes from recorded flops
+    pts = pd.DataFrame({"group": env["group"], "run": env["unit"], "N": 1.0, "D": 1.0,
+                        "flops": env["compute"], "flops_per_token": np.nan, "loss": env["loss"]})
+    budgets = [1e17, 1e18]
+    a = observed_savings(pts, None, "baseline", "smelt", budgets, n_bootstrap=30, seed=3)
+    b = envelope_savings(env, "baseline", "smelt", budgets, n_bootstrap=30, seed=3)
+    assert [(r.savings, r.savings_ci, r.loss_gap) for r in a] == [(r.savings, r.savings_ci, r.loss_gap) for r in b]
+    assert envelope_points(pts)["unit"].tolist() == env["unit"].tolist()
+    assert a[0].savings == pytest.approx(1 - 1 / 0.8, abs=0.02)

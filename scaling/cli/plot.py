@@ -115,20 +115,17 @@ class _Context:
         laws are identified: where they are not, the envelope is what `smelt-scale savings` answers
         inside the data (None when the runs are not a folder or table of points)."""
         def make():
-            from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
+            from scaling.fitting.envelope import figure_budgets, observed_savings
             from scaling.fitting.savings import unidentified
 
             identified = not any(unidentified(f.diagnostics or {}) for f in self.pair())
             if self.fits_file is not None:
                 return None, identified
-            table = envelope_points(self.points, run_pair_units(self.runs, self.points))
             lo, hi = self.savings()[1]
             if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
                 return None, identified
-            # eight per decade: the envelope is piecewise (it moves from one trained size to the next)
-            inside = np.geomspace(lo, hi, max(2, int(np.ceil(8 * np.log10(hi / lo))) + 1))
-            rows = envelope_savings(table, self.reference, self.candidate, inside,
-                                    n_bootstrap=self.n_bootstrap, seed=self.seed)
+            rows = observed_savings(self.points, self.runs, self.reference, self.candidate,
+                                    figure_budgets(lo, hi), n_bootstrap=self.n_bootstrap, seed=self.seed)
             return rows, identified
 
         return self._get("observed_savings", make)

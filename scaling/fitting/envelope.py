@@ -222,3 +222,21 @@ def envelope_points(points: pd.DataFrame, units: pd.Series | None = None) -> pd.
     out["unit"] = (points["run"].astype(str).to_numpy() if units is None
                    else np.asarray(units, dtype=str))
     return out
+
+
+def observed_savings(points: pd.DataFrame, path: Path | None, reference: str, candidate: str,
+                     budgets: Iterable[float], **options) -> tuple[SavingsRow, ...]:
+    """``envelope_savings`` of canonical ``points`` with the run pairs of the runs folder ``path``
+    drawn together (``run_pair_units``; each run its own unit when ``path`` is not a runs folder).
+    The one way `savings`, `plot savings` and the notebooks ask the envelope; ``options`` go to
+    ``envelope_savings``."""
+    units = run_pair_units(path, points) if path is not None else None
+    return envelope_savings(envelope_points(points, units), reference, candidate, budgets, **options)
+
+
+def figure_budgets(lo: float, hi: float, per_decade: int = 8) -> np.ndarray:
+    """Budgets at which a figure shows the envelope inside the data [lo, hi]: ``per_decade`` per
+    decade, geometric, both ends included (the envelope is piecewise, moving from one trained size
+    to the next, so a few per decade show its steps)."""
+    return np.geomspace(lo, hi, max(2, int(np.ceil(per_decade * np.log10(hi / lo))) + 1))
+

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
-from scaling.fitting.envelope import envelope_points, envelope_savings, run_pair_units
+from scaling.fitting.envelope import observed_savings
 from scaling.fitting.savings import (
     SavingsResult,
     SavingsRow,
@@ -85,8 +85,8 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
     laws: dict[str, str] = {}
     env: tuple[SavingsRow, ...] = ()
     if points is not None and method != "law":
-        env = envelope_savings(envelope_points(points, run_pair_units(path, points)), reference, candidate, C,
-                               convention=convention, n_bootstrap=n_bootstrap, seed=seed, level=level)
+        env = observed_savings(points, path, reference, candidate, C, convention=convention,
+                               n_bootstrap=n_bootstrap, seed=seed, level=level)
     env_source = (f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples over run "
                   f"pairs, seed {seed})")
     if method == "envelope":
