@@ -8,6 +8,11 @@
         # configuration the top kernels and the GEMM share of GPU time, a host-sync check and
         # the activation memory after a forward against the planner
 
+    python benchmarks/gpu_check.py --configs issue31 --profile --max-seconds 10 --out gpu.json
+        # the next issue-31 run (about 8 min on one H200): mb16 compiled; mb8 on a 1-rank FSDP2
+        # mesh against mb8 unwrapped (the trainer's one-GPU layout), SMELT without head padding
+        # and SMELT with FSDP2's own gradient reduction, all in the same run; mb16 compiled unwrapped
+
 Without CUDA it prints one line saying it was skipped and exits 0. What it does on CUDA:
 
 1. Spawns one process per local GPU (nccl; one GPU still gets a 1-rank FSDP2 mesh, so the
@@ -41,6 +46,14 @@ Without CUDA it prints one line saying it was skipped and exits 0. What it does 
    its name in the JSON and into ``ok``. Absent modules are skipped (listed in ``extra_skipped``).
 
 ``--compile`` is on by default on CUDA (the trainer's default), ``--no-compile`` turns it off.
+``--init device`` (the default here) draws the weights on the GPU with the init's distributions
+instead of the trainer's bitwise CPU draw (about 23 s per build of the 100M tier, 3.7e9 numbers):
+the measured speed does not depend on the values' bits. ``--mode none`` runs one GPU unwrapped,
+as the trainer does at world size 1; the default ``fsdp`` gives one GPU a 1-rank FSDP2 mesh (the
+sharded path's casts and copies, measured without a network). ``--head-padding never`` runs SDPA
+at the model's own head size (the 2026-12-04 runs; ``transformer.sdpa_head_size``). Each
+architecture's JSON says what ran: ``layout``, ``init``, ``head_padding``, ``sdpa_head_size``,
+``loop_grad``; ``--profile`` adds kernels summed by family and the attention kernels' names.
 
 The last stdout line is one JSON document with all of it and ``ok``. Every function here is
 also run on the CPU at a tiny size by tests/test_parallel_gpu_check.py (``--device cpu``).
@@ -57,6 +70,7 @@ import socket
 import sys
 import tempfile
 import time
+from typing import Any, NamedTuple
 
 import torch
 
@@ -67,10 +81,39 @@ PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12}  # dense, per GPU (datash
 # (e.g. "scale": "gpu_check_scale"), each exposing run_checks(args) -> dict with an "ok" key.
 EXTRA_CHECKS: dict[str, str] = {"scale": "gpu_check_scale"}
 
+
+class Config(NamedTuple):
+    """One measured configuration: fresh ranks, these settings; ``options`` override the command
+    line's other settings (mode, head_padding, loop_grad, archs) for this configuration only."""
+
+    name: str
+    micro: int
+    accum: int
+    compile: bool
+    options: tuple[tuple[str, Any], ...] = ()
+
+
 # --suite: the configurations of issue 31's table (name, micro-batch, accumulation, compile)
-SUITE = (("mb2x2", 2, 2, False), ("mb8", 8, 1, False), ("mb8-compiled", 8, 1, True))
-# more configurations --configs can name (in the order given): a larger micro-batch, compiled
-MORE_CONFIGS = (("mb16-compiled", 16, 1, True), ("mb4-compiled", 4, 1, True))
+SUITE = (Config("mb2x2", 2, 2, False), Config("mb8", 8, 1, False), Config("mb8-compiled", 8, 1, True))
+# more configurations --configs can name (in the order given). "-unwrapped": one GPU without
+# FSDP2 (the trainer's own layout on one GPU: resolve_mode gives "none" at world size 1; the
+# others use a 1-rank FSDP2 mesh, the sharded path's copies and casts); "x4": 4 micro-batches per
+# optimizer step (the per-step fixed cost amortised); "-nopad": SMELT with SDPA at its own head
+# size (the FA2 kernel) instead of padded to 8 (cuDNN's); "-fsdpgrad": SMELT with FSDP2's own
+# gradient reduction instead of the per-pass one
+MORE_CONFIGS = (
+    Config("mb16-compiled", 16, 1, True), Config("mb4-compiled", 4, 1, True),
+    Config("mb16x4-compiled", 16, 4, True),
+    Config("mb8-unwrapped", 8, 1, False, (("mode", "none"),)),
+    Config("mb16-compiled-unwrapped", 16, 1, True, (("mode", "none"),)),
+    Config("mb8-nopad", 8, 1, False, (("head_padding", "never"), ("archs", ["smelt"]))),
+    Config("mb8-fsdpgrad", 8, 1, False, (("loop_grad", "fsdp"), ("archs", ["smelt"]))),
+)
+# --configs issue31: the next GPU session's run for issue 31 (about 8 minutes on one H200 with
+# --init device and --max-seconds 10): the headline, the trainer's one-GPU layout, and the
+# three A/B pairs against mb8 in the same run
+PRESETS = {"issue31": ("mb16-compiled", "mb8", "mb8-unwrapped", "mb8-nopad", "mb8-fsdpgrad",
+                       "mb16-compiled-unwrapped")}
 
 # Kernel / operator name fragments by kind, for the --profile shares (lower case)
 GEMM_KEYS = ("gemm", "matmul", "cutlass", "xmma", "nvjet", "wgmma", "grouped_mm", "cublas", "aten::mm",
@@ -136,8 +179,18 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def profile_summary(prof, device_type: str, top: int = 15) -> dict:
-    """Top kernels (CUDA) or operators (CPU) by self time, and the shares by kind."""
+def kernel_family(name: str) -> str:
+    """A kernel's family: its name without template arguments, parameters and a leading ``void``
+    (the 60 ``cutlass::...GemmUniversal<...>`` variants of one grouped GEMM become one row)."""
+    name = name.removeprefix("void ").strip()
+    for stop in ("<", "("):
+        name = name.split(stop, 1)[0]
+    return name.strip() or "?"
+
+
+def profile_summary(prof, device_type: str, top: int = 30, steps: int = 0) -> dict:
+    """Top kernels (CUDA) or operators (CPU) by self time, the same summed by family, and the
+    shares by kind; ``steps`` profiled steps give the milliseconds per step."""
     from torch.autograd import DeviceType
 
     rows = []
@@ -167,11 +220,21 @@ def profile_summary(prof, device_type: str, top: int = 15) -> dict:
         if kind:
             shares[kind] += ms / total
     rows.sort(key=lambda r: -r[1])
+    families: dict[str, list] = {}
+    for name, ms, calls in rows:
+        fam = families.setdefault(kernel_family(name), [0.0, 0, _kind(name)])
+        fam[0] += ms
+        fam[1] += calls
     return {
         "what": "CUDA kernels, self device time" if device_type == "cuda" else "CPU operators, self time",
         "total_ms": total,
+        "steps": steps,
+        "ms_per_step": total / steps if steps else None,
         "top": [{"name": n[:160], "ms": ms, "share": ms / total, "calls": c, "kind": _kind(n)}
                 for n, ms, c in rows[:top]],
+        "families": [{"family": f[:120], "ms": v[0], "share": v[0] / total, "calls": v[1], "kind": v[2]}
+                     for f, v in sorted(families.items(), key=lambda kv: -kv[1][0])[:top]],
+        "attention_kernels": sorted({n[:120] for n, _, _ in rows if _kind(n) == "attention"}),
         "gemm_share": shares["gemm"], "attention_share": shares["attention"], "copy_share": shares["copy"],
         "host_syncs": syncs, "host_sync_ms": sync_ms,
     }
@@ -196,18 +259,23 @@ def sync_check(step) -> dict:
 
 def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_micro: int, lr: float,
                activation_checkpointing: bool, compile: bool, grad_sync: str, max_seconds: float,
-               peak_flops: float | None, profile_steps: int = 0, loop_grad: str | None = None) -> dict:
+               peak_flops: float | None, profile_steps: int = 0, loop_grad: str | None = None,
+               head_padding: str = "auto", init: str = "exact") -> dict:
     """Train ``cfg`` on synthetic tokens on ``dist`` (this rank); the measurements as a dict."""
     from scaling.accounting.costs import flops_per_token
     from scaling.training.loop.evaluate import autocast  # the trainer's: bf16 on CUDA, nothing on CPU
-    from scaling.training.parallel.data_parallel import build_model, train_step
+    from scaling.training.model.transformer import sdpa_head_size
+    from scaling.training.parallel.data_parallel import build_model, train_step, unwrap
 
     cuda = dist.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(dist.device)
     t_build = time.perf_counter()
     model = build_model(cfg, 0, dist, mode, activation_checkpointing=activation_checkpointing,
-                        compile=compile, loop_grad=loop_grad)
+                        compile=compile, loop_grad=loop_grad, init=init)
+    unwrap(model).set_head_padding(head_padding)
+    layout = "fsdp" if dist.mesh is not None and mode in ("fsdp", "hsdp") else (
+        "ddp" if dist.world > 1 else "none")
     if cuda:
         torch.cuda.synchronize(dist.device)
     build_s = time.perf_counter() - t_build
@@ -259,7 +327,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
                 one_step(s)
             if cuda:
                 torch.cuda.synchronize(dist.device)
-        profile = profile_summary(prof, dist.device.type) if dist.is_main else None
+        profile = profile_summary(prof, dist.device.type, steps=profile_steps) if dist.is_main else None
     sync = sync_check(one_step) if cuda else {"sync_free": None, "error": "no CUDA: not checked"}
 
     # the bytes one micro-batch's forward leaves allocated (the activations it stores), against
@@ -294,6 +362,10 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         "stored_after_forward_gb": stored,
         "planned_activations_stored_gb": planned_stored,
         "compile": compile,
+        "layout": layout,  # what ran: a 1-rank+ FSDP2 mesh, DDP, or one unwrapped model
+        "init": init,
+        "head_padding": head_padding,
+        "sdpa_head_size": sdpa_head_size(cfg.head_dim, dist.device.type, head_padding),
         "loop_grad": "per-pass" if getattr(model, "loop_grad_reducers", None) else "fsdp",
         # wall seconds: building + materialising the model; the first step (compile time when
         # compiling, measured as first step - median later step); the median timed step
@@ -321,7 +393,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     if args.device == "cpu":
         torch.set_num_threads(1)
     dist = setup_distributed(args.device, args.mode)
-    if dist.mesh is None and args.mode in ("fsdp", "hsdp"):  # one rank: a 1-rank FSDP2 mesh all the same
+    # one rank: a 1-rank FSDP2 mesh all the same (mode "none" keeps the trainer's one-GPU layout)
+    if dist.mesh is None and args.mode in ("fsdp", "hsdp"):
         torch.distributed.init_process_group(dist.backend, rank=0, world_size=1)
         dist = dataclasses.replace(dist, mesh=build_mesh("fsdp", 1, dist.device.type), initialized_here=True)
     mode = "fsdp" if args.mode == "hsdp" and dist.world == 1 else args.mode
@@ -339,7 +412,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                     activation_checkpointing=args.activation_checkpointing,
                     compile=resolve_compile(args.compile, dist.device.type), grad_sync=grad_sync,
                     max_seconds=args.max_seconds, profile_steps=args.profile_steps if args.profile else 0,
-                    loop_grad=args.loop_grad,
+                    loop_grad=args.loop_grad, head_padding=args.head_padding, init=args.init,
                     peak_flops=args.peak_flops if dist.device.type == "cuda" else None))
             except Exception as exc:  # keep the other architecture's numbers (an OOM, a compile error)
                 if dist.world > 1:
@@ -397,14 +470,14 @@ def run(args: argparse.Namespace) -> dict:
     run the extra checks; the whole report."""
     world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     t0 = time.perf_counter()
-    configs = SUITE if args.suite else (("single", args.micro_batch, args.grad_accum, args.compile),)
+    configs = SUITE if args.suite else (Config("single", args.micro_batch, args.grad_accum, args.compile),)
     if args.configs:  # in the order named, so a time-limited run measures the first ones first
-        by_name = {c[0]: c for c in SUITE + MORE_CONFIGS}
+        by_name = {c.name: c for c in SUITE + MORE_CONFIGS}
         configs = tuple(by_name[n] for n in args.configs)
     runs = []
-    for name, micro, accum, compile in configs:
+    for name, micro, accum, compile, options in configs:
         sub = argparse.Namespace(**{**vars(args), "micro_batch": micro, "grad_accum": accum,
-                                    "compile": compile})
+                                    "compile": compile, **dict(options)})
         t = time.perf_counter()
         try:
             archs, error = _spawn(sub, world), None
@@ -413,7 +486,8 @@ def run(args: argparse.Namespace) -> dict:
         for a in archs:
             a["config"] = name
         runs.append({"name": name, "micro_batch_size": micro, "grad_accum_steps": accum,
-                     "archs": archs, "wall_s": time.perf_counter() - t, "error": error})
+                     "options": dict(options), "archs": archs, "wall_s": time.perf_counter() - t,
+                     "error": error})
         _write_partial(args, runs, t0)
     meta = meta_build(args.meta_tier)
     try:
@@ -436,6 +510,8 @@ def run(args: argparse.Namespace) -> dict:
         "grad_accum_steps": args.grad_accum,
         "activation_checkpointing": args.activation_checkpointing,
         "compile": args.compile,
+        "init": args.init,
+        "head_padding": args.head_padding,
         "suite": args.suite,
         "peak_flops_per_gpu": args.peak_flops,
         "archs": archs,
@@ -476,7 +552,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tier", default="100M")
     ap.add_argument("--archs", default="baseline,smelt", type=lambda s: s.split(","))
-    ap.add_argument("--mode", default="fsdp", choices=("fsdp", "hsdp", "ddp"))
+    ap.add_argument("--mode", default="fsdp", choices=("fsdp", "hsdp", "ddp", "none"),
+                    help="fsdp: FSDP2 over the GPUs, a 1-rank mesh on one; none: one GPU unwrapped "
+                         "(the trainer's one-GPU layout), DDP on several")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=10, help="untimed first steps (and LR warmup)")
     ap.add_argument("--max-seconds", type=float, default=None,
@@ -492,14 +570,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--loop-grad", default=None, choices=("per-pass", "fsdp"),
                     help="looped layers' gradient reduction under fsdp/hsdp [default: the trainer's, "
                          "per-pass for SMELT]; the 2026-12-04 H200 numbers predate per-pass (= fsdp)")
+    ap.add_argument("--head-padding", default="auto", choices=("auto", "never"),
+                    help="SDPA head size padded to a multiple of 8 on CUDA (auto, the model's default) "
+                         "or not (never: the 2026-12-04 setting)")
+    ap.add_argument("--init", default="device", choices=("device", "exact"),
+                    help="weights drawn on the GPU (device: seconds; the same distributions) or the "
+                         "trainer's exact CPU-drawn init (about 23 s per build of the 100M tier)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile each block [default: on CUDA, off on the CPU]")
     ap.add_argument("--suite", action="store_true",
-                    help="run " + ", ".join(c[0] for c in SUITE) + " (micro-batch, accumulation, compile "
+                    help="run " + ", ".join(c.name for c in SUITE) + " (micro-batch, accumulation, compile "
                          "as named) instead of one configuration")
-    ap.add_argument("--configs", default=None, type=lambda s: s.split(","),
+    ap.add_argument("--configs", default=None,
+                    type=lambda s: list(PRESETS[s]) if s in PRESETS else s.split(","),
                     help="these configurations, in this order, of "
-                         + ", ".join(c[0] for c in SUITE + MORE_CONFIGS))
+                         + ", ".join(c.name for c in SUITE + MORE_CONFIGS)
+                         + "; or a preset: " + ", ".join(f"{k} = {','.join(v)}" for k, v in PRESETS.items()))
     ap.add_argument("--out", default=None,
                     help="also write the JSON here, rewritten after each configuration")
     ap.add_argument("--profile", action="store_true", help="top kernels and GEMM share into the JSON")
@@ -511,7 +597,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--nproc", type=int, default=None, help="processes [default: the GPUs; cpu: 2]")
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout")
     args = ap.parse_args(argv)
-    known = {c[0] for c in SUITE + MORE_CONFIGS}
+    known = {c.name for c in SUITE + MORE_CONFIGS}
     if args.configs and not set(args.configs) <= known:
         ap.error(f"--configs: unknown {sorted(set(args.configs) - known)}; known: {sorted(known)}")
     if args.configs:
@@ -543,7 +629,7 @@ def main(argv=None) -> int:
             prof = a.get("profile")
             gemm = f", GEMM {prof['gemm_share']:.0%} of GPU time" if prof else ""
             sync = a["sync_check"]["sync_free"]
-            print(f"{doc['tier']} {a['arch']} [{a['config']}: micro-batch {a['micro_batch_size']} x "
+            print(f"{doc['tier']} {a['arch']} [{a['config']}: {a['layout']}, micro-batch {a['micro_batch_size']} x "
                   f"{a['grad_accum_steps']}, compile {a['compile']}]: {a['steps']} steps, {tps} tokens/s, "
                   f"MFU {mfu}, {mem}, loss {a['first_loss']:.3f} -> {a['last_loss']:.3f}{gemm}, "
                   f"sync-free {sync}")

@@ -98,8 +98,12 @@ def test_profile_summary_of_a_cpu_step():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = model(x, x)
         out.loss.backward()
-    summary = gpu_check.profile_summary(prof, "cpu", top=5)
+    summary = gpu_check.profile_summary(prof, "cpu", top=5, steps=1)
     assert len(summary["top"]) == 5 and summary["total_ms"] > 0
+    assert summary["ms_per_step"] == summary["total_ms"]
+    fams = summary["families"]
+    assert 0 < len(fams) <= 5 and all(f["ms"] >= g["ms"] for f, g in zip(fams, fams[1:]))
+    assert fams[0]["ms"] >= summary["top"][0]["ms"]  # a family holds at least its largest member
     assert all(t["ms"] >= u["ms"] for t, u in zip(summary["top"], summary["top"][1:]))
     assert 0 < summary["gemm_share"] < 1 and 0 <= summary["copy_share"] < 1
     assert sum(t["share"] for t in summary["top"]) <= 1 + 1e-9
@@ -112,3 +116,51 @@ def test_synthetic_tokens_follow_the_successor_table():
     table = torch.randperm(97, generator=torch.Generator().manual_seed(1))
     follows = (ids[:, 1:] == table[ids[:, :-1]]).float().mean().item()
     assert ids.shape == (8, 201) and 0.85 < follows < 0.95
+
+
+def test_issue31_preset_sets_each_configuration_s_options(monkeypatch):
+    """--configs issue31: each configuration's own mode / head padding / loop_grad / archs reach
+    its ranks, the command line's settings everywhere else."""
+    gpu_check = load()
+    seen = []
+
+    def fake_spawn(args, world):
+        seen.append((args.micro_batch, args.grad_accum, args.compile, args.mode, args.head_padding,
+                     args.loop_grad, tuple(args.archs)))
+        return [{"arch": a, "finite": True, "loss_fell": True} for a in args.archs]
+
+    monkeypatch.setattr(gpu_check, "_spawn", fake_spawn)
+    monkeypatch.setattr(gpu_check, "meta_build", lambda tier: {})
+    monkeypatch.setattr(gpu_check, "EXTRA_CHECKS", {})
+    doc = gpu_check.run(gpu_check.parse_args(["--device", "cpu", "--configs", "issue31", "--nproc", "1"]))
+    both = ("baseline", "smelt")
+    assert seen == [(16, 1, True, "fsdp", "auto", None, both), (8, 1, False, "fsdp", "auto", None, both),
+                    (8, 1, False, "none", "auto", None, both), (8, 1, False, "fsdp", "never", None, ("smelt",)),
+                    (8, 1, False, "fsdp", "auto", "fsdp", ("smelt",)), (16, 1, True, "none", "auto", None, both)]
+    assert [c["name"] for c in doc["configs"]] == list(gpu_check.PRESETS["issue31"])
+    assert doc["configs"][3]["options"] == {"head_padding": "never", "archs": ["smelt"]}
+    assert doc["init"] == "device" and doc["head_padding"] == "auto"
+
+
+def test_one_unwrapped_rank_with_the_device_init_and_no_head_padding(capsys):
+    """--mode none on one rank: the trainer's one-GPU layout (no FSDP2 mesh); the result says what ran."""
+    gpu_check = load()
+    rc = gpu_check.main(["--device", "cpu", "--tier", "proxy-tiny", "--archs", "smelt", "--steps", "4",
+                         "--warmup", "1", "--lr", "1e-2", "--nproc", "1", "--mode", "none",
+                         "--head-padding", "never", "--json"])
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (arch,) = doc["archs"]
+    assert rc == 0 and doc["ok"], arch
+    assert arch["layout"] == "none" and arch["init"] == "device" and arch["head_padding"] == "never"
+    assert arch["loop_grad"] == "fsdp"  # nothing to reduce per pass without FSDP2 (the key's default)
+    assert arch["planned_memory_gb"] is not None
+
+
+def test_kernel_families_merge_template_variants():
+    gpu_check = load()
+    fam = gpu_check.kernel_family
+    assert fam("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda"
+               "(at::TensorIteratorBase&)::{lambda(float)#1}>(int)") == "at::native::vectorized_elementwise_kernel"
+    assert fam("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable") == "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable"
+    assert fam("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
+    assert fam("aten::mm") == "aten::mm"

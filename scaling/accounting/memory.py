@@ -66,7 +66,13 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 (d', f' = d, f rounded up to multiples of 4 when the model pads them).
                 Attention is SDPA (flash / memory-efficient / CPU-flash kernels): it saves
                 q, k, v, the output and the log-sum-exp, never the T x T score matrix; the
-                ``5*a*s/h`` term of Korthikanti's formula is absent.
+                ``5*a*s/h`` term of Korthikanti's formula is absent. On CUDA a head size h
+                that is not a multiple of 8 (the SMELT twins') runs at h' = h rounded up to 8
+                (``transformer.sdpa_head_size``; SDPA's flash path padded the same way before):
+                the kernel then saves padded q|k|v and output, not the projection and RoPE
+                output, and wo keeps an unpadded copy: c*((H+2Hkv)*h' + H*h' + H*h) for the
+                c*((2H+3Hkv)*h + H*h) above, 3% less at the 100M twin's attention terms and
+                under 0.3% of its layer pass, left uncounted.
                 LM head: the final norm (8*d + 4), the head's input (c*d), the logits
                 [B, T, V] (c, held by the caller's output until backward ends), the fp32
                 log-probabilities cross-entropy saves (4*V), the int64 targets and embedding

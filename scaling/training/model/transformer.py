@@ -144,15 +144,40 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([rot * cos + torch.cat([r2, r1], dim=-1) * sin, rest], dim=-1)
 
 
+HEAD_PADDING = ("auto", "never", "always")
+
+
+def sdpa_head_size(h: int, device_type: str, padding: str = "auto") -> int:
+    """The head size SDPA runs at: h, or h rounded up to a multiple of 8 (zero-padded q, k, v).
+
+    Why: PyTorch's SDPA picks its kernel from the *unpadded* shapes, and cuDNN's attention (the
+    one it prefers on Hopper) takes only head sizes that are multiples of 8; any other size falls
+    to the FlashAttention-2 kernel, which pads to 8 itself (``pad_last_dim<8>`` in
+    aten/src/ATen/native/transformers/attention.cpp) and runs its 64-wide template. The SMELT
+    twins have such sizes (37, 43, 53: the KV-cache match fixes h); on the first H200 run their
+    attention took 10-16% of GPU time on FA2 against 6-9% for the Baseline's h = 56 on cuDNN.
+    Padding first does the same zero-padding FA2 does, so the saved tensors are the same, and lets
+    cuDNN's kernel be chosen. "auto": on CUDA only; "never"; "always" (the CPU tests of exactness).
+    """
+    if padding not in HEAD_PADDING:
+        raise ValueError(f"head padding must be one of {', '.join(HEAD_PADDING)}, got {padding!r}")
+    if padding == "never" or (padding == "auto" and device_type != "cuda"):
+        return h
+    return _round_up(h, 8)
+
+
 class Attention(nn.Module):
     """Causal GQA self-attention with RoPE; q/k/v share one fused projection matrix.
 
-    ``wqkv`` rows are [q (H*h) | k (H_kv*h) | v (H_kv*h)]; ``wo`` maps H*h -> d.
+    ``wqkv`` rows are [q (H*h) | k (H_kv*h) | v (H_kv*h)]; ``wo`` maps H*h -> d. SDPA runs at
+    ``sdpa_head_size(h, device, self.head_padding)``: zero columns added to q, k and v leave
+    q.k and the first h output columns unchanged (the softmax scale stays 1/sqrt(h)).
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.head_padding = "auto"
         qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.wqkv = nn.Linear(cfg.d_model, qkv, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
@@ -174,7 +199,12 @@ class Attention(nn.Module):
             probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
             y = probs @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            hp = sdpa_head_size(h, x.device.type, self.head_padding)
+            if hp != h:
+                q, k, v = (F.pad(t, (0, hp - h)) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H,
+                                               scale=None if hp == h else 1.0 / math.sqrt(h))
+            y = y[..., :h] if hp != h else y
         y = self.wo(y.transpose(1, 2).reshape(B, T, H * h))
         return y, probs
 
@@ -493,6 +523,13 @@ class MoETransformer(nn.Module):
         if self.embed.weight.device.type != "meta":  # a meta build is filled after sharding
             self.init_weights(seed)
 
+    def set_head_padding(self, padding: str) -> None:
+        """How every layer's SDPA pads its heads: "auto" (on CUDA, to a multiple of 8), "never",
+        "always" (``sdpa_head_size``)."""
+        sdpa_head_size(self.cfg.head_dim, "cpu", padding)  # checks the name
+        for block in self.layers:
+            getattr(block, "_checkpoint_wrapped_module", block).attn.head_padding = padding
+
     # -- parameters ------------------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:
         """Exact parameter count (tied head counted once); = scaling.accounting.costs.total_params(cfg).
@@ -522,16 +559,43 @@ class MoETransformer(nn.Module):
         """
         write = write or (lambda p, value: p.copy_(value.to(p)))
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        std, resid_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            if p.ndim == 1:
+            s = self._init_std(name, p)
+            if s is None:
                 write(p, torch.ones(p.shape))
                 continue
-            s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
             full_shape, lo, hi = self.ep_slices.get(name.replace("_checkpoint_wrapped_module.", ""),
                                                     (p.shape, None, None))
             value = torch.randn(full_shape, generator=gen, dtype=torch.float32).mul_(s)
             write(p, value if lo is None else value[lo:hi])
+
+    def _init_std(self, name: str, p: Tensor) -> float | None:
+        """The init's standard deviation of one parameter (``init_weights``); None: a gain of ones."""
+        if p.ndim == 1:
+            return None
+        if name.endswith(("wo.weight", "w_down", "shared_down.weight")):
+            return 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        return 0.02
+
+    @torch.no_grad()
+    def init_weights_on_device(self, seed: int) -> None:
+        """The same distributions as ``init_weights``, drawn where each parameter (or its local
+        shard) lives with that device's generator: seconds instead of a CPU draw of every full
+        parameter (about 23 s for the 100M tier's 3.7e9), but not bitwise the eager init on a GPU
+        (another generator) nor the same on another world size. For throughput benchmarks (benchmarks/gpu_check.py), never
+        for training runs, whose resume and layout checks rely on the exact init."""
+        from torch.distributed.tensor import DTensor
+
+        gen = None
+        for name, p in self.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if gen is None:
+                gen = torch.Generator(device=local.device).manual_seed(seed)
+            s = self._init_std(name, p)
+            if s is None:
+                local.fill_(1.0)
+            else:
+                local.normal_(0.0, s, generator=gen)
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables where the model lives (after ``to_empty`` from the meta device:

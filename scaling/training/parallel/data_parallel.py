@@ -78,6 +78,8 @@ from scaling.common.errors import UserError
 from scaling.training.parallel.distributed import PARALLEL_MODES, DistEnv, resolve_mode
 
 GRAD_SYNC = ("last", "every")
+# how build_model fills the weights: the eager init bitwise, or its distributions drawn on the device
+INITS = ("exact", "device")
 
 
 def resolve_grad_sync(grad_sync: str | None, mode: str) -> str:
@@ -216,11 +218,18 @@ def _write_local_shard(p: torch.Tensor, value: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
-    """Allocate a meta-built (possibly sharded) model on ``device`` and give it the eager init."""
+def materialize(model: nn.Module, device: torch.device, seed: int, init: str = "exact") -> None:
+    """Allocate a meta-built (possibly sharded) model on ``device`` and give it the eager init
+    (``init="exact"``), or the same distributions drawn on the device (``"device"``: fast, not
+    bitwise; ``MoETransformer.init_weights_on_device``, for benchmarks)."""
+    if init not in INITS:
+        raise UserError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     model.to_empty(device=device)
     raw = unwrap(model)
-    raw.init_weights(seed, write=_write_local_shard)
+    if init == "device":
+        raw.init_weights_on_device(seed)
+    else:
+        raw.init_weights(seed, write=_write_local_shard)
     raw.init_buffers()
 
 
@@ -234,14 +243,18 @@ def build_model(
     activation_checkpointing: bool = False,
     compile: bool = False,
     loop_grad: str | None = None,
+    init: str = "exact",
 ) -> nn.Module:
-    """The model to train on ``dist`` in ``mode``, initialised exactly as ``MoETransformer(cfg, seed)``.
+    """The model to train on ``dist`` in ``mode``, initialised exactly as ``MoETransformer(cfg, seed)``
+    (``init="device"``: the same distributions drawn on the device, for benchmarks; ``materialize``).
 
     fsdp/hsdp build on the meta device and materialise shard by shard (no rank ever holds the
     whole model); none/ddp build on the device. One rank runs unwrapped.
     """
     from scaling.training.model.transformer import MoETransformer
 
+    if init not in INITS:
+        raise UserError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     if dist.mesh is None:  # with a mesh (even of one rank) fsdp/hsdp are taken as asked
         mode = resolve_mode(mode, dist.world)
     if dist.ep is not None and mode not in ("fsdp", "hsdp"):
@@ -256,13 +269,18 @@ def build_model(
         model = parallelize(model, mode, dist.mesh, mixed_precision=mixed_precision,
                             activation_checkpointing=activation_checkpointing, compile=compile,
                             ep_meshes=dist.ep, loop_grad=loop_grad)
-        materialize(model, dist.device, seed)
+        materialize(model, dist.device, seed, init)
         if dist.ep is not None:
             from scaling.training.parallel.expert_parallel import tag_expert_params
 
             tag_expert_params(model)
         return model
-    model = MoETransformer(cfg, seed=seed).to(dist.device)
+    if init == "device":
+        with torch.device("meta"):
+            model = MoETransformer(cfg, seed=seed)
+        materialize(model, dist.device, seed, init)
+    else:
+        model = MoETransformer(cfg, seed=seed).to(dist.device)
     return parallelize(model, mode, None, activation_checkpointing=activation_checkpointing, compile=compile)
 
 

@@ -1,0 +1,92 @@
+"""Paths for GPU speed, checked for exactness on the CPU: SDPA at a head size padded to a multiple
+of 8 (so cuDNN's attention kernel may take it on CUDA) is the same function as the unpadded
+attention, forward and gradients, in one graph; the benchmark's device-side init draws the eager
+init's distributions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scaling.accounting.config import ModelConfig
+from scaling.training.model.transformer import MoETransformer, sdpa_head_size
+
+torch.set_num_threads(1)
+
+
+def test_the_padded_head_size():
+    assert sdpa_head_size(37, "cpu") == 37                # auto: the CPU kernels take any size
+    assert sdpa_head_size(37, "cuda") == 40
+    assert sdpa_head_size(43, "cuda") == 48 and sdpa_head_size(53, "cuda") == 56
+    assert sdpa_head_size(56, "cuda") == 56               # the Baselines' sizes are left alone
+    assert sdpa_head_size(37, "cuda", "never") == 37
+    assert sdpa_head_size(37, "cpu", "always") == 40
+    with pytest.raises(ValueError, match="head padding"):
+        sdpa_head_size(37, "cuda", "sometimes")
+
+
+def _smelt(head_dim: int) -> ModelConfig:
+    # an odd head size with odd RoPE split (rotary_dim = h - 1), GQA and the loop, as the twins have
+    return ModelConfig(vocab_size=97, d_model=24, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=head_dim,
+                       n_experts=4, top_k=2, expert_hidden=16, seq_len=24, loop_start=1, loop_end=3,
+                       n_loops=2)
+
+
+def _loss_and_grads(model: MoETransformer, x: torch.Tensor):
+    model.zero_grad(set_to_none=True)
+    out = model(x, x)
+    (out.loss + 0.01 * out.aux_loss + 1e-3 * out.z_loss).backward()
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("head_dim", [13, 37])
+def test_padded_attention_is_the_same_function(head_dim):
+    cfg = _smelt(head_dim)
+    model = MoETransformer(cfg, seed=3)
+    x = torch.randint(0, cfg.vocab_size, (3, cfg.seq_len), generator=torch.Generator().manual_seed(1))
+    model.set_head_padding("never")
+    loss, grads = _loss_and_grads(model, x)
+    model.set_head_padding("always")
+    padded_loss, padded_grads = _loss_and_grads(model, x)
+    assert torch.allclose(padded_loss, loss, rtol=1e-6, atol=0)
+    for name, g in grads.items():
+        assert torch.allclose(padded_grads[name], g, rtol=1e-5, atol=1e-7), name
+    # (SDPA's default scale, 1/sqrt of the padded size, fails the comparisons above: checked)
+    attn = model.layers[0].attn
+    assert attn.head_padding == "always"
+    with pytest.raises(ValueError):
+        model.set_head_padding("on")
+
+
+def test_padded_attention_is_one_graph():
+    cfg = _smelt(13)
+    model = MoETransformer(cfg)
+    model.set_head_padding("always")
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x, x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_device_init_draws_the_same_distributions():
+    """build_model(init="device") (benchmarks only): every parameter's std as the eager init's
+    (0.02, 0.02/sqrt(2L) for the residual writes, gains of one), drawn where it lives."""
+    from scaling.accounting.tiers import get_config
+    from scaling.training.parallel.data_parallel import build_model
+    from scaling.training.parallel.distributed import setup_distributed
+
+    cfg = get_config("proxy-l", "smelt")
+    dist = setup_distributed("cpu", "none")
+    fast = build_model(cfg, 0, dist, "none", init="device")
+    exact = MoETransformer(cfg, seed=0)
+    for (name, p), q in zip(fast.named_parameters(), exact.parameters()):
+        assert p.shape == q.shape and not p.is_meta
+        if q.ndim == 1:
+            assert torch.equal(p, q), name
+            continue
+        assert p.std().item() == pytest.approx(q.std().item(), rel=0.08), name
+        assert abs(p.mean().item()) < 4 * q.std().item() / p.numel() ** 0.5 + 1e-9, name
+    again = build_model(cfg, 0, dist, "none", init="device")
+    assert all(torch.equal(a, b) for a, b in zip(fast.parameters(), again.parameters()))
+    with pytest.raises(Exception, match="init must be one of"):
+        build_model(cfg, 0, dist, "none", init="fast")
