@@ -184,3 +184,33 @@ def test_choose_layout_cli(tmp_path):
         assert b["memory_gb_per_gpu"] <= 80 and b["predicted_step_s"] <= r["predicted_step_s"] + 1e-9
     bad = CliRunner().invoke(app, ["sweep", str(ROOT / "plans" / "paper-tiers-h100.toml"), "--choose-layout"])
     assert bad.exit_code == 2 and "--choose-layout only works with --dry-run" in bad.output
+
+
+def test_one_gpu_is_planned_as_the_trainer_runs_it_unwrapped(tmp_path):
+    """The trainer runs one rank unwrapped whatever the plan's mode (memory.resolve_mode); the
+    planner counts that layout for a one-GPU plan, and --choose-layout offers nothing else there."""
+    from scaling.accounting.memory import resolve_mode
+    from scaling.accounting.steptime import candidate_layouts, choose_layout
+
+    assert [resolve_mode(m, 1) for m in ("none", "ddp", "fsdp", "hsdp")] == ["none"] * 4
+    assert resolve_mode("none", 8) == "ddp" and resolve_mode("fsdp", 8) == "fsdp"
+    with pytest.raises(UserError, match="parallel mode must be one of"):
+        resolve_mode("zero3", 8)
+    text = (ROOT / "plans" / "paper-tiers.toml").read_text().replace("gpus_per_node = 8", "gpus_per_node = 1")
+    plan = tmp_path / "one-gpu.toml"
+    plan.write_text(text)
+    res = CliRunner().invoke(app, ["sweep", str(plan), "--dry-run", "--json", "--no-probe"])
+    rows = {r["run"]: r for r in json.loads(res.stdout)["runs"]}
+    from scaling.training.sweep.plan import load_plan
+
+    run = next(r for r in load_plan(plan).runs if r.name == "100M-smelt-s0")
+    lay = run.layout()
+    assert lay.mode == "none" and lay.world == 1 and lay.compiled
+    mem = estimate_memory(run.model, lay).total / 1e9
+    fsdp = estimate_memory(run.model, dataclasses.replace(lay, mode="fsdp", grad_sync="every",
+                                                          loop_grad="per-pass")).total / 1e9
+    assert rows["100M-smelt-s0"]["memory_gb_per_gpu"]["total"] == pytest.approx(mem, rel=1e-3) and mem != pytest.approx(fsdp)
+    cands = candidate_layouts(lay, run.model.n_experts)
+    assert {c.mode for c in cands} == {"none"} and {c.ep for c in cands} == {1} and all(c.compiled for c in cands)
+    best, tried, _ = choose_layout(run.model, lay, 141.0, 9.89e14, 0.35, Links())
+    assert best is not None and best.layout.mode == "none" and tried == len(cands)

@@ -154,10 +154,23 @@ from scaling.accounting.costs import total_params
 from scaling.common.errors import UserError
 
 GB = 1e9
+# the parallel modes, gradient-sync rules and looped-gradient reductions, defined once here
+# (torch-free) for the planner, the trainer and the CLI's choice options
 MODES = ("none", "ddp", "fsdp", "hsdp")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-GRAD_SYNCS = ("every", "last")
+GRAD_SYNCS = ("last", "every")
 LOOP_GRADS = ("per-pass", "fsdp")
+
+
+def resolve_mode(mode: str, world: int) -> str:
+    """The mode the trainer runs in ``mode`` on ``world`` ranks: one rank runs unwrapped (nothing
+    to shard or reduce), whatever was asked; several ranks with 'none' use DDP, as the trainer did
+    before FSDP existed. The planner applies it to plans too, so that it counts what trains."""
+    if mode not in MODES:
+        raise UserError(f"parallel mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if world == 1:
+        return "none"
+    return "ddp" if mode == "none" else mode
 # torch.compile (inductor, per block) fuses the layer's elementwise chains (SwiGLU, norms, rotary,
 # gate products) and stores fewer, smaller tensors for backward: the bytes one forward leaves
 # allocated were 0.807 / 0.793 / 0.805 / 0.792 of this module's eager per-layer count on one H200

@@ -227,12 +227,15 @@ def candidate_layouts(base: Layout, n_experts: int) -> list[Layout]:
     replicate across nodes) when there is more than one node; EP degree in {1, 2, 4, 8} where it
     divides the shard degree (uneven expert splits are allowed, as in the trainer) and does not
     exceed the experts; every power-of-two micro-batch dividing the per-GPU batch; activation
-    checkpointing on and off. Dtypes, sequence length and grad_sync as in ``base`` (grad_sync
-    "every" when ``base`` is not sharded)."""
+    checkpointing on and off. Dtypes, sequence length, compilation and grad_sync as in ``base``
+    (grad_sync "every" when ``base`` is not sharded). On one GPU only the unwrapped layout
+    ("none"), the one the trainer runs there."""
     per_gpu = base.micro_batch_size * base.grad_accum_steps
     micros = [m for m in (2 ** i for i in range(per_gpu.bit_length())) if per_gpu % m == 0]
     sync = base.grad_sync if base.sharded else "every"
     modes = [("fsdp", None)] + ([("hsdp", base.nodes)] if base.nodes > 1 else [])
+    if base.world == 1:  # one GPU trains unwrapped (memory.resolve_mode): no other layout to choose
+        modes, sync = [("none", None)], "last"
     out = []
     for mode, replicate in modes:
         for ep in EP_DEGREES:
@@ -247,7 +250,8 @@ def candidate_layouts(base: Layout, n_experts: int) -> list[Layout]:
                         activation_checkpointing=ac, grad_sync=sync, seq_len=base.seq_len,
                         param_dtype=base.param_dtype, grad_dtype=base.grad_dtype,
                         optim_dtype=base.optim_dtype, compute_dtype=base.compute_dtype,
-                        reduce_dtype=base.reduce_dtype, chunked_ce=base.chunked_ce, ep=ep))
+                        reduce_dtype=base.reduce_dtype, chunked_ce=base.chunked_ce, ep=ep,
+                        compiled=base.compiled))
     return out
 
 

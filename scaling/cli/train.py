@@ -9,24 +9,22 @@ from typing import Any, Callable, Literal, Optional
 import typer
 from rich.markup import escape
 
-from scaling.accounting.memory import LOOP_GRADS
+from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
 from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
 from scaling.common.run_folder import CONFIG, METRICS
 
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
-# Spelled out, not imported: the library's tuples live in torch modules, which --help must not
-# load; tests/test_cluster_use.py keeps them equal to training.loop.branches.SCHEDULES,
-# distributed.PARALLEL_MODES and parallel.GRAD_SYNC. LOOP_GRADS is torch-free (the planner's).
+# SCHEDULES is spelled out, not imported: it lives in a torch module, which --help must not load;
+# tests/test_cluster_use.py keeps it equal to training.loop.branches.SCHEDULES. The parallel
+# choices are the torch-free planner's (scaling.accounting.memory).
 SCHEDULES = ("wsd", "cosine")
-PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
-GRAD_SYNC = ("last", "every")
 TierName = Literal[tuple(TIERS)]
 ArchName = Literal[ARCHS]
 ScheduleName = Literal[SCHEDULES]
-ParallelMode = Literal[PARALLEL_MODES]
-GradSync = Literal[GRAD_SYNC]
+ParallelMode = Literal[MODES]
+GradSync = Literal[GRAD_SYNCS]
 LoopGrad = Literal[LOOP_GRADS]
 
 # Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra

@@ -28,7 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from scaling.accounting.memory import LOOP_GRADS
+from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
 from scaling.common.errors import UserError
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import DATA_TO_TRAIN, expand_path
@@ -43,18 +43,6 @@ def setting(default: Any, help: str, rule: Callable[[Any], bool] | None = None, 
     its wording, and whether ``smelt-scale train`` has an option for it."""
     return field(default=default, metadata={"help": help, "rule": rule, "rule_text": rule_text,
                                             "option": option})
-
-
-def _parallel_modes() -> tuple[str, ...]:
-    from scaling.training.parallel.distributed import PARALLEL_MODES  # torch: when checked only
-
-    return PARALLEL_MODES
-
-
-def _grad_sync() -> tuple[str, ...]:
-    from scaling.training.parallel.data_parallel import GRAD_SYNC  # torch: when checked only
-
-    return GRAD_SYNC
 
 
 def _at_least(n: int) -> Callable[[Any], bool]:
@@ -170,14 +158,14 @@ class ParallelConfig(_Part):
     device: str = setting("auto", "auto, cpu, cuda or cuda:N.")
     threads: int | None = setting(None, "torch CPU threads [default: torch's].", _at_least(1), ">= 1")
     parallel: str = setting("none", "none (DDP under torchrun), ddp, fsdp or hsdp.",
-                            lambda v: v in _parallel_modes(), "none, ddp, fsdp or hsdp")
+                            lambda v: v in MODES, "none, ddp, fsdp or hsdp")
     activation_checkpointing: bool = setting(False, "Recompute each layer pass in the backward.")
     # on CUDA the first step then takes ~1-2 minutes of compilation per architecture
     compile: bool | None = setting(None,
                                    "torch.compile the model's blocks [default: on CUDA, off on the CPU].")
     grad_sync: str | None = setting(
         None, "Reduce gradients on the last micro-batch only (last) or after each (every: FSDP keeps them "
-        "sharded) [default: every under fsdp/hsdp, else last].", lambda v: v in _grad_sync(), "last or every")
+        "sharded) [default: every under fsdp/hsdp, else last].", lambda v: v in GRAD_SYNCS, "last or every")
     replicate: int | None = setting(None, "HSDP replicate degree [default: the number of nodes].")
     ep: int = setting(
         1, "Expert-parallel degree (fsdp/hsdp): each rank holds 1/ep of the experts, tokens reach them by "

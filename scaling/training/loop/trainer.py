@@ -47,6 +47,7 @@ import torch
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import Costs
 from scaling.accounting.costs import costs as accounting
+from scaling.accounting.memory import resolve_mode
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.common.format import format_tokens
@@ -78,7 +79,7 @@ from scaling.training.parallel.data_parallel import (
     split_batch,
     train_step,
 )
-from scaling.training.parallel.distributed import DistEnv, resolve_mode, setup_distributed
+from scaling.training.parallel.distributed import DistEnv, setup_distributed
 from scaling.training.parallel.launcher import stop_requested
 
 log = logging.getLogger(__name__)

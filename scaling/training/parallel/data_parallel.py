@@ -75,9 +75,8 @@ from torch import nn
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
-from scaling.training.parallel.distributed import PARALLEL_MODES, DistEnv, resolve_mode
-
-GRAD_SYNC = ("last", "every")
+from scaling.accounting.memory import GRAD_SYNCS, MODES, resolve_mode
+from scaling.training.parallel.distributed import DistEnv
 # how build_model fills the weights: the eager init bitwise, or its distributions drawn on the device
 INITS = ("exact", "device")
 
@@ -87,8 +86,8 @@ def resolve_grad_sync(grad_sync: str | None, mode: str) -> str:
     ``scaling.accounting.memory.Layout``, so that the planner counts what the trainer does."""
     if grad_sync is None:
         return "every" if mode in ("fsdp", "hsdp") else "last"
-    if grad_sync not in GRAD_SYNC:
-        raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNC)}, got {grad_sync!r}")
+    if grad_sync not in GRAD_SYNCS:
+        raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {grad_sync!r}")
     return grad_sync
 
 
@@ -138,8 +137,8 @@ def parallelize(
     train (DDP's wrapper for ddp; the same module, changed in place, otherwise).
     ``loop_grad`` (fsdp/hsdp, looped models): "per-pass" or "fsdp" (``resolve_loop_grad``).
     """
-    if mode not in PARALLEL_MODES:
-        raise UserError(f"parallel mode must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
+    if mode not in MODES:
+        raise UserError(f"parallel mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode in ("fsdp", "hsdp") and mesh is None:
         raise UserError(f"parallel mode {mode} needs a device mesh (a process group of >1 rank)")
     if mode == "hsdp" and mesh.ndim != 2:
@@ -293,8 +292,8 @@ def gradient_sync(model: nn.Module, is_last: bool, grad_sync: str = "last"):
     so that gradients stay sharded; HSDP's cross-replica all-reduce still waits for the last.
     The per-pass reducers of looped layers (``loop_grad``) follow the same two switches.
     """
-    if grad_sync not in GRAD_SYNC:
-        raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNC)}, got {grad_sync!r}")
+    if grad_sync not in GRAD_SYNCS:
+        raise UserError(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {grad_sync!r}")
     if isinstance(model, nn.parallel.DistributedDataParallel):
         with contextlib.nullcontext() if is_last or grad_sync == "every" else model.no_sync():
             yield

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from scaling.accounting.memory import MODES, resolve_mode
 from scaling.common.errors import UserError
-
-PARALLEL_MODES = ("none", "ddp", "fsdp", "hsdp")
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,8 @@ def build_mesh(mode: str, world: int, device_type: str, replicate: int | None = 
     HSDP's replicate degree is ``replicate`` or else the node count ``world / local_world``; it
     must divide the world size.
     """
-    if mode not in PARALLEL_MODES:
-        raise UserError(f"parallel mode must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
+    if mode not in MODES:
+        raise UserError(f"parallel mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode in ("none", "ddp"):
         return None
     from torch.distributed.device_mesh import init_device_mesh
@@ -130,8 +129,8 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
     and several ranks with ``none`` do. ``replicate`` overrides HSDP's replicate degree (tests:
     1x2 and 2x1 meshes on 2 processes).
     """
-    if mode not in PARALLEL_MODES:
-        raise UserError(f"parallel mode must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
+    if mode not in MODES:
+        raise UserError(f"parallel mode must be one of {', '.join(MODES)}, got {mode!r}")
     if "WORLD_SIZE" not in os.environ:
         export_submitit_env()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -162,11 +161,3 @@ def setup_distributed(device_pref: str = "auto", mode: str = "none", *,
         return DistEnv(rank, world, local, local_world, device, meshes.dp, here, meshes)
     mesh = build_mesh(resolved, world, device.type, replicate, local_world)
     return DistEnv(rank, world, local, local_world, device, mesh, here)
-
-
-def resolve_mode(mode: str, world: int) -> str:
-    """The mode actually used: one rank runs unwrapped (nothing to shard or reduce); several ranks
-    with 'none' use DDP, as the trainer did before FSDP existed."""
-    if world == 1:
-        return "none"
-    return "ddp" if mode == "none" else mode

@@ -82,7 +82,7 @@ from typing import Any
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.matching import smelt_twin
-from scaling.accounting.memory import Layout
+from scaling.accounting.memory import Layout, resolve_mode
 from scaling.accounting.steptime import Links
 from scaling.accounting.tiers import ARCHS, TIERS, get_config, is_proxy
 from scaling.common.errors import UserError
@@ -138,6 +138,11 @@ class PlannedRun:
         compiled = (not cpu) if compile_ is None else bool(compile_)
         layout = Layout(**par, compute_dtype="fp32" if cpu else "bf16", compiled=compiled)  # checks values
         world = layout.world
+        if resolve_mode(layout.mode, world) != layout.mode:
+            # one GPU trains unwrapped whatever the plan asks (the trainer's rule): count that layout
+            par = {k: v for k, v in par.items() if k not in ("mode", "grad_sync", "loop_grad", "replicate")}
+            layout = Layout(**par, mode=resolve_mode(layout.mode, world),
+                            compute_dtype="fp32" if cpu else "bf16", compiled=compiled)
         batch = int(self.train.get("batch_size", 16))
         if batch % world:
             raise UserError(f"run {self.name}: the {world} GPUs do not divide batch_size {batch}")
