@@ -9,9 +9,9 @@
         # the activation memory after a forward against the planner
 
     python benchmarks/gpu_check.py --configs issue31 --profile --max-seconds 10 --out gpu.json
-        # the next issue-31 run (about 8 min on one H200): mb16 compiled; mb8 on a 1-rank FSDP2
-        # mesh against mb8 unwrapped (the trainer's one-GPU layout), SMELT without head padding
-        # and SMELT with FSDP2's own gradient reduction, all in the same run; mb16 compiled unwrapped
+        # the next issue-31 run (estimated 6-7 min on one H200): mb16 compiled unwrapped (the
+        # trainer's one-GPU layout); mb8 unwrapped against mb8 on a 1-rank FSDP2 mesh; SMELT
+        # without head padding and with FSDP2's own gradient reduction against mb8
 
 Without CUDA it prints one line saying it was skipped and exits 0. What it does on CUDA:
 
@@ -109,11 +109,12 @@ MORE_CONFIGS = (
     Config("mb8-nopad", 8, 1, False, (("head_padding", "never"), ("archs", ["smelt"]))),
     Config("mb8-fsdpgrad", 8, 1, False, (("loop_grad", "fsdp"), ("archs", ["smelt"]))),
 )
-# --configs issue31: the next GPU session's run for issue 31 (about 8 minutes on one H200 with
-# --init device and --max-seconds 10): the headline, the trainer's one-GPU layout, and the
-# three A/B pairs against mb8 in the same run
-PRESETS = {"issue31": ("mb16-compiled", "mb8", "mb8-unwrapped", "mb8-nopad", "mb8-fsdpgrad",
-                       "mb16-compiled-unwrapped")}
+# --configs issue31: the next GPU session's run for issue 31, in priority order (estimated 6-7
+# minutes on one H200 with --init device and --max-seconds 10, from the 2026-12-04 build, compile
+# and step times): the trainer's one-GPU layout compiled (the target's configuration), then the
+# A/B pairs in the same run: unwrapped vs 1-rank FSDP2, and against mb8 SMELT without head
+# padding and with FSDP2's own gradient reduction
+PRESETS = {"issue31": ("mb16-compiled-unwrapped", "mb8-unwrapped", "mb8", "mb8-nopad", "mb8-fsdpgrad")}
 
 # Kernel / operator name fragments by kind, for the --profile shares (lower case)
 GEMM_KEYS = ("gemm", "matmul", "cutlass", "xmma", "nvjet", "wgmma", "grouped_mm", "cublas", "aten::mm",

@@ -134,9 +134,9 @@ def test_issue31_preset_sets_each_configuration_s_options(monkeypatch):
     monkeypatch.setattr(gpu_check, "EXTRA_CHECKS", {})
     doc = gpu_check.run(gpu_check.parse_args(["--device", "cpu", "--configs", "issue31", "--nproc", "1"]))
     both = ("baseline", "smelt")
-    assert seen == [(16, 1, True, "fsdp", "auto", None, both), (8, 1, False, "fsdp", "auto", None, both),
-                    (8, 1, False, "none", "auto", None, both), (8, 1, False, "fsdp", "never", None, ("smelt",)),
-                    (8, 1, False, "fsdp", "auto", "fsdp", ("smelt",)), (16, 1, True, "none", "auto", None, both)]
+    assert seen == [(16, 1, True, "none", "auto", None, both), (8, 1, False, "none", "auto", None, both),
+                    (8, 1, False, "fsdp", "auto", None, both), (8, 1, False, "fsdp", "never", None, ("smelt",)),
+                    (8, 1, False, "fsdp", "auto", "fsdp", ("smelt",))]
     assert [c["name"] for c in doc["configs"]] == list(gpu_check.PRESETS["issue31"])
     assert doc["configs"][3]["options"] == {"head_padding": "never", "archs": ["smelt"]}
     assert doc["init"] == "device" and doc["head_padding"] == "auto"

@@ -1,7 +1,8 @@
 """Step-time model: predicted seconds per optimizer step, MFU and the binding resource of one run
 under a parallel layout, from its FLOPs and the memory planner's communication volumes. Pure
-arithmetic (no torch). A prediction, never a measurement: no layout of this project has been
-timed on real GPUs (issue 27, item 5).
+arithmetic (no torch). A prediction, never a measurement: one layout has been timed on a real
+GPU (one H200, world size 1, 2026-12-04: benchmarks/results/gpu-h200-2026-12-04*.json), against
+which the optimizer term below is tested; the rest has not (issue 27, item 5).
 
 Compute. Per GPU and optimizer step the model does
 
@@ -53,7 +54,7 @@ can hide behind compute; ``overlap`` is the fraction of the compute time availab
 The all-to-all of expert parallelism cannot hide: the trainer's dispatch waits for its tokens
 before the expert matmul (scaling/training/parallel/expert_parallel.py). Hence
 
-    t_step = t_compute + t_all_to_all + t_inline + max(0, t_fsdp - overlap * t_compute)
+    t_step = t_compute + t_all_to_all + t_inline + max(0, t_fsdp - overlap * t_compute) + t_optimizer
 
 where t_fsdp = t_all_gather + t_reduce_scatter + t_all_reduce - t_inline, and t_inline is the
 time of the looped layers' per-pass reduce-scatters (``Layout.loop_grad = "per-pass"``,
@@ -62,6 +63,22 @@ from the backward on the compute stream and the step waits for each, so they do 
 either. overlap = 1 gives
 max(t_compute, t_fsdp) + t_all_to_all, overlap = 0 the plain sum.
 
+Optimizer. After the backward each GPU clips and updates the parameters it holds (P_local, the
+planner's ``params`` bytes / parameter bytes), a pass bound by the GPU's memory bandwidth, not
+its FLOPs, and after the last reduce-scatter, so nothing hides it:
+
+    t_optimizer = P_local * (2 p + 4 g + 4 o) / hbm
+
+with p, g, o the bytes of a parameter, a gradient and one optimizer state: fused AdamW reads the
+parameter, the gradient and both moments and writes the parameter and both moments (2p + g + 4o);
+the clipping reads the gradients for the norm and reads and writes them to scale (3g). fp32
+throughout: 40 bytes per parameter. It matters where few GPUs hold many parameters, as this
+study's sparse tiers do on one GPU: 3.74e9 parameters (100M tier) give 31 ms at 4.8 TB/s, and the
+H200 measured 38 ms (B) / 43 ms (S) of optimizer and foreach kernels per step (tested: within
+30%, nominal bandwidth, so optimistic like the rest); on the paper plan's 8 GPUs it is 4 ms.
+``hbm`` (``[parallel] hbm_gb_s``): 4800 GB/s, the H200's HBM3e (NVIDIA H200 datasheet); an H100
+SXM has 3350 (HBM3).
+
 Outputs. Predicted MFU (model FLOPs, PaLM's definition: Chowdhery et al. 2022, appendix B, which
 does not count recomputation) is
 
@@ -69,9 +86,10 @@ does not count recomputation) is
 
 since t_step >= t_compute >= F_model / (peak * mfu_assumed). The binding resource is the one
 busy longest per step: "compute" (t_compute), "nvlink" or "network" (the summed time of the
-collectives on that link).
+collectives on that link), or "hbm" (t_optimizer).
 
-Default bandwidths (plan fields ``[parallel] nvlink_gb_s``, ``network_gb_s``, ``overlap``),
+Default bandwidths (plan fields ``[parallel] nvlink_gb_s``, ``network_gb_s``, ``overlap``,
+``hbm_gb_s``),
 nominal peaks, which NCCL does not fully reach (measured bus bandwidths are typically 70-90% of
 them), so predictions are optimistic:
 
@@ -81,6 +99,7 @@ them), so predictions are optimistic:
   the DGX H100 / H200 reference design (NVIDIA DGX H100 user guide); 400e9 / 8 = 50e9 B/s.
 * overlap 0.8: most but not all FSDP traffic hides behind compute (the first all-gather and the
   last reduce-scatter of a step are exposed). An assumption, not a measurement.
+* HBM 4800 GB/s (H200; plans for H100s set 3350).
 """
 
 from __future__ import annotations
@@ -89,26 +108,29 @@ from dataclasses import asdict, dataclass
 
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import flops_per_token
-from scaling.accounting.memory import GB, Layout, MemoryEstimate, estimate_memory
+from scaling.accounting.memory import DTYPE_BYTES, GB, Layout, MemoryEstimate, estimate_memory
 from scaling.common.errors import UserError
 
 DEFAULT_NVLINK_GB_S = 450.0
 DEFAULT_NETWORK_GB_S = 50.0
 DEFAULT_OVERLAP = 0.8
+DEFAULT_HBM_GB_S = 4800.0
 RECOMPUTE_FACTOR = 4.0 / 3.0
-RESOURCES = ("compute", "nvlink", "network")
+RESOURCES = ("compute", "nvlink", "network", "hbm")
 
 
 @dataclass(frozen=True)
 class Links:
-    """Per-GPU, per-direction bus bandwidths (GB/s, GB = 1e9 bytes) and the overlap fraction."""
+    """Per-GPU, per-direction bus bandwidths, the GPU's memory bandwidth (GB/s, GB = 1e9 bytes)
+    and the overlap fraction."""
 
     nvlink_gb_s: float = DEFAULT_NVLINK_GB_S
     network_gb_s: float = DEFAULT_NETWORK_GB_S
     overlap: float = DEFAULT_OVERLAP
+    hbm_gb_s: float = DEFAULT_HBM_GB_S
 
     def __post_init__(self) -> None:
-        for name in ("nvlink_gb_s", "network_gb_s"):
+        for name in ("nvlink_gb_s", "network_gb_s", "hbm_gb_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
                 raise UserError(f"{name} must be a positive number of GB/s, got {v!r}")
@@ -147,6 +169,7 @@ class StepTime:
     all_reduce_s: float
     all_to_all_s: float
     inline_reduce_scatter_s: float
+    optimizer_s: float
     nvlink_s: float
     network_s: float
     step_s: float
@@ -157,6 +180,7 @@ class StepTime:
     nvlink_gb_s: float
     network_gb_s: float
     overlap: float
+    hbm_gb_s: float
     links: dict[str, str]
 
     def to_dict(self) -> dict:
@@ -184,18 +208,27 @@ def predict_step_time(cfg: ModelConfig, layout: Layout, memory: MemoryEstimate, 
     per_link = {name: sum(t[k] for k in t if on[k] == name) for name in ("nvlink", "network")}
     t_inline = memory.reduce_scatter_inline / bw[on["reduce_scatter"]]
     t_fsdp = t["all_gather"] + t["reduce_scatter"] - t_inline + t["all_reduce"]
-    step = t_c + t["all_to_all"] + t_inline + max(0.0, t_fsdp - links.overlap * t_c)
-    busy = {"compute": t_c, **per_link}
+    t_opt = optimizer_bytes(layout, memory) / (links.hbm_gb_s * GB)
+    step = t_c + t["all_to_all"] + t_inline + max(0.0, t_fsdp - links.overlap * t_c) + t_opt
+    busy = {"compute": t_c, **per_link, "hbm": t_opt}
     binding = max(RESOURCES, key=lambda r: busy[r])  # ties: the first in RESOURCES order
     return StepTime(
         model_flops=f_model, executed_flops=f_exec, compute_s=t_c,
         all_gather_s=t["all_gather"], reduce_scatter_s=t["reduce_scatter"],
         all_reduce_s=t["all_reduce"], all_to_all_s=t["all_to_all"], inline_reduce_scatter_s=t_inline,
-        nvlink_s=per_link["nvlink"], network_s=per_link["network"], step_s=step,
+        optimizer_s=t_opt, nvlink_s=per_link["nvlink"], network_s=per_link["network"], step_s=step,
         mfu=f_model / (step * peak_flops), binding=binding, assumed_mfu=float(mfu),
         peak_flops=float(peak_flops), nvlink_gb_s=float(links.nvlink_gb_s),
-        network_gb_s=float(links.network_gb_s), overlap=float(links.overlap), links=on,
+        network_gb_s=float(links.network_gb_s), overlap=float(links.overlap),
+        hbm_gb_s=float(links.hbm_gb_s), links=on,
     )
+
+
+def optimizer_bytes(layout: Layout, memory: MemoryEstimate) -> float:
+    """Bytes the optimizer step moves through one GPU's memory: its parameters x (2p + 4g + 4o)
+    (module docstring: fused AdamW and the gradient clipping)."""
+    p, g, o = (DTYPE_BYTES[d] for d in (layout.param_dtype, layout.grad_dtype, layout.optim_dtype))
+    return memory.params / p * (2 * p + 4 * g + 4 * o)
 
 
 # ----- choosing a layout ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
 from scaling.common.errors import UserError
 
 # A name that becomes part of a folder name (tiers, runs): no separators, no leading dot, bounded.
@@ -134,17 +135,17 @@ EXECUTOR = {
     "gpu_peak_flops": Key(float, "dense peak FLOP/s of one GPU", positive, "> 0"),
 }
 PARALLEL = {
-    "mode": Key(str, "none, ddp, fsdp or hsdp", lambda v: v in ("none", "ddp", "fsdp", "hsdp"),
+    "mode": Key(str, "none, ddp, fsdp or hsdp", lambda v: v in MODES,
                 "one of none, ddp, fsdp, hsdp"),
     "gpus_per_node": _pos_int("GPUs (ranks) per node"),
     "nodes": _pos_int("nodes"),
     "replicate": _pos_int("hsdp: replicate degree"),
     "gpu_memory_gb": Key(float, "per-GPU memory in GB (1e9 bytes) the run must fit in", positive,
                          "a positive number of GB"),
-    "grad_sync": Key(str, "every or last", lambda v: v in ("every", "last"), "every or last"),
+    "grad_sync": Key(str, "every or last", lambda v: v in GRAD_SYNCS, "every or last"),
     "ep": _pos_int("expert-parallel degree (fsdp/hsdp; default 1)"),
     "loop_grad": Key(str, "per-pass or fsdp: when looped layers' gradients are reduce-scattered",
-                     lambda v: v in ("per-pass", "fsdp"), "per-pass or fsdp"),
+                     lambda v: v in LOOP_GRADS, "per-pass or fsdp"),
     # step-time model only (scaling/accounting/steptime.py), never passed to the trainer
     "nvlink_gb_s": Key(float, "step-time model: intra-node bus bandwidth per GPU per direction, GB/s "
                        "(default 450, H100/H200 SXM NVLink)", positive, "a positive number of GB/s"),
@@ -152,6 +153,8 @@ PARALLEL = {
                         "400 Gb/s InfiniBand NDR per GPU)", positive, "a positive number of GB/s"),
     "overlap": Key(float, "step-time model: fraction of compute time FSDP collectives can hide "
                    "behind (default 0.8)", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "hbm_gb_s": Key(float, "step-time model: GPU memory bandwidth, GB/s (default 4800, H200; H100 "
+                    "SXM 3350), for the optimizer step", positive, "a positive number of GB/s"),
 }
 DATA = {
     "path": Key(str, "folder made by `smelt-scale prepare-data` (absent: the built-in corpus)", bool,

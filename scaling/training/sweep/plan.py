@@ -58,7 +58,8 @@ Format (see ``plans/cpu-proxy.toml``)::
                                            # when sharded)
     nvlink_gb_s = 450                      # step-time model only (scaling.accounting.steptime):
     network_gb_s = 50                      # per-GPU link bandwidths, GB/s, and the fraction of
-    overlap = 0.8                          # compute FSDP traffic can hide behind (defaults shown)
+    overlap = 0.8                          # compute FSDP traffic can hide behind (defaults shown);
+    hbm_gb_s = 4800                        # GPU memory bandwidth for the optimizer step (H200)
 
     [tier."1.6B".parallel]                 # per-tier layout overrides
     nodes = 4
@@ -96,7 +97,7 @@ from scaling.training.schema import check_name, check_table
 EXECUTORS = ("local", "slurm", "debug")
 TABLES = ("sweep", "train", "data", "parallel", "executor", "tier", "model")
 # [parallel] keys read by the planner only, not part of the memory planner's Layout
-PLANNER_ONLY_KEYS = ("gpu_memory_gb", "nvlink_gb_s", "network_gb_s", "overlap")
+PLANNER_ONLY_KEYS = ("gpu_memory_gb", "nvlink_gb_s", "network_gb_s", "overlap", "hbm_gb_s")
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class PlannedRun:
 
     def links(self) -> Links:
         """Link bandwidths and overlap of the step-time model: [parallel] values or the defaults."""
-        return Links(**{k: float(self.parallel[k]) for k in ("nvlink_gb_s", "network_gb_s", "overlap")
+        return Links(**{k: float(self.parallel[k]) for k in ("nvlink_gb_s", "network_gb_s", "overlap", "hbm_gb_s")
                         if k in self.parallel})
 
     def layout(self) -> Layout:
