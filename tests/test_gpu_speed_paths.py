@@ -68,9 +68,9 @@ def test_padded_attention_is_one_graph():
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_device_init_draws_the_same_distributions():
-    """build_model(init="device") (benchmarks only): every parameter's std as the eager init's
-    (0.02, 0.02/sqrt(2L) for the residual writes, gains of one), drawn where it lives."""
+def test_device_init_is_the_exact_init_drawn_where_the_model_lives():
+    """build_model(init="device") (benchmarks only): the eager init's distributions drawn with the
+    device's generator; on the CPU that is the exact init bitwise, also on the meta-built path."""
     from scaling.accounting.tiers import get_config
     from scaling.training.parallel.data_parallel import build_model
     from scaling.training.parallel.distributed import setup_distributed
@@ -79,14 +79,6 @@ def test_device_init_draws_the_same_distributions():
     dist = setup_distributed("cpu", "none")
     fast = build_model(cfg, 0, dist, "none", init="device")
     exact = MoETransformer(cfg, seed=0)
-    for (name, p), q in zip(fast.named_parameters(), exact.parameters()):
-        assert p.shape == q.shape and not p.is_meta
-        if q.ndim == 1:
-            assert torch.equal(p, q), name
-            continue
-        assert p.std().item() == pytest.approx(q.std().item(), rel=0.08), name
-        assert abs(p.mean().item()) < 4 * q.std().item() / p.numel() ** 0.5 + 1e-9, name
-    again = build_model(cfg, 0, dist, "none", init="device")
-    assert all(torch.equal(a, b) for a, b in zip(fast.parameters(), again.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(fast.parameters(), exact.parameters()))
     with pytest.raises(Exception, match="init must be one of"):
         build_model(cfg, 0, dist, "none", init="fast")

@@ -545,7 +545,7 @@ class MoETransformer(nn.Module):
         return total
 
     @torch.no_grad()
-    def init_weights(self, seed: int, write=None) -> None:
+    def init_weights(self, seed: int, write=None, device: torch.device | str = "cpu") -> None:
         """N(0, 0.02) for every matrix (embedding, router, projections, experts); RMSNorm gains 1.
 
         Matrices that write into the residual stream (attention ``wo``, expert ``w_down``, shared
@@ -556,46 +556,26 @@ class MoETransformer(nn.Module):
         ``write(param, full_value)`` stores one parameter's full fp32 initial value (default: a
         copy). ``scaling.training.parallel.data_parallel.materialize`` passes one that keeps only the local
         shard of a sharded parameter, so a sharded model gets bitwise these values.
+
+        ``device``: where the values are drawn, with that device's generator. The CPU (default) is
+        the init of every training run: bitwise the same on any machine and world size. A GPU
+        draws the same distributions in milliseconds instead of a CPU draw of every full
+        parameter (about 23 s for the 100M tier's 3.7e9), but other bits: for throughput
+        benchmarks (``build_model(init="device")``, benchmarks/gpu_check.py) only. Every rank
+        draws every full value either way, so shards, replicas and expert slices stay consistent.
         """
         write = write or (lambda p, value: p.copy_(value.to(p)))
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        std, resid_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            s = self._init_std(name, p)
-            if s is None:
-                write(p, torch.ones(p.shape))
+            if p.ndim == 1:
+                write(p, torch.ones(p.shape, device=device))
                 continue
+            s = resid_std if name.endswith(("wo.weight", "w_down", "shared_down.weight")) else std
             full_shape, lo, hi = self.ep_slices.get(name.replace("_checkpoint_wrapped_module.", ""),
                                                     (p.shape, None, None))
-            value = torch.randn(full_shape, generator=gen, dtype=torch.float32).mul_(s)
+            value = torch.randn(full_shape, generator=gen, dtype=torch.float32, device=device).mul_(s)
             write(p, value if lo is None else value[lo:hi])
-
-    def _init_std(self, name: str, p: Tensor) -> float | None:
-        """The init's standard deviation of one parameter (``init_weights``); None: a gain of ones."""
-        if p.ndim == 1:
-            return None
-        if name.endswith(("wo.weight", "w_down", "shared_down.weight")):
-            return 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        return 0.02
-
-    @torch.no_grad()
-    def init_weights_on_device(self, seed: int) -> None:
-        """The same distributions as ``init_weights``, drawn where each parameter (or its local
-        shard) lives with that device's generator: seconds instead of a CPU draw of every full
-        parameter (about 23 s for the 100M tier's 3.7e9), but not bitwise the eager init on a GPU
-        (another generator) nor the same on another world size. For throughput benchmarks (benchmarks/gpu_check.py), never
-        for training runs, whose resume and layout checks rely on the exact init."""
-        from torch.distributed.tensor import DTensor
-
-        gen = None
-        for name, p in self.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
-            if gen is None:
-                gen = torch.Generator(device=local.device).manual_seed(seed)
-            s = self._init_std(name, p)
-            if s is None:
-                local.fill_(1.0)
-            else:
-                local.normal_(0.0, s, generator=gen)
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables where the model lives (after ``to_empty`` from the meta device:

@@ -219,16 +219,13 @@ def _write_local_shard(p: torch.Tensor, value: torch.Tensor) -> None:
 @torch.no_grad()
 def materialize(model: nn.Module, device: torch.device, seed: int, init: str = "exact") -> None:
     """Allocate a meta-built (possibly sharded) model on ``device`` and give it the eager init
-    (``init="exact"``), or the same distributions drawn on the device (``"device"``: fast, not
-    bitwise; ``MoETransformer.init_weights_on_device``, for benchmarks)."""
+    (``init="exact"``: drawn on the CPU), or the same distributions drawn on ``device``
+    (``"device"``: fast on a GPU, other bits; for benchmarks: ``MoETransformer.init_weights``)."""
     if init not in INITS:
         raise UserError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     model.to_empty(device=device)
     raw = unwrap(model)
-    if init == "device":
-        raw.init_weights_on_device(seed)
-    else:
-        raw.init_weights(seed, write=_write_local_shard)
+    raw.init_weights(seed, write=_write_local_shard, device=device if init == "device" else "cpu")
     raw.init_buffers()
 
 
