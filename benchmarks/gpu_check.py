@@ -9,9 +9,9 @@
         # the activation memory after a forward against the planner
 
     python benchmarks/gpu_check.py --configs issue31 --profile --max-seconds 10 --out gpu.json
-        # the next issue-31 run (estimated 6-7 min on one H200): mb16 compiled unwrapped (the
-        # trainer's one-GPU layout); mb8 unwrapped against mb8 on a 1-rank FSDP2 mesh; SMELT
-        # without head padding and with FSDP2's own gradient reduction against mb8
+        # the next issue-31 run (estimated 7 min on one H200): mb16 x 4 compiled unwrapped (the
+        # planner's chosen one-GPU layout); mb8 unwrapped against mb8 on a 1-rank FSDP2 mesh;
+        # SMELT without head padding and with FSDP2's own gradient reduction against mb8
 
 Without CUDA it prints one line saying it was skipped and exits 0. What it does on CUDA:
 
@@ -106,15 +106,20 @@ MORE_CONFIGS = (
     Config("mb16x4-compiled", 16, 4, True),
     Config("mb8-unwrapped", 8, 1, False, (("mode", "none"),)),
     Config("mb16-compiled-unwrapped", 16, 1, True, (("mode", "none"),)),
+    # the planner's chosen layout for the 100M tier on one H200 (sweep --dry-run --choose-layout
+    # of a one-GPU paper-tiers plan: unwrapped, micro-batch 16 x 32, no checkpointing), with 4
+    # micro-batches per step instead of 32 to fit the time: the optimizer amortised 4-fold
+    Config("mb16x4-compiled-unwrapped", 16, 4, True,
+           (("mode", "none"), ("warmup", 3), ("profile_steps", 1))),
     Config("mb8-nopad", 8, 1, False, (("head_padding", "never"), ("archs", ["smelt"]))),
     Config("mb8-fsdpgrad", 8, 1, False, (("loop_grad", "fsdp"), ("archs", ["smelt"]))),
 )
-# --configs issue31: the next GPU session's run for issue 31, in priority order (estimated 6-7
+# --configs issue31: the next GPU session's run for issue 31, in priority order (estimated 7
 # minutes on one H200 with --init device and --max-seconds 10, from the 2026-12-04 build, compile
-# and step times): the trainer's one-GPU layout compiled (the target's configuration), then the
+# and step times): the planner's chosen one-GPU layout (the target's configuration), then the
 # A/B pairs in the same run: unwrapped vs 1-rank FSDP2, and against mb8 SMELT without head
 # padding and with FSDP2's own gradient reduction
-PRESETS = {"issue31": ("mb16-compiled-unwrapped", "mb8-unwrapped", "mb8", "mb8-nopad", "mb8-fsdpgrad")}
+PRESETS = {"issue31": ("mb16x4-compiled-unwrapped", "mb8-unwrapped", "mb8", "mb8-nopad", "mb8-fsdpgrad")}
 
 # Kernel / operator name fragments by kind, for the --profile shares (lower case)
 GEMM_KEYS = ("gemm", "matmul", "cutlass", "xmma", "nvjet", "wgmma", "grouped_mm", "cublas", "aten::mm",
@@ -630,8 +635,9 @@ def main(argv=None) -> int:
             prof = a.get("profile")
             gemm = f", GEMM {prof['gemm_share']:.0%} of GPU time" if prof else ""
             sync = a["sync_check"]["sync_free"]
-            print(f"{doc['tier']} {a['arch']} [{a['config']}: {a['layout']}, micro-batch {a['micro_batch_size']} x "
-                  f"{a['grad_accum_steps']}, compile {a['compile']}]: {a['steps']} steps, {tps} tokens/s, "
+            print(f"{doc['tier']} {a['arch']} [{a['config']}: {a['layout']}, micro-batch "
+                  f"{a['micro_batch_size']} x {a['grad_accum_steps']}, compile {a['compile']}]: "
+                  f"{a['steps']} steps, {tps} tokens/s, "
                   f"MFU {mfu}, {mem}, loss {a['first_loss']:.3f} -> {a['last_loss']:.3f}{gemm}, "
                   f"sync-free {sync}")
         for arch in ("baseline", "smelt"):

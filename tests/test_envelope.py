@@ -125,6 +125,7 @@ def test_observed_savings_without_a_folder_resamples_each_run_alone():
     budgets = [1e17, 1e18]
     a = observed_savings(pts, None, "baseline", "smelt", budgets, n_bootstrap=30, seed=3)
     b = envelope_savings(env, "baseline", "smelt", budgets, n_bootstrap=30, seed=3)
-    assert [(r.savings, r.savings_ci, r.loss_gap) for r in a] == [(r.savings, r.savings_ci, r.loss_gap) for r in b]
+    assert [(r.savings, r.savings_ci, r.loss_gap) for r in a] == [
+        (r.savings, r.savings_ci, r.loss_gap) for r in b]
     assert envelope_points(pts)["unit"].tolist() == env["unit"].tolist()
     assert a[0].savings == pytest.approx(1 - 1 / 0.8, abs=0.02)

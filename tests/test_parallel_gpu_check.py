@@ -122,11 +122,12 @@ def test_issue31_preset_sets_each_configuration_s_options(monkeypatch):
     """--configs issue31: each configuration's own mode / head padding / loop_grad / archs reach
     its ranks, the command line's settings everywhere else."""
     gpu_check = load()
-    seen = []
+    seen, warm = [], []
 
     def fake_spawn(args, world):
         seen.append((args.micro_batch, args.grad_accum, args.compile, args.mode, args.head_padding,
                      args.loop_grad, tuple(args.archs)))
+        warm.append((args.warmup, args.profile_steps))
         return [{"arch": a, "finite": True, "loss_fell": True} for a in args.archs]
 
     monkeypatch.setattr(gpu_check, "_spawn", fake_spawn)
@@ -134,8 +135,10 @@ def test_issue31_preset_sets_each_configuration_s_options(monkeypatch):
     monkeypatch.setattr(gpu_check, "EXTRA_CHECKS", {})
     doc = gpu_check.run(gpu_check.parse_args(["--device", "cpu", "--configs", "issue31", "--nproc", "1"]))
     both = ("baseline", "smelt")
-    assert seen == [(16, 1, True, "none", "auto", None, both), (8, 1, False, "none", "auto", None, both),
-                    (8, 1, False, "fsdp", "auto", None, both), (8, 1, False, "fsdp", "never", None, ("smelt",)),
+    assert warm == [(3, 1)] + [(10, 3)] * 4
+    assert seen == [(16, 4, True, "none", "auto", None, both), (8, 1, False, "none", "auto", None, both),
+                    (8, 1, False, "fsdp", "auto", None, both),
+                    (8, 1, False, "fsdp", "never", None, ("smelt",)),
                     (8, 1, False, "fsdp", "auto", "fsdp", ("smelt",))]
     assert [c["name"] for c in doc["configs"]] == list(gpu_check.PRESETS["issue31"])
     assert doc["configs"][3]["options"] == {"head_padding": "never", "archs": ["smelt"]}
@@ -159,8 +162,10 @@ def test_one_unwrapped_rank_with_the_device_init_and_no_head_padding(capsys):
 def test_kernel_families_merge_template_variants():
     gpu_check = load()
     fam = gpu_check.kernel_family
-    assert fam("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda"
-               "(at::TensorIteratorBase&)::{lambda(float)#1}>(int)") == "at::native::vectorized_elementwise_kernel"
-    assert fam("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable") == "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable"
+    copy = ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda"
+            "(at::TensorIteratorBase&)::{lambda(float)#1}>(int)")
+    assert fam(copy) == "at::native::vectorized_elementwise_kernel"
+    mangled = "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable"
+    assert fam(mangled) == mangled
     assert fam("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
     assert fam("aten::mm") == "aten::mm"

@@ -74,9 +74,10 @@ import torch
 from torch import nn
 
 from scaling.accounting.config import ModelConfig
-from scaling.common.errors import UserError
 from scaling.accounting.memory import GRAD_SYNCS, MODES, resolve_mode
+from scaling.common.errors import UserError
 from scaling.training.parallel.distributed import DistEnv
+
 # how build_model fills the weights: the eager init bitwise, or its distributions drawn on the device
 INITS = ("exact", "device")
 

@@ -123,8 +123,8 @@ class PlannedRun:
 
     def links(self) -> Links:
         """Link bandwidths and overlap of the step-time model: [parallel] values or the defaults."""
-        return Links(**{k: float(self.parallel[k]) for k in ("nvlink_gb_s", "network_gb_s", "overlap", "hbm_gb_s")
-                        if k in self.parallel})
+        keys = ("nvlink_gb_s", "network_gb_s", "overlap", "hbm_gb_s")
+        return Links(**{k: float(self.parallel[k]) for k in keys if k in self.parallel})
 
     def layout(self) -> Layout:
         """The run's parallel layout for the memory planner: [parallel] + the [train] micro-batch.
