@@ -292,11 +292,12 @@ def choose_layout(cfg: ModelConfig, base: Layout, gpu_memory_gb: float | None, p
                   mfu: float, links: Links | None = None) -> tuple[LayoutChoice | None, int, int]:
     """The candidate (``candidate_layouts``) with the shortest predicted step among those whose
     planner peak fits ``gpu_memory_gb`` (all, when None). Ties (to 1e-9 relative) go to the larger
-    micro-batch, then the less memory: the model gives every micro-batch the same MFU, but GPU
-    kernels run better on more rows (the H200 measured 25% more tokens/s at micro-batch 16 than
-    at 8, both architectures, compiled), and on one GPU, with no communication to tell them
-    apart, every micro-batch ties. Returns (best or None when nothing fits, candidates tried,
-    candidates that fit)."""
+    micro-batch up to ``MEASURED_MICRO`` (16), then the less memory: the model gives every
+    micro-batch the same MFU, but GPU kernels run better on more rows (the H200 measured 25%
+    more tokens/s at micro-batch 16 than at 8, both architectures, compiled; nothing larger was
+    measured, so beyond 16 the memory decides), and on one GPU, with no communication to tell
+    them apart, every micro-batch ties. Returns (best or None when nothing fits, candidates
+    tried, candidates that fit)."""
     best, tried, fitting = None, 0, 0
     for lay in candidate_layouts(base, cfg.n_experts):
         tried += 1
@@ -310,9 +311,16 @@ def choose_layout(cfg: ModelConfig, base: Layout, gpu_memory_gb: float | None, p
     return best, tried, fitting
 
 
+# the largest micro-batch measured on a GPU (benchmarks/results/gpu-h200-2026-12-04*.json)
+MEASURED_MICRO = 16
+
+
 def _better(a: LayoutChoice, b: LayoutChoice) -> bool:
-    """a before b: a shorter step; on a tie the larger micro-batch, then the less memory."""
+    """a before b: a shorter step; on a tie the larger micro-batch up to MEASURED_MICRO, then the
+    less memory."""
     ta, tb = a.step.step_s, b.step.step_s
     if abs(ta - tb) > 1e-9 * max(ta, tb):
         return ta < tb
-    return (-a.layout.micro_batch_size, a.memory_gb) < (-b.layout.micro_batch_size, b.memory_gb)
+    def key(c: LayoutChoice) -> tuple[int, float]:
+        return -min(c.layout.micro_batch_size, MEASURED_MICRO), c.memory_gb
+    return key(a) < key(b)
