@@ -11,7 +11,8 @@
     python benchmarks/gpu_check.py --configs issue31 --profile --max-seconds 10 --out gpu.json
         # the next issue-31 run (estimated 7 min on one H200): mb16 x 4 compiled unwrapped (the
         # planner's chosen one-GPU layout); mb8 unwrapped against mb8 on a 1-rank FSDP2 mesh;
-        # SMELT without head padding and with FSDP2's own gradient reduction against mb8
+        # SMELT without head padding and with FSDP2's own gradient reduction against mb8;
+        # then `python benchmarks/gpu_report.py gpu.json`: tables, A/B ratios, targets
 
 Without CUDA it prints one line saying it was skipped and exits 0. What it does on CUDA:
 

@@ -16,33 +16,34 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_report import read_results  # noqa: E402
 
 from scaling.accounting.memory import Layout, estimate_memory  # noqa: E402
 from scaling.accounting.tiers import get_config  # noqa: E402
 
 
 def measured_rows(results: Path | None = None) -> list[dict]:
-    """The current layer on the H200: one row per (file, configuration, architecture) measured."""
-    import json
-
+    """The current layer on the H200: one row per (file, configuration, architecture) measured,
+    planned in the layout that ran (``gpu_report.read_results``: a 1-rank FSDP2 mesh before
+    2026-12-05, with FSDP2's own gradient reduction; ``layout`` and ``loop_grad`` since)."""
     results = results or Path(__file__).resolve().parent / "results"
     out = []
-    for path in sorted(results.glob("gpu-h200-*.json")):
-        doc = json.loads(path.read_text())
-        for config in doc["configs"]:
-            for a in config["archs"]:
-                if "error" in a or a.get("peak_memory_gb") is None:
-                    continue
-                cfg = get_config(doc["tier"], a["arch"])
-                m = estimate_memory(cfg, Layout(
-                    mode="fsdp", gpus_per_node=1, micro_batch_size=a["micro_batch_size"],
-                    grad_accum_steps=a["grad_accum_steps"], compute_dtype="bf16", seq_len=cfg.seq_len,
-                    compiled=a["compile"]))
-                out.append({"file": path.name, "tier": doc["tier"], "arch": a["arch"],
-                            "micro": a["micro_batch_size"], "accum": a["grad_accum_steps"],
-                            "compiled": a["compile"], "measured": a["peak_memory_gb"],
-                            "planned": m.total / 1e9, "stored": a["stored_after_forward_gb"],
-                            "planned_stored": m.activations_stored / 1e9})
+    for a in read_results(*sorted(results.glob("gpu-h200-*.json"))):
+        if a.get("peak_memory_gb") is None or a.get("world", 1) != 1:
+            continue
+        cfg = get_config(a["tier"], a["arch"])
+        sharded = a["layout"] in ("fsdp", "hsdp")
+        m = estimate_memory(cfg, Layout(
+            mode=a["layout"], gpus_per_node=1, micro_batch_size=a["micro_batch_size"],
+            grad_accum_steps=a["grad_accum_steps"], compute_dtype="bf16", seq_len=cfg.seq_len,
+            compiled=a["compile"], loop_grad=a["loop_grad"] if sharded else None))
+        out.append({"file": a["file"], "tier": a["tier"], "arch": a["arch"], "layout": a["layout"],
+                    "micro": a["micro_batch_size"], "accum": a["grad_accum_steps"],
+                    "compiled": a["compile"], "measured": a["peak_memory_gb"],
+                    "planned": m.total / 1e9, "stored": a["stored_after_forward_gb"],
+                    "planned_stored": m.activations_stored / 1e9})
     return out
 
 
