@@ -91,8 +91,8 @@ TRAIN_OPTIONS = {
     "--grad-clip", "--seed", "--eval-every", "--val-windows", "--ckpt-every", "--ckpt-dir", "--async-ckpt",
     "--log-every", "--progress-every", "--log-to", "--peak-flops", "--mfu", "--val-by-source", "--parallel",
     "--activation-checkpointing", "--compile", "--no-compile", "--grad-sync", "--replicate", "--ep",
-    "--loop-grad", "--resume", "--overwrite", "--device", "--threads", "--save-final-weights",
-    "--save-budget-weights",
+    "--loop-grad", "--head-padding", "--resume", "--overwrite", "--device", "--threads",
+    "--save-final-weights", "--save-budget-weights",
     "--data", "--data-tokenizer", "--data-max-bytes", "--verify-data", "--quiet", "--json", "--help",
 }
 

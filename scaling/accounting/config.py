@@ -16,6 +16,11 @@ from typing import Any
 
 from scaling.common.errors import UserError
 
+# How the model's SDPA pads its head size: to a multiple of 8 on CUDA ("auto"), "never", "always".
+# An execution choice, not part of the model's function (scaling.training.model.transformer.
+# sdpa_head_size); here, torch-free, for the trainer's config and the CLI.
+HEAD_PADDING = ("auto", "never", "always")
+
 
 @dataclass(frozen=True)
 class ModelConfig:

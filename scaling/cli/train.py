@@ -9,6 +9,7 @@ from typing import Any, Callable, Literal, Optional
 import typer
 from rich.markup import escape
 
+from scaling.accounting.config import HEAD_PADDING
 from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
 from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
@@ -26,6 +27,7 @@ ScheduleName = Literal[SCHEDULES]
 ParallelMode = Literal[MODES]
 GradSync = Literal[GRAD_SYNCS]
 LoopGrad = Literal[LOOP_GRADS]
+HeadPadding = Literal[HEAD_PADDING]
 
 # Not "runs": the shipped study lives there and fit/compare/savings read it by default; one extra
 # run in it changes their answers (issue 29).
@@ -114,6 +116,7 @@ def _check_flags(folder: Path, resume: bool, overwrite: bool) -> None:
 # _setting), a flag that is not --<field-name>, a lower bound shown in --help.
 _OPTION_TYPES: dict[str, Any] = {"schedule": ScheduleName, "parallel": ParallelMode,
                                  "grad_sync": Optional[GradSync], "loop_grad": Optional[LoopGrad],
+                                 "head_padding": HeadPadding,
                                  "data": Optional[Path],
                                  "data_tokenizer": Optional[Path], "peak_flops": Optional[str], "log_to": str}
 _FLAGS = {"data_verify": ("--verify-data",), "compile": ("--compile/--no-compile",)}

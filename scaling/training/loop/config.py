@@ -28,6 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from scaling.accounting.config import HEAD_PADDING
 from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
 from scaling.common.errors import UserError
 from scaling.training.data.corpus import DataSpec
@@ -175,6 +176,10 @@ class ParallelConfig(_Part):
         None, "Looped layers' gradients under fsdp/hsdp: per-pass (reduce-scattered after each pass) or "
         "fsdp (FSDP2's own, after the last pass) [default: per-pass for a looped model].",
         lambda v: v in LOOP_GRADS, "per-pass or fsdp")
+    head_padding: str = setting(
+        "auto", "SDPA's head size: zero-padded to a multiple of 8 on CUDA (auto: lets cuDNN's attention "
+        "kernel take the SMELT twins' odd sizes; the same function), never, or always.",
+        lambda v: v in HEAD_PADDING, "auto, never or always")
 
     def _relations(self) -> None:
         if self.replicate is not None and (self.parallel != "hsdp" or self.replicate < 1):

@@ -78,6 +78,7 @@ from scaling.training.parallel.data_parallel import (
     resolve_grad_sync,
     split_batch,
     train_step,
+    unwrap,
 )
 from scaling.training.parallel.distributed import DistEnv, setup_distributed
 from scaling.training.parallel.launcher import stop_requested
@@ -89,7 +90,7 @@ log = logging.getLogger(__name__)
 # device/threads/parallel, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate", "ep", "loop_grad", "data_verify"}
+               "grad_sync", "replicate", "ep", "loop_grad", "head_padding", "data_verify"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
@@ -331,6 +332,7 @@ class Trainer:
                                  activation_checkpointing=cfg.activation_checkpointing,
                                  compile=resolve_compile(cfg.compile, device.type),
                                  loop_grad=cfg.loop_grad)
+        unwrap(self.model).set_head_padding(cfg.head_padding)
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                            fused=device.type == "cuda")

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scaling.accounting.config import ModelConfig
+from scaling.accounting.config import HEAD_PADDING, ModelConfig
 from scaling.training.model.chunked_ce import chunked_cross_entropy, default_chunk
 
 IGNORE_INDEX = -100
@@ -142,9 +142,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     rot, rest = x[..., :rd], x[..., rd:]
     r1, r2 = rot.chunk(2, dim=-1)
     return torch.cat([rot * cos + torch.cat([r2, r1], dim=-1) * sin, rest], dim=-1)
-
-
-HEAD_PADDING = ("auto", "never", "always")
 
 
 def sdpa_head_size(h: int, device_type: str, padding: str = "auto") -> int:
