@@ -153,7 +153,10 @@ def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: 
     except ImportError:
         return None, None
     compute = "bf16" if device_type == "cuda" else "fp32"
-    layout = Layout(mode=mode if world > 1 or mode != "ddp" else "none", gpus_per_node=world,
+    # the layout that ran: "none" on several ranks is DDP, DDP on one rank is unwrapped; fsdp and
+    # hsdp keep their (1-rank) mesh
+    ran = "ddp" if mode == "none" and world > 1 else ("none" if mode == "ddp" and world == 1 else mode)
+    layout = Layout(mode=ran, gpus_per_node=world,
                     micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
                     grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len,
                     compiled=compiled, loop_grad=loop_grad)
@@ -552,7 +555,10 @@ def _write_partial(args: argparse.Namespace, runs: list[dict], t0: float) -> Non
     """After each configuration: what is measured so far, so a run cut off by a time limit keeps it."""
     if args.out:
         _atomic_write(args.out, {"partial": True, "tier": args.tier, "torch": torch.__version__,
-                                 "configs": runs, "wall_s": time.perf_counter() - t0})
+                                 "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                                 "world": args.nproc or (torch.cuda.device_count() if args.device == "cuda"
+                                                         else 2),
+                                 "mode": args.mode, "configs": runs, "wall_s": time.perf_counter() - t0})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -14,7 +14,8 @@ A/B pairs (``AB_PAIRS``): a configuration against its reference in the same file
 architecture both ran: tokens/s of the first over the second. Targets (issue 31, one H200, 100M
 tier, bf16, the planner's chosen layout): MFU >= 0.35 (Baseline) and >= 0.30 (SMELT), and SMELT's
 tokens/s >= 0.9 x the Baseline's in the same configuration; checked on ``TARGET_CONFIG`` when it
-ran, else on every configuration where both architectures ran (labelled as such). Pure JSON, no
+ran, else on every timed configuration (labelled as such; the speed ratio only where both
+architectures ran). Pure JSON, no
 torch.
 """
 

@@ -87,19 +87,30 @@ def test_device_init_is_the_exact_init_drawn_where_the_model_lives():
 def test_the_trainer_takes_head_padding_as_a_run_setting(tmp_path, monkeypatch):
     """`train --head-padding` (an escape hatch should cuDNN misbehave on some GPU): recorded in the
     run's config, free to change on resume, and the same training to float rounding."""
+    import torch.nn.functional as F
+
     from scaling.training import runlog
     from scaling.training.loop.trainer import RESUME_FREE, TrainConfig, train
 
     monkeypatch.setenv("SMELT_CACHE", str(tmp_path / "cache"))
     cfg = _smelt(13).replace(seq_len=64, vocab_size=4096)
-    losses = {}
+    losses, sizes = {}, []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, *a, **kw):  # the head size SDPA really ran at
+        sizes.append(q.shape[-1])
+        return sdpa(q, *a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     for padding in ("never", "always"):
+        sizes.clear()
         tc = TrainConfig(tokens=(6 * 4 * 64,), batch_size=4, data_max_bytes=50_000, eval_every=0,
                          threads=1, val_windows=8, warmup=2, head_padding=padding)
         doc = train(cfg, tc, tier="custom", run_name=padding, runs_dir=tmp_path / "runs")
         losses[padding] = doc["points"][0]["loss"]
         meta = runlog.read_json(tmp_path / "runs" / padding / "config.json")
         assert meta["train"]["head_padding"] == padding
+        assert set(sizes) == {13 if padding == "never" else 16}
     assert losses["always"] == pytest.approx(losses["never"], rel=1e-5)
     assert "head_padding" in RESUME_FREE
     with pytest.raises(Exception, match="head_padding"):

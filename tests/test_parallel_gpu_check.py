@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,21 @@ def test_one_unwrapped_rank_with_the_device_init_and_no_head_padding(capsys):
     assert arch["layout"] == "none" and arch["init"] == "device" and arch["head_padding"] == "never"
     assert arch["loop_grad"] == "fsdp"  # nothing to reduce per pass without FSDP2 (the key's default)
     assert arch["planned_memory_gb"] is not None
+
+
+def test_the_planner_is_asked_for_the_layout_that_ran():
+    """--mode none on several ranks runs DDP, --mode ddp on one runs unwrapped; fsdp keeps its mesh."""
+    from scaling.accounting.memory import Layout, estimate_memory
+    from scaling.accounting.tiers import get_config
+
+    gpu_check = load()
+    cfg = get_config("proxy-tiny", "smelt")
+    cases = (("none", 2, "ddp"), ("ddp", 1, "none"), ("fsdp", 1, "fsdp"), ("none", 1, "none"))
+    for mode, world, ran in cases:
+        total, _ = gpu_check.planned_memory_gb(cfg, mode, world, 2, 1, False, "last", "cpu")
+        want = estimate_memory(cfg, Layout(mode=ran, gpus_per_node=world, micro_batch_size=2,
+                                           grad_sync="last", compute_dtype="fp32", seq_len=cfg.seq_len))
+        assert total == pytest.approx(want.total / 1e9), (mode, world)
 
 
 def test_kernel_families_merge_template_variants():

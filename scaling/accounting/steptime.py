@@ -262,7 +262,7 @@ def candidate_layouts(base: Layout, n_experts: int) -> list[Layout]:
     exceed the experts; every power-of-two micro-batch dividing the per-GPU batch; activation
     checkpointing on and off. Dtypes, sequence length, compilation and grad_sync as in ``base``
     (grad_sync "every" when ``base`` is not sharded). On one GPU only the unwrapped layout
-    ("none"), the one the trainer runs there."""
+    ("none", grad_sync "last": nothing to reduce), the one the trainer runs there."""
     per_gpu = base.micro_batch_size * base.grad_accum_steps
     micros = [m for m in (2 ** i for i in range(per_gpu.bit_length())) if per_gpu % m == 0]
     sync = base.grad_sync if base.sharded else "every"

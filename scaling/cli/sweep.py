@@ -75,8 +75,8 @@ def register(app: typer.Typer) -> None:
             False,
             "--dry-run",
             help="Print every run with FLOPs, time or GPU-hours and memory per GPU (GB = 1e9 bytes, "
-            "by part), and the predicted step time, MFU and binding resource (compute, nvlink or "
-            "network; [parallel] nvlink_gb_s, network_gb_s, overlap); train nothing. "
+            "by part), and the predicted step time, MFU and binding resource (compute, nvlink, "
+            "network or hbm; [parallel] nvlink_gb_s, network_gb_s, overlap, hbm_gb_s); train nothing. "
             "A run that does not fit the plan's [parallel] gpu_memory_gb is "
             "marked, and after the table (or the JSON) the command exits 2 with a one-line error "
             "naming the tier and the shortfall, as the real run does before submitting anything.",

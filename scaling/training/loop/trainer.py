@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 
 
 # Fields that may differ between a run and its resumption: they do not change the maths, except
-# device/threads/parallel, which change float rounding (a warning is logged for those).
+# device/threads/parallel/head_padding, which change float rounding (a warning is logged for those).
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
                "grad_sync", "replicate", "ep", "loop_grad", "head_padding", "data_verify"}
@@ -390,7 +390,7 @@ class Trainer:
             if diff:
                 raise UserError(f"run {self.run_name} exists with a different configuration "
                                 f"({', '.join(diff[:6])}); overwrite it or choose another run name")
-            for key in ("device", "threads", "parallel"):
+            for key in ("device", "threads", "parallel", "head_padding"):
                 if old["train"].get(key) != meta["train"].get(key):
                     log.warning("resuming with %s=%r (was %r): float rounding, hence metrics, may differ "
                             "from an uninterrupted run", key, meta["train"].get(key), old["train"].get(key))
