@@ -478,7 +478,7 @@ def run_extra_checks(args: argparse.Namespace, here: str | None = None) -> tuple
 def run(args: argparse.Namespace) -> dict:
     """Spawn the ranks for each configuration, train every architecture, build the meta tier,
     run the extra checks; the whole report."""
-    world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    world = _world(args)
     t0 = time.perf_counter()
     configs = SUITE if args.suite else (Config("single", args.micro_batch, args.grad_accum, args.compile),)
     if args.configs:  # in the order named, so a time-limited run measures the first ones first
@@ -551,13 +551,17 @@ def _atomic_write(path: str, doc: dict) -> None:
     os.replace(tmp, path)
 
 
+def _world(args: argparse.Namespace) -> int:
+    """The processes a configuration spawns: --nproc, else the GPUs (2 on the CPU)."""
+    return args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
+
+
 def _write_partial(args: argparse.Namespace, runs: list[dict], t0: float) -> None:
     """After each configuration: what is measured so far, so a run cut off by a time limit keeps it."""
     if args.out:
         _atomic_write(args.out, {"partial": True, "tier": args.tier, "torch": torch.__version__,
                                  "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-                                 "world": args.nproc or (torch.cuda.device_count() if args.device == "cuda"
-                                                         else 2),
+                                 "world": _world(args),
                                  "mode": args.mode, "configs": runs, "wall_s": time.perf_counter() - t0})
 
 
