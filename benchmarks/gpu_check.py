@@ -143,6 +143,14 @@ def synthetic_tokens(vocab: int, rows: int, seq_len: int, seed: int = 0) -> torc
     return ids
 
 
+def layout_that_ran(mode: str, world: int) -> str:
+    """The layout ``--mode`` runs on ``world`` ranks here: fsdp and hsdp keep their mesh (a 1-rank
+    FSDP2 mesh on one GPU), "none" on several ranks is DDP, DDP on one rank is unwrapped."""
+    if mode == "none" and world > 1:
+        return "ddp"
+    return "none" if mode == "ddp" and world == 1 else mode
+
+
 def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: bool,
                       grad_sync: str, device_type: str, compiled: bool = False,
                       loop_grad: str | None = None) -> tuple[float | None, float | None]:
@@ -153,10 +161,7 @@ def planned_memory_gb(cfg, mode: str, world: int, micro: int, n_micro: int, ac: 
     except ImportError:
         return None, None
     compute = "bf16" if device_type == "cuda" else "fp32"
-    # the layout that ran: "none" on several ranks is DDP, DDP on one rank is unwrapped; fsdp and
-    # hsdp keep their (1-rank) mesh
-    ran = "ddp" if mode == "none" and world > 1 else ("none" if mode == "ddp" and world == 1 else mode)
-    layout = Layout(mode=ran, gpus_per_node=world,
+    layout = Layout(mode=layout_that_ran(mode, world), gpus_per_node=world,
                     micro_batch_size=micro, grad_accum_steps=n_micro, activation_checkpointing=ac,
                     grad_sync=grad_sync, compute_dtype=compute, seq_len=cfg.seq_len,
                     compiled=compiled, loop_grad=loop_grad)
@@ -284,8 +289,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
     model = build_model(cfg, 0, dist, mode, activation_checkpointing=activation_checkpointing,
                         compile=compile, loop_grad=loop_grad, init=init)
     unwrap(model).set_head_padding(head_padding)
-    layout = "fsdp" if dist.mesh is not None and mode in ("fsdp", "hsdp") else (
-        "ddp" if dist.world > 1 else "none")
+    layout = layout_that_ran(mode, dist.world)
     if cuda:
         torch.cuda.synchronize(dist.device)
     build_s = time.perf_counter() - t_build
@@ -372,7 +376,7 @@ def train_arch(cfg, dist, *, mode: str, steps: int, warmup: int, micro: int, n_m
         "stored_after_forward_gb": stored,
         "planned_activations_stored_gb": planned_stored,
         "compile": compile,
-        "layout": layout,  # what ran: a 1-rank+ FSDP2 mesh, DDP, or one unwrapped model
+        "layout": layout,  # what ran: an FSDP2/HSDP mesh (1-rank on one GPU), DDP, or one unwrapped model
         "init": init,
         "head_padding": head_padding,
         "sdpa_head_size": sdpa_head_size(cfg.head_dim, dist.device.type, head_padding),

@@ -169,6 +169,7 @@ def test_the_planner_is_asked_for_the_layout_that_ran():
     cfg = get_config("proxy-tiny", "smelt")
     cases = (("none", 2, "ddp"), ("ddp", 1, "none"), ("fsdp", 1, "fsdp"), ("none", 1, "none"))
     for mode, world, ran in cases:
+        assert gpu_check.layout_that_ran(mode, world) == ran
         total, _ = gpu_check.planned_memory_gb(cfg, mode, world, 2, 1, False, "last", "cpu")
         want = estimate_memory(cfg, Layout(mode=ran, gpus_per_node=world, micro_batch_size=2,
                                            grad_sync="last", compute_dtype="fp32", seq_len=cfg.seq_len))
