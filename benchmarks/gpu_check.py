@@ -77,10 +77,11 @@ import torch
 
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12}  # dense, per GPU (datasheets, see above)
 
-# Other GPU checks, run after this one in the same invocation: {JSON key: module name in this
-# folder}. The expert-parallel / chunked-CE checks of the scaling work go here
-# (e.g. "scale": "gpu_check_scale"), each exposing run_checks(args) -> dict with an "ok" key.
-EXTRA_CHECKS: dict[str, str] = {"scale": "gpu_check_scale"}
+# Other GPU checks, run after this one in the same invocation, in this order: {JSON key: module
+# name in this folder}, each exposing run_checks(args) -> dict with an "ok" key. "kernels": the
+# MoE layer's mixed-precision kernels (issue 31, seconds); "scale": chunked CE, EP dispatch and
+# per-pass reduction (issue 27).
+EXTRA_CHECKS: dict[str, str] = {"kernels": "gpu_check_kernels", "scale": "gpu_check_scale"}
 
 
 class Config(NamedTuple):

@@ -10,6 +10,9 @@ mesh (``layout`` "fsdp"), FSDP2's own gradient reduction (``loop_grad`` "fsdp"),
 (``head_padding`` "never") and the exact CPU-drawn init. A partial file (a run cut off by a time
 limit: ``"partial": true``) is read the same way.
 
+The ``kernels`` extra check (gpu_check_kernels.py) gets its own table: the router GEMM and the
+dispatch, each against what it replaced, timed in the same run.
+
 A/B pairs (``AB_PAIRS``): a configuration against its reference in the same file, per
 architecture both ran: tokens/s of the first over the second. Targets (issue 31, one H200, 100M
 tier, bf16, the planner's chosen layout): MFU >= 0.35 (Baseline) and >= 0.30 (SMELT), and SMELT's
@@ -40,13 +43,17 @@ TARGET_SPEED_RATIO = 0.9
 OLD_DEFAULTS = {"layout": "fsdp", "loop_grad": "fsdp", "head_padding": "never", "init": "exact"}
 
 
+def _load(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
 def read_results(*paths: Path) -> list[dict]:
     """One row per (file, configuration, architecture) that trained (errors left out): the
     architecture's measurements plus ``file``, ``tier``, ``device``, ``torch``, ``world`` (1 when
     a partial file does not say), ``config``."""
     rows = []
     for path in paths:
-        doc = json.loads(Path(path).read_text())
+        doc = _load(path)
         for config in doc.get("configs", []):
             archs = config.get("archs") or [a for a in doc.get("archs", [])
                                             if a.get("config") == config["name"]]
@@ -56,6 +63,25 @@ def read_results(*paths: Path) -> list[dict]:
                 rows.append({**OLD_DEFAULTS, **a, "file": Path(path).name, "tier": doc.get("tier"),
                              "device": doc.get("device"), "torch": doc.get("torch"),
                              "world": doc.get("world", 1), "config": config["name"]})
+    return rows
+
+
+def kernel_checks(*paths: Path) -> list[dict]:
+    """One row per (file, architecture) of the ``kernels`` extra check (gpu_check_kernels.py; files
+    before 2026-12-05 have none): the router GEMM's and the dispatch's forward + backward times
+    against what they replaced, and whether they equal their definitions."""
+    rows = []
+    for path in paths:
+        doc = _load(path).get("kernels") or {}
+        for arch in ("baseline", "smelt"):
+            if arch in doc:
+                router, disp = doc[arch]["router"], doc[arch]["dispatch"]
+                rows.append({"file": Path(path).name, "arch": arch, "timing": doc.get("timing"),
+                             "tensor_core_path": router["tensor_core_path"],
+                             "router_ms": router["ms_fwd_bwd"], "router_ms_fp32": router["ms_fwd_bwd_fp32"],
+                             "dispatch_ms": disp["ms_fwd_bwd"],
+                             "dispatch_ms_gather_first": disp["ms_fwd_bwd_gather_first"],
+                             "ok": router["ok"] and disp["ok"]})
     return rows
 
 
@@ -104,7 +130,7 @@ def _attention(r: dict) -> str:
     return "-"
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], kernels: list[dict] = ()) -> str:
     lines = ["| file | config | layout | arch | micro x accum | compiled | head | tokens/s | MFU | "
              "peak GB (planned then) | sync-free | attention |", "|" + "---|" * 12]
     for r in rows:
@@ -123,6 +149,12 @@ def markdown(rows: list[dict]) -> str:
         lines += ["", "| A/B (same run) | arch | tokens/s ratio |", "|---|---|---|"]
         lines += [f"| {a['config']} / {a['reference']}: {a['what']} | {a['arch']} | {a['ratio']:.3f} |"
                   for a in ab]
+    if kernels:
+        lines += ["", "| kernel check (N = 8 x 4096) | arch | router fwd+bwd ms (fp32 GEMM before) | "
+                  "tensor cores | dispatch fwd+bwd ms (gather then cast before) | equal |", "|" + "---|" * 6]
+        lines += [f"| {k['file']} | {k['arch']} | {k['router_ms']:.2f} ({k['router_ms_fp32']:.2f}) | "
+                  f"{k['tensor_core_path']} | {k['dispatch_ms']:.2f} ({k['dispatch_ms_gather_first']:.2f}) | "
+                  f"{k['ok']} |" for k in kernels]
     lines += ["", "| targets on | MFU B (>= 0.35) | MFU S (>= 0.30) | S / B tokens/s (>= 0.9) |",
               "|---|---|---|---|"]
     for t in targets(rows):
@@ -148,15 +180,16 @@ def main(argv=None) -> int:
         print(f"error: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     try:
-        rows = read_results(*args.files)
+        rows, kernels = read_results(*args.files), kernel_checks(*args.files)
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         print(f"error: not a gpu_check.py JSON: {exc}", file=sys.stderr)
         return 2
     if args.json:
         slim = [{k: v for k, v in r.items() if k != "profile"} for r in rows]
-        print(json.dumps({"rows": slim, "ab": ab_ratios(rows), "targets": targets(rows)}))
+        print(json.dumps({"rows": slim, "ab": ab_ratios(rows), "targets": targets(rows),
+                          "kernels": kernels}))
     else:
-        print(markdown(rows))
+        print(markdown(rows, kernels))
     return 0
 
 

@@ -82,3 +82,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert rep.main([str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(e.startswith("error: ") for e in err)
+
+
+def test_the_kernel_check_table_reads_what_gpu_check_kernels_writes(tmp_path, capsys):
+    """The ``kernels`` block as gpu_check_kernels.py writes it (its CPU run): one row per
+    architecture, the times and the verdict carried over; the old files have no such block."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("gpu_check_kernels",
+                                                  ROOT / "benchmarks" / "gpu_check_kernels.py")
+    kernels_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels_mod)
+    block = kernels_mod.run_checks(argparse.Namespace(device="cpu"))
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"configs": [], "kernels": block}))
+    rep = load()
+    rows = rep.kernel_checks(path)
+    assert [r["arch"] for r in rows] == ["baseline", "smelt"] and all(r["ok"] for r in rows)
+    assert rows[1]["router_ms"] == block["smelt"]["router"]["ms_fwd_bwd"]
+    assert rows[0]["dispatch_ms_gather_first"] == block["baseline"]["dispatch"]["ms_fwd_bwd_gather_first"]
+    assert rep.main([str(path)]) == 0
+    assert "| kernel check (N = 8 x 4096) |" in capsys.readouterr().out
+    assert rep.kernel_checks(RESULTS / "gpu-h200-2026-12-04a.json") == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from scaling.accounting.config import ModelConfig
 from scaling.training.model.transformer import MoETransformer, sdpa_head_size
@@ -87,8 +88,6 @@ def test_device_init_is_the_exact_init_drawn_where_the_model_lives():
 def test_the_trainer_takes_head_padding_as_a_run_setting(tmp_path, monkeypatch):
     """`train --head-padding` (an escape hatch should cuDNN misbehave on some GPU): recorded in the
     run's config, free to change on resume, and the same training to float rounding."""
-    import torch.nn.functional as F
-
     from scaling.training import runlog
     from scaling.training.loop.trainer import RESUME_FREE, TrainConfig, train
 
@@ -115,3 +114,112 @@ def test_the_trainer_takes_head_padding_as_a_run_setting(tmp_path, monkeypatch):
     assert "head_padding" in RESUME_FREE
     with pytest.raises(Exception, match="head_padding"):
         TrainConfig(tokens=(1024,), head_padding="sometimes")
+
+
+# ----- mixed precision: the router's GEMM and the dispatch's dtype ---------------------------
+
+
+def _bf16_values(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16().float()
+
+
+@pytest.mark.parametrize("operands", ["bf16", "fp32"])
+def test_the_router_gemm_is_the_fp32_gemm_of_the_bf16_values(operands):
+    """Under bf16 mixed precision the logits are sum_j bf16(x)_ij bf16(w)_ej in fp32 and each input
+    gradient is the fp32-accumulated GEMM of the bf16-rounded output gradient, in the input's
+    dtype. ``bf16``: the FSDP2 case (operands already bf16: the same function as the fp32 GEMM it
+    replaced); ``fp32``: autocast on one GPU (fp32 norm output and master weight, rounded as
+    autocast rounds every other weight)."""
+    from scaling.training.model.transformer import router_logits
+
+    dtype = torch.bfloat16 if operands == "bf16" else torch.float32
+    x0 = torch.randn(40, 24, generator=torch.Generator().manual_seed(0)).to(dtype)
+    w0 = torch.randn(9, 24, generator=torch.Generator().manual_seed(1)).to(dtype)
+    g = torch.randn(40, 9, generator=torch.Generator().manual_seed(2))
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = router_logits(x, w)
+    assert logits.dtype == torch.float32
+    logits.backward(g)
+    xb, wb, gb = x0.bfloat16().float(), w0.bfloat16().float(), g.bfloat16().float()
+    torch.testing.assert_close(logits, xb @ wb.t(), rtol=1e-6, atol=1e-6)
+    assert x.grad.dtype == dtype and w.grad.dtype == dtype
+    torch.testing.assert_close(x.grad, (gb @ wb).to(dtype), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(w.grad, (gb.t() @ xb).to(dtype), rtol=1e-6, atol=1e-6)
+    if operands == "bf16":  # the previous fp32 path, on the same bf16 values
+        ref = F.linear(x0.float(), w0.float())
+        torch.testing.assert_close(logits, ref, rtol=1e-6, atol=1e-6)
+    # fp32 training (the CPU proxies) keeps the fp32 GEMM, bitwise
+    x32, w32 = x0.float().requires_grad_(), w0.float()
+    assert torch.equal(router_logits(x32, w32), F.linear(x32, w32))
+
+
+def test_dispatch_in_the_experts_dtype_is_gather_then_cast():
+    """Cast N rows before the gather, not N*k after it: the same rows, bitwise, and the gradient
+    (k bf16 row gradients summed with fp32 accumulation) equal to the cast-then-sum it replaces."""
+    from scaling.training.model.transformer import dispatch, expert_histogram, sort_by_expert
+
+    N, k, E, d = 12, 3, 5, 8
+    gen = torch.Generator().manual_seed(0)
+    top_i = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(N)])
+    order, inverse, _ = sort_by_expert(top_i, expert_histogram(top_i, E).sum(0))
+    x0 = torch.randn(N, d, generator=gen)
+    g = torch.randn(N * k, d, generator=gen).bfloat16()
+    new, old = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    xs = dispatch(new, order, inverse, k, torch.bfloat16)
+    ref = old.index_select(0, torch.div(order, k, rounding_mode="floor")).bfloat16()
+    assert xs.dtype == torch.bfloat16 and torch.equal(xs, ref)
+    xs.backward(g)
+    ref.backward(g)
+    assert new.grad.dtype == torch.float32
+    torch.testing.assert_close(new.grad, old.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_a_mixed_precision_model_dispatches_in_bf16_with_the_same_result(monkeypatch):
+    """The CUDA policy (bf16 experts under autocast over fp32 weights) on the CPU: a SMELT model's
+    loss and every gradient equal those of the path that gathers fp32 rows and casts them."""
+    from scaling.training.model import transformer
+
+    monkeypatch.setattr(transformer.MoE, "_grouped_dtype",
+                        lambda self, xs: transformer.compute_dtype(xs))
+    cfg = _smelt(16)
+    model = MoETransformer(cfg, seed=5)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(2))
+    seen = []
+    real = transformer._Dispatch.apply
+
+    def gather_then_cast(x, order, inverse, k, dtype=None):
+        return real(x, order, inverse, k, x.dtype).to(dtype)
+
+    def spy(x, order, inverse, k, dtype=None):
+        seen.append((x.dtype, dtype))
+        return real(x, order, inverse, k, dtype)
+
+    results = {}
+    for name, fn in (("cast first", spy), ("gather first", gather_then_cast)):
+        monkeypatch.setattr(transformer, "dispatch", fn)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results[name] = _loss_and_grads(model, x)
+    assert set(seen) == {(torch.float32, torch.bfloat16)}  # fp32 residual, bf16 rows
+    (loss, grads), (ref_loss, ref_grads) = results["cast first"], results["gather first"]
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["baseline", "smelt"])
+def test_the_mixed_precision_forward_is_one_graph(arch, monkeypatch):
+    """Under bf16 autocast with the CUDA expert policy, the router's custom op and the bf16
+    dispatch keep the forward one graph (no break at the new op)."""
+    from scaling.accounting.tiers import get_config
+    from scaling.training.model import transformer
+
+    monkeypatch.setattr(transformer.MoE, "_grouped_dtype",
+                        lambda self, xs: transformer.compute_dtype(xs))
+    cfg = get_config("proxy-xxs", arch).replace(seq_len=32)
+    model = MoETransformer(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 32))
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(model)(x, x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1

@@ -51,7 +51,8 @@ def test_the_check_at_tiny_size_on_two_cpu_ranks(capsys):
                          "--warmup", "1", "--nproc", "2", "--loop-grad", "fsdp", "--json"])
     (arch,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["archs"]
     assert rc == 0 and arch["loop_grad"] == "fsdp"
-    assert doc["extra_skipped"] == [] or "scale" in doc["extra_skipped"] or "scale" in doc
+    assert doc["extra_skipped"] == [] and doc["scale"]["ok"] and doc["kernels"]["ok"]
+    assert doc["kernels"]["smelt"]["router"]["logits_rel_err"] <= 1e-6  # the CPU path: exact
 
 
 def test_suite_runs_the_three_configurations(monkeypatch, capsys):

@@ -41,10 +41,14 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 dtype otherwise, as autocast keeps the residual stream in fp32)::
 
                     N * ( 2*(8*d + 4)      the two RMSNorms in fp32 (decomposed on CPU): input,
-                                           x * rstd, rstd; 2*(c*d + 4) when c != 4 (bf16
+                                           x * rstd, rstd; 2*(r*d + 4) when c != 4 (bf16
                                            compute means CUDA, whose fused rms_norm kernel
                                            saves its input and rstd)
-                        + 2*c*d            normalised inputs of wqkv and of the router
+                        + c*d              wqkv's input (the attention norm's output, in the
+                                           compute dtype: autocast's cast of it when r != c)
+                        + r*d              the router's input, the MoE norm's output as it is
+                                           (fp32 under autocast, which runs rms_norm in fp32;
+                                           the router's GEMM takes it without a copy)
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
                         + c*H*h            SDPA output (its [B,T,H*h] reshape, wo's input, is
@@ -57,7 +61,6 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                                            gathered back to token order (the gate-weighted sum
                                            keeps it for the gates' gradient), expert hidden
                                            (gate|up), silu(gate), silu*up, gates
-                        + 4*d              the router's fp32 copy of its input (if c != 4)
                         + c*(2*d + 4*f_s)  shared expert, when there is one )
                     + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
                     + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
@@ -448,18 +451,24 @@ def _expert_dims(cfg: ModelConfig, c: int = 4) -> tuple[int, int]:
     return _round_up(d, 16 // c), _round_up(f, 16 // c)
 
 
-def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int) -> int:
-    """Bytes one layer pass saves for backward (micro_batch x seq_len tokens, compute bytes c).
+def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
+                           r: int | None = None) -> int:
+    """Bytes one layer pass saves for backward (micro_batch x seq_len tokens, compute bytes c,
+    residual-stream bytes r: c under FSDP2 mixed precision and in fp32, 4 under autocast over
+    fp32 weights, i.e. one GPU unwrapped).
 
     The formula in the module docstring, op by op for scaling/training/model/transformer.py.
     """
+    r = c if r is None else r
     d, H, Hkv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     E, k, fs = cfg.n_experts, cfg.top_k, cfg.shared_expert_hidden
     dp, fp = _expert_dims(cfg, c)
     per_token = (
         (2 * (8 * d + 4) if c == 4             # norms, CPU (decomposed): fp32 input, x * rstd,
-         else 2 * (c * d + 4))                 # rstd; CUDA (fused kernel): input, rstd
-        + 2 * c * d                            # norm outputs = inputs of wqkv and of the router
+         else 2 * (r * d + 4))                 # rstd; CUDA (fused kernel): input, rstd
+        + c * d                                # wqkv's input (the norm output, cast by autocast)
+        + r * d                                # the router's input: the MoE norm's output
+                                               # (fp32 under autocast, whose rms_norm runs in fp32)
         + c * (H + 2 * Hkv) * h                # qkv (v is a view)
         + c * (H + Hkv) * h                    # RoPE output (q, k)
         + c * H * h                            # SDPA output (wo's input is a view of it)
@@ -470,7 +479,6 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
         + k * c * (dp + d + 4 * fp + 1)        # dispatched tokens, expert output in token
                                                # order (the combine's gate product), hidden
                                                # (gate|up), silu, product, gates
-        + (4 * d if c != 4 else 0)             # the router's fp32 copy of its input
         + (c * (2 * d + 4 * fs) if fs else 0)  # shared expert
     )
     rope = 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim  # cos, sin cast per pass
@@ -557,8 +565,8 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     optimizer = 2 * ob * local + 4 * len(shapes)
 
     # activations stored per layer pass, per the module docstring
-    A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c)
     resid = c if layout.sharded else pb  # FSDP2 mixed precision casts the residual stream too
+    A = layer_activation_bytes(cfg, layout.micro_batch_size, T, c, resid)
     stored_pass = resid * N * d if layout.activation_checkpointing else A
     if layout.compiled and not layout.activation_checkpointing:  # recompute under AC: unmeasured
         stored_pass = round(stored_pass * COMPILED_LAYER_ACTIVATIONS)

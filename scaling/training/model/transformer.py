@@ -49,6 +49,7 @@ is bound by the matmuls (near the core's fp32 FMA peak) and the SDPA kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -254,15 +255,82 @@ if hasattr(F, "grouped_mm"):
 # /work/notes/moe-interface.md and ``MoE.expert_fn``).
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the matmuls run in: autocast's where it is on, else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+@functools.cache
+def mm_out_dtype_runs(device_type: str) -> bool:
+    """Whether aten's mm with ``out_dtype`` (bf16 operands, fp32 output) runs on this device type:
+    asked once with a tiny GEMM (CUDA has the kernel since torch 2.8-ish; the CPU build has none)."""
+    try:
+        a = torch.zeros(8, 8, dtype=torch.bfloat16, device=device_type)
+        torch.mm(a, a, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+# The router's GEMM as an opaque custom op (one extern call under torch.compile): bf16
+# operands, fp32 accumulation and output. On CUDA that is aten's mm with out_dtype, one
+# tensor-core GEMM; elsewhere (the CPU tests, a torch without it) the same function
+# computed from the bf16 values upcast to fp32: a product of two bf16 numbers is exact in
+# fp32, so both sum the same products in fp32 and differ only in summation order.
+@torch.library.custom_op("smelt_scale::mm_bf16_fp32", mutates_args=())
+def _mm_bf16_fp32(a: Tensor, b: Tensor) -> Tensor:
+    """fp32 [M, N] = bf16(a) [M, K] @ bf16(b) [K, N], products accumulated in fp32."""
+    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    if a.device.type != "cpu" and mm_out_dtype_runs(a.device.type):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+@_mm_bf16_fp32.register_fake
+def _(a: Tensor, b: Tensor) -> Tensor:
+    return a.new_empty(a.shape[0], b.shape[1], dtype=torch.float32)
+
+
+def _mm_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _mm_backward(ctx, grad):
+    # the fp32 output gradient is rounded to bf16 once (as autocast's linear backward
+    # receives it); each input gradient is accumulated in fp32 and returned in the input's dtype
+    a, b = ctx.saved_tensors
+    return (_mm_bf16_fp32(grad, b.t()).to(a.dtype), _mm_bf16_fp32(a.t(), grad).to(b.dtype))
+
+
+_mm_bf16_fp32.register_autograd(_mm_backward, setup_context=_mm_setup)
+
+
+def router_logits(x: Tensor, router_weight: Tensor) -> Tensor:
+    """x [N, d] -> router logits [N, E] in fp32, whatever the compute dtype.
+
+    Softmax and top-k over the E logits are where bf16 rounding would flip ties between experts,
+    so the logits are accumulated and kept in fp32. In bf16 mixed precision the operands are
+    the bf16 values (under FSDP2 bf16 both already are: the norm's output and the bf16-rounded
+    master weight; under autocast on one GPU they are rounded to bf16 as every other weight is)
+    and the GEMM runs on the tensor cores (``_mm_bf16_fp32``): on the first H200 run the fp32
+    version ran as an FFMA GEMM, ~11 ms per step for the SMELT twin's 15 forward passes alone at
+    micro-batch 16. In fp32 training (the CPU proxies) it is the fp32 GEMM.
+    """
+    mixed = compute_dtype(x) == torch.bfloat16
+    with torch.autocast(x.device.type, enabled=False):
+        if mixed:
+            return _mm_bf16_fp32(x, router_weight.t())
+        return F.linear(x.float(), router_weight.float())
+
+
 def route(x: Tensor, router_weight: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """x [N, d] -> router logits, probs [N, E] (fp32), top-k expert ids [N, k], gates [N, k] (fp32).
 
-    The router runs in fp32 even under autocast (its weight upcast: under FSDP2 bf16 it is the
-    bf16-rounded master): softmax and top-k over E logits are where bf16 rounding would flip
-    ties between experts. Gates are the top-k probabilities renormalised to sum to 1 (Mixtral).
+    The logits are fp32 (``router_logits``). Gates are the top-k probabilities renormalised to
+    sum to 1 (Mixtral).
     """
-    with torch.autocast(x.device.type, enabled=False):
-        logits = F.linear(x.float(), router_weight.float())
+    logits = router_logits(x, router_weight)
     probs = logits.softmax(dim=-1)
     top_p, top_i = probs.topk(top_k, dim=-1)
     gates = top_p / top_p.sum(dim=-1, keepdim=True)
@@ -297,21 +365,30 @@ def sort_by_expert(top_i: Tensor, counts: Tensor) -> tuple[Tensor, Tensor, Tenso
 
 
 class _Dispatch(torch.autograd.Function):
-    """xs = x[order // k]: each token copied to its k sorted rows. The backward gathers each
-    token's k row gradients through ``inverse`` and sums them (a fixed-order sum: no atomic
-    ``index_add_``, so gradients are deterministic and each row is written once)."""
+    """xs = x[order // k] in ``dtype``: each token cast once, then copied to its k sorted rows.
+    The backward gathers each token's k row gradients through ``inverse`` and sums them in x's
+    dtype (a fixed-order sum: no atomic ``index_add_``, so gradients are deterministic and each
+    row is written once).
+
+    Casting before the gather is the same function as gathering and then casting, but moves
+    N rows through the cast instead of N*k: on one GPU under autocast the residual stream (and
+    so the norm's output) is fp32 while the experts run in bf16, and the fp32 [N*k, d] copy and
+    its fp32 gradient were 8x the layer input each (1.4 GB per layer pass at micro-batch 16 of
+    the 100M tier). The backward sums the bf16 row gradients with fp32 accumulation
+    (``sum(dtype=)``), as the cast-then-sum it replaces did.
+    """
 
     @staticmethod
-    def forward(ctx, x: Tensor, order: Tensor, inverse: Tensor, k: int) -> Tensor:
+    def forward(ctx, x: Tensor, order: Tensor, inverse: Tensor, k: int, dtype: torch.dtype) -> Tensor:
         ctx.save_for_backward(inverse)
-        ctx.k = k
-        return x.index_select(0, torch.div(order, k, rounding_mode="floor"))
+        ctx.k, ctx.x_dtype = k, x.dtype
+        return x.to(dtype).index_select(0, torch.div(order, k, rounding_mode="floor"))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (inverse,) = ctx.saved_tensors
         g = grad.index_select(0, inverse)
-        return g.view(-1, ctx.k, g.shape[-1]).sum(1), None, None, None
+        return g.view(-1, ctx.k, g.shape[-1]).sum(1, dtype=ctx.x_dtype), None, None, None, None
 
 
 class _Unsort(torch.autograd.Function):
@@ -329,9 +406,11 @@ class _Unsort(torch.autograd.Function):
         return grad.index_select(0, order), None, None
 
 
-def dispatch(x: Tensor, order: Tensor, inverse: Tensor, top_k: int) -> Tensor:
-    """x [N, d] -> xs [N*k, d]: the routed rows, sorted by expert (``sort_by_expert``)."""
-    return _Dispatch.apply(x, order, inverse, top_k)
+def dispatch(x: Tensor, order: Tensor, inverse: Tensor, top_k: int,
+             dtype: torch.dtype | None = None) -> Tensor:
+    """x [N, d] -> xs [N*k, d]: the routed rows, sorted by expert (``sort_by_expert``), in
+    ``dtype`` (None: x's); the gradient comes back in x's dtype."""
+    return _Dispatch.apply(x, order, inverse, top_k, dtype or x.dtype)
 
 
 def combine(ys: Tensor, order: Tensor, inverse: Tensor, gates: Tensor) -> Tensor:
@@ -406,11 +485,7 @@ class MoE(nn.Module):
             return None
         if xs.device.type == "cpu":
             return xs.dtype
-        autocast_bf16 = (
-            torch.is_autocast_enabled(xs.device.type)
-            and torch.get_autocast_dtype(xs.device.type) == torch.bfloat16
-        )
-        return torch.bfloat16 if autocast_bf16 or xs.dtype == torch.bfloat16 else None
+        return torch.bfloat16 if compute_dtype(xs) == torch.bfloat16 else None
 
     def _grouped(self, xs: Tensor, offsets: Tensor, dtype: torch.dtype) -> Tensor:
         """Both expert matmuls as F.grouped_mm over the expert-sorted rows of xs (device offsets).
@@ -462,7 +537,8 @@ class MoE(nn.Module):
         per_group = expert_histogram(top_i, self.n_experts, groups)
         counts = per_group.sum(0)
         order, inverse, offsets = sort_by_expert(top_i, counts)
-        xs = dispatch(x, order, inverse, self.top_k)
+        # the rows travel in the experts' dtype (bf16 on CUDA even where x is fp32)
+        xs = dispatch(x, order, inverse, self.top_k, self._grouped_dtype(x))
         ys = (self.expert_fn or self.experts)(xs, offsets, counts)
         y = combine(ys, order, inverse, gates).to(x.dtype)
 
@@ -598,10 +674,9 @@ class MoETransformer(nn.Module):
         B, T = input_ids.shape
         cos, sin = self._rope(T, input_ids.device)
         x = self.embed(input_ids)
-        dev = input_ids.device.type
         # q and k are in the compute dtype (autocast's, else the weights'): cast the tables once
         # per forward, not once per layer pass
-        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        dtype = compute_dtype(x)
         cos, sin = cos.to(dtype), sin.to(dtype)
         aux_total = z_total = 0.0
         counts, attn = [], [] if return_attn else None
