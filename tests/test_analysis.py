@@ -112,6 +112,7 @@ def test_eval_data_snapshot_replaces_the_corpus(cli, runs, tmp_path, monkeypatch
     res = cli("snapshot-data", shipped, "--json")
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["runs"][0]["bytes"] < 1_000_000
+    assert list(json.loads(res.stdout)) == ["schema", "runs"]  # docs/json.md
     ref = an.loss_by_length(an.load_run(runs["smelt"]), n_windows=2)
     an.runs._corpus.cache_clear()
     monkeypatch.setenv("SMELT_CACHE", str(tmp_path / "empty-cache"))  # a fresh machine: no corpus built

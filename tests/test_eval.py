@@ -220,6 +220,10 @@ def test_export_refuses_odd_heads_and_bad_input_in_one_line(runs, tmp_path):
     (tmp_path / "z" / "keep").write_text("x")
     res = runner.invoke(app, ["export", str(runs["baseline"]), "--out", str(tmp_path / "z")])
     assert res.exit_code == 2 and (tmp_path / "z" / "keep").exists()
+    res = runner.invoke(app, ["export", str(runs["baseline"]), "--out", str(tmp_path / "ok"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)  # docs/json.md
+    assert list(doc) == ["schema", "out", "smelt_scale"] and doc["schema"] == "smelt-scale.export/1"
 
 
 # ----- evaluation -------------------------------------------------------------------------
@@ -264,7 +268,9 @@ def test_eval_cli_multiple_choice_and_generation_offline(runs, data, tmp_path):
     assert res.exit_code == 2 and "--allow-code-execution" in res.stderr
     res = runner.invoke(app, [*args, "--allow-code-execution"])
     assert res.exit_code == 0, res.stderr
-    rows = json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    assert list(doc) == ["schema", "rows"] and doc["schema"] == "smelt-scale.eval/1"
+    rows = doc["rows"]
     import pandas as pd
 
     table = pd.read_csv(out)
@@ -413,5 +419,8 @@ def test_calibrate_cli_reads_an_eval_table(tmp_path):
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["residual"] == pytest.approx(0.02, abs=1e-4) and doc["fit"]["identified"]
+    assert list(doc) == ["schema", "task", "metric", "reference", "candidate", "fit", "residual",
+                         "residual_lo", "residual_hi", "level", "n_boot", "n_reference", "n_candidate",
+                         "points", "notes"]
     res = runner.invoke(app, ["calibrate", str(path), "--task", "nope"])
     assert res.exit_code == 2 and "no rows" in res.stderr

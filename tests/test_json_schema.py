@@ -65,5 +65,6 @@ def test_schema_names_and_docs_agree():
     assert schema_name("analyze sink") == "smelt-scale.analyze-sink/1"
     assert schema_name("fit") == "smelt-scale.fit/2"
     docs = (ROOT / "docs" / "json.md").read_text()
-    for name in [*FAST, *SLOW, "train", "prepare-data", "analyze-sink", "analyze-lengths", "analyze-icl"]:
+    for name in [*FAST, *SLOW, "train", "prepare-data", "analyze-sink", "analyze-lengths", "analyze-icl",
+                 "analyze-snapshot-data", "plan-grid", "export", "eval", "calibrate"]:
         assert f"`{schema_name(name)}`" in docs, name

@@ -3,6 +3,7 @@ token counts, lr rule and budget choice follow the stated rules (checked against
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import tomllib
@@ -38,6 +39,8 @@ def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
     args[out_at] = str(tmp_path / "isoflop-study.toml")
     res = CliRunner().invoke(app, ["plan-grid", *args, "--json"])
     assert res.exit_code == 0, res.output
+    assert list(json.loads(res.stdout)) == ["schema", "shape", "budgets", "lr_rule", "sizes",  # docs/json.md
+                                            "sizes_per_budget", "plan_files"]
     for name in ("isoflop-study.toml", "isoflop-study-seed1.toml"):
         body = lambda p: p.read_text().split("\n", 1)[1]  # noqa: E731 - the header names the paths
         assert body(tmp_path / name) == body(PLANS / name), name

@@ -138,7 +138,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(
             None, "--out", help="Also write the rows (.csv, .jsonl or .json)."
         ),
-        json_out: bool = typer.Option(False, "--json", help="Print the rows as one JSON list."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object: {\"rows\": [...]}."),
     ) -> None:
         """Evaluate runs on local tasks through lm-eval, fully offline.
 
@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             write_table(rows, out)
         if json_out:
-            emit_json(rows)
+            emit_json({"rows": rows})
         else:
             print_rows(rows)
             if out is not None:

@@ -263,11 +263,17 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 @functools.cache
 def mm_out_dtype_runs(device_type: str) -> bool:
-    """Whether aten's mm with ``out_dtype`` (bf16 operands, fp32 output) runs on this device type:
-    asked once with a tiny GEMM (CUDA has the kernel since torch 2.8-ish; the CPU build has none)."""
+    """Whether aten's mm with ``out_dtype`` (bf16 operands, fp32 output) runs on this device type,
+    in the three layouts the router uses (x @ w.t(), grad @ w, x.t() @ grad): asked once with tiny
+    GEMMs (cuBLAS has it since torch 2.8, pytorch/pytorch#150812; the CPU build has none). Where
+    it does not, ``_mm_bf16_fp32`` computes the same function in fp32."""
     try:
-        a = torch.zeros(8, 8, dtype=torch.bfloat16, device=device_type)
-        torch.mm(a, a, out_dtype=torch.float32)
+        a = torch.zeros(16, 8, dtype=torch.bfloat16, device=device_type)
+        w = torch.zeros(4, 8, dtype=torch.bfloat16, device=device_type)
+        g = torch.zeros(16, 4, dtype=torch.bfloat16, device=device_type)
+        for x, y in ((a, w.t()), (g, w), (a.t(), g)):
+            if torch.mm(x, y, out_dtype=torch.float32).dtype != torch.float32:
+                return False
         return True
     except (RuntimeError, NotImplementedError, TypeError):
         return False
