@@ -290,7 +290,8 @@ def _mm_bf16_fp32(a: Tensor, b: Tensor) -> Tensor:
     a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
     if a.device.type != "cpu" and mm_out_dtype_runs(a.device.type):
         return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()
+    with torch.autocast(a.device.type, enabled=False):  # a backward run inside autocast stays fp32
+        return a.float() @ b.float()
 
 
 @_mm_bf16_fp32.register_fake
