@@ -17,3 +17,20 @@ def env(tmp_path_factory, monkeypatch):
     threads = torch.get_num_threads()
     yield {**os.environ, "SMELT_CACHE": cache, "OMP_NUM_THREADS": "1"}
     torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def bench():
+    """A script of benchmarks/ loaded as a module by its file name: ``bench("gpu_report")``
+    (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

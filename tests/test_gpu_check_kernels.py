@@ -5,24 +5,13 @@ fails it; without CUDA the default skips."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_kernels.py"
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check_kernels", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_cpu_path_checks_the_router_gemm_and_the_dispatch_dtype():
-    res = _module().run_checks(argparse.Namespace(device="cpu"))
+def test_cpu_path_checks_the_router_gemm_and_the_dispatch_dtype(bench):
+    res = bench("gpu_check_kernels").run_checks(argparse.Namespace(device="cpu"))
     assert res["ok"] is True and res["tier"] == "proxy-s" and "not a GPU number" in res["timing"]
     for arch in ("baseline", "smelt"):
         router, disp = res[arch]["router"], res[arch]["dispatch"]
@@ -33,16 +22,16 @@ def test_cpu_path_checks_the_router_gemm_and_the_dispatch_dtype():
         assert router["ms_fwd_bwd"] > 0 and disp["ms_fwd_bwd_gather_first"] > 0
 
 
-def test_a_router_that_rounds_its_logits_to_bf16_fails(monkeypatch):
+def test_a_router_that_rounds_its_logits_to_bf16_fails(monkeypatch, bench):
     from scaling.training.model import transformer
 
     real = transformer.router_logits
     monkeypatch.setattr(transformer, "router_logits", lambda x, w: real(x, w).bfloat16().float())
-    res = _module().run_checks(argparse.Namespace(device="cpu"))
+    res = bench("gpu_check_kernels").run_checks(argparse.Namespace(device="cpu"))
     assert res["ok"] is False and res["baseline"]["router"]["logits_rel_err"] > 1e-4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without CUDA")
-def test_skips_cleanly_without_cuda():
-    res = _module().run_checks(argparse.Namespace(device="cuda"))
+def test_skips_cleanly_without_cuda(bench):
+    res = bench("gpu_check_kernels").run_checks(argparse.Namespace(device="cuda"))
     assert res == {"ok": True, "skipped": "no CUDA device"}

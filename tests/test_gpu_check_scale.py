@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_scale.py"
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check_scale", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_cpu_path_runs_chunked_ce_ep_dispatch_and_per_pass_reduction():
+def test_cpu_path_runs_chunked_ce_ep_dispatch_and_per_pass_reduction(bench):
     if torch.distributed.is_initialized():
         pytest.skip("a process group is already initialised in this process")
-    res = _module().run_checks(argparse.Namespace(device="cpu"))
+    res = bench("gpu_check_scale").run_checks(argparse.Namespace(device="cpu"))
     assert res["ok"] is True
     assert res["chunked_ce"]["loss_rel_diff"] <= 1e-5 and res["ep_dispatch"]["max_abs_diff"] <= 1e-5
     pp = res["per_pass_reduction"]
@@ -30,6 +19,6 @@ def test_cpu_path_runs_chunked_ce_ep_dispatch_and_per_pass_reduction():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without CUDA")
-def test_skips_cleanly_without_cuda():
-    res = _module().run_checks(argparse.Namespace(device="cuda"))
+def test_skips_cleanly_without_cuda(bench):
+    res = bench("gpu_check_scale").run_checks(argparse.Namespace(device="cuda"))
     assert res == {"ok": True, "skipped": "no CUDA device"}

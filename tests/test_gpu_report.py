@@ -3,7 +3,6 @@ targets, on the shipped H200 measurements and on a planted run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,15 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "benchmarks" / "gpu_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_h200_measurements_of_2026_12_04():
-    rep = load()
+def test_the_h200_measurements_of_2026_12_04(bench):
+    rep = bench("gpu_report")
     rows = rep.read_results(RESULTS / "gpu-h200-2026-12-04a.json", RESULTS / "gpu-h200-2026-12-04b.json")
     assert len(rows) == 8 and {r["layout"] for r in rows} == {"fsdp"}      # what ran then
     assert {r["head_padding"] for r in rows} == {"never"} and {r["loop_grad"] for r in rows} == {"fsdp"}
@@ -43,9 +35,9 @@ def _arch(arch, config, tps, mfu, **kw):
             "sync_check": {"sync_free": True}, **kw}
 
 
-def test_a_planted_issue31_run(tmp_path, capsys):
+def test_a_planted_issue31_run(tmp_path, capsys, bench):
     """The preset's configurations with planted speeds: the ratios and the verdicts are those planted."""
-    rep = load()
+    rep = bench("gpu_report")
     configs = [
         ("mb16x4-compiled-unwrapped", [_arch("baseline", "x", 330000, 0.36, layout="none"),
                                         _arch("smelt", "x", 290000, 0.31, layout="none")]),
@@ -74,8 +66,8 @@ def test_a_planted_issue31_run(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["targets"][0]["speed_met"] is False
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
-    rep = load()
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, bench):
+    rep = bench("gpu_report")
     assert rep.main([str(tmp_path / "absent.json")]) == 2
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -84,19 +76,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert len(err) == 2 and all(e.startswith("error: ") for e in err)
 
 
-def test_the_kernel_check_table_reads_what_gpu_check_kernels_writes(tmp_path, capsys):
+def test_the_kernel_check_table_reads_what_gpu_check_kernels_writes(tmp_path, capsys, bench):
     """The ``kernels`` block as gpu_check_kernels.py writes it (its CPU run): one row per
     architecture, the times and the verdict carried over; the old files have no such block."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("gpu_check_kernels",
-                                                  ROOT / "benchmarks" / "gpu_check_kernels.py")
-    kernels_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernels_mod)
-    block = kernels_mod.run_checks(argparse.Namespace(device="cpu"))
+    block = bench("gpu_check_kernels").run_checks(argparse.Namespace(device="cpu"))
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"configs": [], "kernels": block}))
-    rep = load()
+    rep = bench("gpu_report")
     rows = rep.kernel_checks(path)
     assert [r["arch"] for r in rows] == ["baseline", "smelt"] and all(r["ok"] for r in rows)
     assert rows[1]["router_ms"] == block["smelt"]["router"]["ms_fwd_bwd"]

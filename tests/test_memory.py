@@ -356,20 +356,13 @@ def test_peak_step_memory_matches_the_estimate(name, checkpointing, chunked):
         assert predicted == pytest.approx(measured, rel=PEAK_TOL)
 
 
-def test_planner_within_10_percent_of_the_h200_measurements():
+def test_planner_within_10_percent_of_the_h200_measurements(bench):
     """Every configuration measured on one H200 (benchmarks/results/gpu-h200-2026-12-04*.json:
     torch 2.11, FSDP2 bf16, the sync-free MoE layer; eager and compiled, micro-batch 8 and 16):
     the planner's peak within +-10% of torch.cuda.max_memory_allocated, and its stored
     activations within +-10% of the bytes a forward left allocated
     (benchmarks/memory_calibration.py builds the rows)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_calibration.py"
-    spec = importlib.util.spec_from_file_location("memory_calibration", path)
-    calibration = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(calibration)
-    rows = calibration.measured_rows()
+    rows = bench("memory_calibration").measured_rows()
     assert len(rows) == 8  # 2 + 2 + 2 in the first file, 2 in the second
     for r in rows:
         where = (r["file"], r["micro"], r["compiled"], r["arch"])
