@@ -128,3 +128,42 @@ def test_one_cast_per_all_gather_and_few_explicit_casts(arch, tmp_path):
         # this counter (casts called from model.py) does not see
     })
     assert high.calls == want
+
+
+@pytest.mark.parametrize("arch", ["baseline", "smelt"])
+def test_one_gpu_unwrapped_casts(arch, monkeypatch):
+    """The trainer's one-GPU layout (no wrapper; autocast over fp32 weights), with CUDA's expert
+    policy (bf16 grouped GEMMs) applied on the CPU: the dense weights are cast once per forward
+    (autocast's cache) and their gradient once back; the expert stacks once per layer *pass*, so
+    a looped layer's two passes each bring their bf16 weight gradient back to fp32 and the
+    passes sum in fp32, as the per-pass reduction does under FSDP2 (sharing one cast would sum
+    them in bf16). The layer input is cast once, before the dispatch gather (N rows, not N*k),
+    and the router takes its operands as they are."""
+    from scaling.training.model import transformer
+    from scaling.training.model.transformer import MoETransformer
+    from scaling.training.parallel.data_parallel import train_step
+
+    monkeypatch.setattr(transformer.MoE, "_grouped_dtype", lambda self, xs: transformer.compute_dtype(xs))
+    cfg = get_config("proxy-xxs", arch).replace(seq_len=32)
+    model = MoETransformer(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.vocab_size, (2, 32))
+
+    def step():
+        train_step(model, opt, list(model.parameters()), x, x, n_micro=1, grad_clip=1.0, aux_coef=0.01,
+                   z_coef=1e-3, grad_sync="every",
+                   autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+
+    step()
+    with DispatchCasts() as low, ExplicitCasts() as high:
+        step()
+    passes, N, d, E, k = cfg.n_layer_passes, 2 * 32, cfg.d_model, cfg.n_experts, cfg.top_k
+    qkv = ((cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, d)
+    assert low.by_shape[qkv] == 2 * cfg.n_layers   # once per forward, once back: not per pass
+    dp, fp = (-(-d // 8) * 8, -(-cfg.expert_hidden // 8) * 8)  # bf16 grouped_mm widths
+    assert low.by_shape[(E, dp, 2 * fp)] == 2 * passes and low.by_shape[(E, fp, dp)] == 2 * passes
+    f32, b16 = "torch.float32", "torch.bfloat16"
+    assert high.calls[((N, d), f32, b16)] == passes        # the layer input, before the gather
+    assert high.calls[((N * k, d), f32, b16)] == 0          # never the N*k gathered rows
+    assert high.calls[((N, d), b16, f32)] == passes        # the combined output, to the residual
+    assert not any(shape == (E, d) for shape, _, _ in high.calls)  # the router weight as it is
