@@ -476,7 +476,10 @@ def run_extra_checks(args: argparse.Namespace, here: str | None = None) -> tuple
             continue
         if here not in sys.path:
             sys.path.insert(0, here)
-        results[key] = importlib.import_module(module).run_checks(args)
+        try:  # one check that fails must not lose the others' results
+            results[key] = importlib.import_module(module).run_checks(args)
+        except Exception as exc:
+            results[key] = {"ok": False, "error": _last_lines(exc)}
     return results, skipped
 
 

@@ -137,8 +137,8 @@ def test_one_gpu_unwrapped_casts(arch, monkeypatch):
     (autocast's cache) and their gradient once back; the expert stacks once per layer *pass*, so
     a looped layer's two passes each bring their bf16 weight gradient back to fp32 and the
     passes sum in fp32, as the per-pass reduction does under FSDP2 (sharing one cast would sum
-    them in bf16). The layer input is cast once, before the dispatch gather (N rows, not N*k),
-    and the router takes its operands as they are."""
+    them in bf16). The MoE input is cast for the router and, before the dispatch gather, for the
+    experts (N rows, never the N*k gathered ones)."""
     from scaling.training.model import transformer
     from scaling.training.model.transformer import MoETransformer
     from scaling.training.parallel.data_parallel import train_step
@@ -163,7 +163,10 @@ def test_one_gpu_unwrapped_casts(arch, monkeypatch):
     dp, fp = (-(-d // 8) * 8, -(-cfg.expert_hidden // 8) * 8)  # bf16 grouped_mm widths
     assert low.by_shape[(E, dp, 2 * fp)] == 2 * passes and low.by_shape[(E, fp, dp)] == 2 * passes
     f32, b16 = "torch.float32", "torch.bfloat16"
-    assert high.calls[((N, d), f32, b16)] == passes        # the layer input, before the gather
+    # the MoE input: the router's bf16 operand (saved for its backward) and the dispatch's, before
+    # the gather; two casts of N rows, so that each path's gradient comes back to the fp32
+    # residual summed in fp32 (one shared cast would sum them in bf16)
+    assert high.calls[((N, d), f32, b16)] == 2 * passes
     assert high.calls[((N * k, d), f32, b16)] == 0          # never the N*k gathered rows
     assert high.calls[((N, d), b16, f32)] == passes        # the combined output, to the residual
-    assert not any(shape == (E, d) for shape, _, _ in high.calls)  # the router weight as it is
+    assert high.calls[((E, d), f32, b16)] == passes       # the router weight, as autocast would

@@ -126,10 +126,11 @@ def _bf16_values(*shape, seed):
 @pytest.mark.parametrize("operands", ["bf16", "fp32"])
 def test_the_router_gemm_is_the_fp32_gemm_of_the_bf16_values(operands):
     """Under bf16 mixed precision the logits are sum_j bf16(x)_ij bf16(w)_ej in fp32 and each input
-    gradient is the fp32-accumulated GEMM of the bf16-rounded output gradient, in the input's
-    dtype. ``bf16``: the FSDP2 case (operands already bf16: the same function as the fp32 GEMM it
-    replaced); ``fp32``: autocast on one GPU (fp32 norm output and master weight, rounded as
-    autocast rounds every other weight)."""
+    gradient is the fp32-accumulated GEMM of the bf16-rounded output gradient, rounded to bf16
+    (as an autocast matmul's input gradients are) and returned in the input's dtype. ``bf16``:
+    the FSDP2 case (operands already bf16: the forward is the fp32 GEMM it replaced, the
+    backward now rounds the logits' gradient to bf16); ``fp32``: autocast on one GPU (fp32 norm
+    output and master weight, rounded as autocast rounds every other weight and input)."""
     from scaling.training.model.transformer import router_logits
 
     dtype = torch.bfloat16 if operands == "bf16" else torch.float32
@@ -144,8 +145,8 @@ def test_the_router_gemm_is_the_fp32_gemm_of_the_bf16_values(operands):
     xb, wb, gb = x0.bfloat16().float(), w0.bfloat16().float(), g.bfloat16().float()
     torch.testing.assert_close(logits, xb @ wb.t(), rtol=1e-6, atol=1e-6)
     assert x.grad.dtype == dtype and w.grad.dtype == dtype
-    torch.testing.assert_close(x.grad, (gb @ wb).to(dtype), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(w.grad, (gb.t() @ xb).to(dtype), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad, (gb @ wb).bfloat16().to(dtype), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(w.grad, (gb.t() @ xb).bfloat16().to(dtype), rtol=1e-6, atol=1e-6)
     if operands == "bf16":  # the previous fp32 path, on the same bf16 values
         ref = F.linear(x0.float(), w0.float())
         torch.testing.assert_close(logits, ref, rtol=1e-6, atol=1e-6)

@@ -19,6 +19,7 @@ from scaling.accounting.memory import (
     head_activation_bytes,
     layer_activation_bytes,
     param_shapes,
+    rope_table_bytes,
     sharded_numel,
 )
 from scaling.accounting.tiers import get_config
@@ -317,6 +318,71 @@ def test_saved_activation_bytes_match_autograd(name, chunked):
                  + head_activation_bytes(cfg, BATCH, cfg.seq_len, 4, chunked)
                  - (0 if chunked else 4 * N * cfg.vocab_size))
     assert predicted == pytest.approx(measured, rel=SAVED_TOL)
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """What CUDA's fused rms_norm kernel saves (its input and the fp32 rstd), not the CPU
+    decomposition's intermediates; the forward only (the test counts saved bytes)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        with torch.autocast("cpu", enabled=False):
+            rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+            y = (x.float() * rstd * w.float()).to(x.dtype)
+        ctx.save_for_backward(x, rstd, w)
+        return y
+
+
+# (compute bytes c, residual bytes r): FSDP2's layout (a bf16 model: its casts happen in the
+# all-gather) and one GPU unwrapped (autocast over fp32 weights)
+CUDA_LAYOUTS = {"fsdp2-bf16": (2, 2), "unwrapped-autocast": (2, 4)}
+
+
+@pytest.mark.parametrize("layout", sorted(CUDA_LAYOUTS))
+@pytest.mark.parametrize("name", ["heavy-baseline", "heavy-smelt", "heavy-shared"])
+def test_saved_activation_bytes_of_the_cuda_layouts(name, layout, monkeypatch):
+    """The planner's bf16 terms (c = 2, and r = 4 under autocast) against autograd's saved bytes on
+    CPU emulations of the CUDA layouts: CUDA's expert policy (bf16 grouped GEMMs), a norm that
+    saves what the fused CUDA kernel saves, bf16 autocast; the layers' saved tensors counted as
+    above, less the bf16 weight copies autocast and the experts make (the planner's buffers)."""
+    from scaling.training.model import transformer
+
+    monkeypatch.setattr(transformer.MoE, "_grouped_dtype", lambda self, xs: transformer.compute_dtype(xs))
+    monkeypatch.setattr(transformer.RMSNorm, "forward",
+                        lambda self, x: _FusedRMSNorm.apply(x, self.weight.to(x.dtype), self.eps))
+    cfg = MEASURED[name] if name in MEASURED else HEAVY.replace(name="heavy-shared", shared_expert_hidden=64)
+    c, r = CUDA_LAYOUTS[layout]
+    model = _model(cfg)
+    if r == 2:
+        model = model.to(torch.bfloat16)
+    weights = {tuple(p.shape) for p in model.parameters()}
+    weights |= {(s[1], s[0]) for s in list(weights) if len(s) == 2}
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.dtype == torch.bfloat16 and tuple(t.shape) in weights and r != c:
+            return t  # a bf16 copy of a weight: counted as the planner's autocast buffers
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    for block in model.layers:  # the layers' tensors only (the head's are checked above)
+        block.forward = functools.partial(
+            lambda f, *a, **kw: _packing(pack, f, *a, **kw), block.forward)
+    B = 5  # N = 320 tokens: no activation shares a weight's shape (V = 256)
+    ids = torch.randint(0, cfg.vocab_size, (B, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, ids)
+    predicted = (cfg.n_layer_passes * layer_activation_bytes(cfg, B, cfg.seq_len, c, r)
+                 + rope_table_bytes(cfg, cfg.seq_len, c))
+    assert predicted == pytest.approx(sum(saved.values()), rel=1e-3)
+
+
+def _packing(pack, forward, *args, **kwargs):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        return forward(*args, **kwargs)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["plain-ce", "chunked-ce"])

@@ -44,11 +44,9 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                                            x * rstd, rstd; 2*(r*d + 4) when c != 4 (bf16
                                            compute means CUDA, whose fused rms_norm kernel
                                            saves its input and rstd)
-                        + c*d              wqkv's input (the attention norm's output, in the
-                                           compute dtype: autocast's cast of it when r != c)
-                        + r*d              the router's input, the MoE norm's output as it is
-                                           (fp32 under autocast, which runs rms_norm in fp32;
-                                           the router's GEMM takes it without a copy)
+                        + 2*c*d            the inputs of wqkv and of the router's GEMM, in the
+                                           compute dtype (the norm outputs; under autocast,
+                                           r != c, their bf16 copies)
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
                         + c*H*h            SDPA output (its [B,T,H*h] reshape, wo's input, is
@@ -61,12 +59,14 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                                            gathered back to token order (the gate-weighted sum
                                            keeps it for the gates' gradient), expert hidden
                                            (gate|up), silu(gate), silu*up, gates
-                        + c*(2*d + 4*f_s)  shared expert, when there is one )
-                    + 2*c*T*rd             RoPE tables cast to the compute dtype (if c != 4)
+                        + c*4*f_s          shared expert, when there is one: hidden, silu,
+                                           product (+ c*d, its own bf16 input, when r != c) )
                     + c*E*3*d'*f'          zero-padded copies of the expert weights, saved by
                                            grouped_mm, when d or f is not a multiple of 4
 
-                (d', f' = d, f rounded up to multiples of 4 when the model pads them).
+                (d', f' = d, f rounded up to multiples of 4 when the model pads them), and once
+                per forward (not per pass) the RoPE tables cast to the compute dtype, 2*c*T*rd
+                when c != 4 (``rope_table_bytes``).
                 Attention is SDPA (flash / memory-efficient / CPU-flash kernels): it saves
                 q, k, v, the output and the log-sum-exp, never the T x T score matrix; the
                 ``5*a*s/h`` term of Korthikanti's formula is absent. On CUDA a head size h
@@ -85,8 +85,10 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 its transients are one chunk's logits (``head_working_bytes``).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
-                to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are read off the kernels' saved
-                tensors, not measured here: docs/gpu-memory.md has the GPU comparison.
+                to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are checked the same way on
+                CPU emulations of the two CUDA layouts (a bf16 model for FSDP2's, autocast over
+                fp32 for one GPU unwrapped, a norm that saves what CUDA's fused kernel saves);
+                docs/gpu-memory.md has the GPU comparison.
                 With activation checkpointing (``torch.utils.checkpoint``, non-reentrant, around
                 every layer call) a layer pass stores only its input, N*r*d, and recomputes
                 the rest during its own backward; the recompute stops after the layer's last
@@ -466,9 +468,9 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
     per_token = (
         (2 * (8 * d + 4) if c == 4             # norms, CPU (decomposed): fp32 input, x * rstd,
          else 2 * (r * d + 4))                 # rstd; CUDA (fused kernel): input, rstd
-        + c * d                                # wqkv's input (the norm output, cast by autocast)
-        + r * d                                # the router's input: the MoE norm's output
-                                               # (fp32 under autocast, whose rms_norm runs in fp32)
+        + 2 * c * d                            # the inputs of wqkv and of the router's GEMM in
+                                               # the compute dtype (the norm outputs, or under
+                                               # autocast their bf16 copies)
         + c * (H + 2 * Hkv) * h                # qkv (v is a view)
         + c * (H + Hkv) * h                    # RoPE output (q, k)
         + c * H * h                            # SDPA output (wo's input is a view of it)
@@ -479,11 +481,18 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
         + k * c * (dp + d + 4 * fp + 1)        # dispatched tokens, expert output in token
                                                # order (the combine's gate product), hidden
                                                # (gate|up), silu, product, gates
-        + (c * (2 * d + 4 * fs) if fs else 0)  # shared expert
+        + (c * 4 * fs + (c * d if r != c else 0) if fs else 0)  # shared expert: hidden, silu,
+                                               # product; its input is the router's unless
+                                               # autocast casts it separately
     )
-    rope = 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim  # cos, sin cast per pass
     padded = c * E * 3 * dp * fp if (dp, fp) != (d, cfg.expert_hidden) else 0
-    return micro_batch * seq_len * per_token + rope + padded
+    return micro_batch * seq_len * per_token + padded
+
+
+def rope_table_bytes(cfg: ModelConfig, seq_len: int, c: int) -> int:
+    """The RoPE tables cast to the compute dtype (cos, sin [T, rd]), once per forward and saved by
+    every layer pass's rotation: 0 in fp32, where the tables are used as they are."""
+    return 0 if c == 4 else 2 * c * seq_len * cfg.rotary_dim
 
 
 def head_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
@@ -612,7 +621,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
 
     # walk the backward: the head first, then the layer passes in reverse execution order
     schedule = cfg.schedule()
-    remaining = len(schedule) * stored_pass + head_stored
+    remaining = len(schedule) * stored_pass + head_stored + rope_table_bytes(cfg, T, c)
     activations_stored = remaining
     best = (remaining + head_work + g_now, remaining, head_work, g_now, "head")
     remaining -= head_stored - 8 * N  # the head's tensors are freed; the embedding ids stay

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -105,7 +106,10 @@ class RMSNorm(nn.Module):
 
     ``F.rms_norm`` computes in fp32 (its opmath type) for a bf16 input and rounds once at the
     output, so no explicit fp32 round trip is made: under FSDP2 bf16 that saved 4 casts of a
-    [B, T, d] tensor per norm and step (forward and backward) and its saved fp32 copy.
+    [B, T, d] tensor per norm and step (forward and backward) and its saved fp32 copy. It runs
+    outside autocast, so its output keeps x's dtype whatever the torch version's autocast policy
+    (CUDA autocast lists ``rms_norm`` among its fp32 ops in recent releases, which would upcast a
+    bf16 residual stream under FSDP2 and keep an fp32 copy of it for the backward).
     """
 
     def __init__(self, dim: int, eps: float):
@@ -115,7 +119,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
-        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
 def rope_tables(rotary_dim: int, length: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -273,9 +278,12 @@ def mm_out_dtype_runs(device_type: str) -> bool:
         g = torch.zeros(16, 4, dtype=torch.bfloat16, device=device_type)
         for x, y in ((a, w.t()), (g, w), (a.t(), g)):
             if torch.mm(x, y, out_dtype=torch.float32).dtype != torch.float32:
-                return False
+                raise RuntimeError("mm with out_dtype returned another dtype")
         return True
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        if device_type != "cpu":  # a GPU that takes the slow path should say so, once
+            warnings.warn(f"the router GEMM runs in fp32 on {device_type}: mm with out_dtype "
+                          f"failed ({type(exc).__name__}: {str(exc)[:120]})", stacklevel=2)
         return False
 
 
@@ -307,7 +315,8 @@ def _mm_backward(ctx, grad):
     # the fp32 output gradient is rounded to bf16 once (as autocast's linear backward
     # receives it); each input gradient is accumulated in fp32 and returned in the input's dtype
     a, b = ctx.saved_tensors
-    return (_mm_bf16_fp32(grad, b.t()).to(a.dtype), _mm_bf16_fp32(a.t(), grad).to(b.dtype))
+    g = grad.to(torch.bfloat16)
+    return _mm_bf16_fp32(g, b.t()).to(a.dtype), _mm_bf16_fp32(a.t(), g).to(b.dtype)
 
 
 _mm_bf16_fp32.register_autograd(_mm_backward, setup_context=_mm_setup)
@@ -319,15 +328,18 @@ def router_logits(x: Tensor, router_weight: Tensor) -> Tensor:
     Softmax and top-k over the E logits are where bf16 rounding would flip ties between experts,
     so the logits are accumulated and kept in fp32. In bf16 mixed precision the operands are
     the bf16 values (under FSDP2 bf16 both already are: the norm's output and the bf16-rounded
-    master weight; under autocast on one GPU they are rounded to bf16 as every other weight is)
-    and the GEMM runs on the tensor cores (``_mm_bf16_fp32``): on the first H200 run the fp32
-    version ran as an FFMA GEMM, ~11 ms per step for the SMELT twin's 15 forward passes alone at
-    micro-batch 16. In fp32 training (the CPU proxies) it is the fp32 GEMM.
+    master weight; under autocast on one GPU they are rounded to bf16, as autocast rounds every
+    other weight and input, and the GEMM saves that bf16 copy, not the fp32 input) and the GEMM
+    runs on the tensor cores (``_mm_bf16_fp32``): on the first H200 run the fp32 version ran as
+    an FFMA GEMM, ~11 ms per step for the SMELT twin's 15 forward passes alone at micro-batch 16.
+    The forward is then the same function as that fp32 GEMM of the bf16 values; the backward
+    rounds the logits' fp32 gradient to bf16 once, as every autocast matmul's backward receives
+    its gradient. In fp32 training (the CPU proxies) it is the fp32 GEMM.
     """
     mixed = compute_dtype(x) == torch.bfloat16
     with torch.autocast(x.device.type, enabled=False):
         if mixed:
-            return _mm_bf16_fp32(x, router_weight.t())
+            return _mm_bf16_fp32(x.to(torch.bfloat16), router_weight.to(torch.bfloat16).t())
         return F.linear(x.float(), router_weight.float())
 
 
@@ -379,10 +391,10 @@ class _Dispatch(torch.autograd.Function):
 
     Casting before the gather is the same function as gathering and then casting, but moves
     N rows through the cast instead of N*k: on one GPU under autocast the residual stream (and
-    so the norm's output) is fp32 while the experts run in bf16, and the fp32 [N*k, d] copy and
-    its fp32 gradient were 8x the layer input each (1.4 GB per layer pass at micro-batch 16 of
-    the 100M tier). The backward sums the bf16 row gradients with fp32 accumulation
-    (``sum(dtype=)``), as the cast-then-sum it replaces did.
+    so the norm's output) is fp32 while the experts run in bf16, and the fp32 [N*k, d] temporary
+    and its fp32 gradient were 8x the layer input each (1.4 GB per layer pass at micro-batch 16
+    of the 100M tier: memory traffic, not stored for the backward). The backward sums the bf16
+    row gradients with fp32 accumulation (``sum(dtype=)``), as the cast-then-sum it replaced did.
     """
 
     @staticmethod
