@@ -96,8 +96,10 @@ from scaling.training.schema import check_name, check_table
 
 EXECUTORS = ("local", "slurm", "debug")
 TABLES = ("sweep", "train", "data", "parallel", "executor", "tier", "model")
-# [parallel] keys read by the planner only, not part of the memory planner's Layout
-PLANNER_ONLY_KEYS = ("gpu_memory_gb", "nvlink_gb_s", "network_gb_s", "overlap", "hbm_gb_s")
+# [parallel] keys read by the planner only, not part of the memory planner's Layout: the card's
+# memory and the step-time model's links (the fields of ``Links``)
+LINK_KEYS = tuple(f.name for f in dataclasses.fields(Links))
+PLANNER_ONLY_KEYS = ("gpu_memory_gb", *LINK_KEYS)
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,7 @@ class PlannedRun:
 
     def links(self) -> Links:
         """Link bandwidths and overlap of the step-time model: [parallel] values or the defaults."""
-        keys = ("nvlink_gb_s", "network_gb_s", "overlap", "hbm_gb_s")
-        return Links(**{k: float(self.parallel[k]) for k in keys if k in self.parallel})
+        return Links(**{k: float(self.parallel[k]) for k in LINK_KEYS if k in self.parallel})
 
     def layout(self) -> Layout:
         """The run's parallel layout for the memory planner: [parallel] + the [train] micro-batch.
