@@ -11,6 +11,7 @@ from scaling.fitting.laws import Law
 
 MISFIT_P = 1e-3        # significance of the residual trend
 MISFIT_RATIO = 1.0     # trend RMS / scatter RMS at which the trend matters
+MISFIT_FLOOR = 1e-6    # trend RMS in log loss below which no trend matters (a 1e-4 % loss error)
 
 
 def goodness_of_fit(law: Law, inputs: Mapping[str, np.ndarray], resid: np.ndarray) -> dict[str, Any]:
@@ -23,7 +24,9 @@ def goodness_of_fit(law: Law, inputs: Mapping[str, np.ndarray], resid: np.ndarra
     scatter (trend RMS >= MISFIT_RATIO x scatter RMS): with very many points a trend far below the
     noise is significant but harmless: a law whose systematic error stays below the points' own
     scatter predicts them as well as the noise allows. (Epoch's Chinchilla points under the
-    Chinchilla law: p = 2e-19 but trend/scatter = 0.71, not flagged.) Also reports the worst
+    Chinchilla law: p = 2e-19 but trend/scatter = 0.71, not flagged.) Nor is a trend below
+    MISFIT_FLOOR in absolute terms: noise-free data on the law leave float round-off (~1e-14) as
+    both trend and scatter, which the ratio test alone would call a misfit. Also reports the worst
     residual in units of the scatter.
     """
     from scipy.stats import f as f_dist
@@ -54,4 +57,4 @@ def goodness_of_fit(law: Law, inputs: Mapping[str, np.ndarray], resid: np.ndarra
     return {"tested": True, "trend_rms": trend_rms, "scatter_rms": scatter_rms, "trend_to_scatter": ratio,
             "F": float(F), "p_value": p,
             "worst_residual_in_scatter": float(np.max(np.abs(scatter)) / max(scatter_rms, 1e-300)),
-            "misfit": bool(p < MISFIT_P and ratio >= MISFIT_RATIO)}
+            "misfit": bool(p < MISFIT_P and ratio >= MISFIT_RATIO and trend_rms >= MISFIT_FLOOR)}
