@@ -53,6 +53,14 @@ def test_unmatchable_kv_cache_is_a_clear_error():
         smelt_twin(base, width_multiple=1)
 
 
+def test_kv_refusal_names_the_nearest_choice():
+    # target 4 x 16 x 3 layers / 5 passes = 38.4 per pass: 1 x 38 and 2 x 19 are 1.04% off, 4 x 10 4.2%
+    base = ModelConfig(vocab_size=512, d_model=768, n_layers=3, n_heads=12, n_kv_heads=4, head_dim=16,
+                       n_experts=8, top_k=1, expert_hidden=128, seq_len=1024)
+    with pytest.raises(UserError, match=r"\(2 x 19\) is 1\.04% off"):
+        smelt_twin(base, n_loops=3, width_multiple=8)
+
+
 def test_looped_baseline_rejected():
     with pytest.raises(UserError, match="must not be looped"):
         smelt_twin(get_config("proxy-s", "smelt"))

@@ -81,10 +81,11 @@ def _match_kv(base: ModelConfig, passes: int, tolerance: float) -> tuple[int, in
     options.sort()
     off, _, err, kv, hd = options[0]
     if off:
+        _, _, err, kv, hd = min(options, key=lambda o: o[2])   # name the nearest, not the likest
         raise UserError(
-            f"KV cache cannot be matched within {tolerance:.1%}: n_kv_heads*head_dim must shrink from "
+            f"KV cache cannot be matched within {tolerance:.2%}: n_kv_heads*head_dim must shrink from "
             f"{base.n_kv_heads * base.head_dim} to {target:.2f} per layer pass and the closest "
-            f"integer choice ({kv} x {hd}) is {err:.1%} off")
+            f"integer choice ({kv} x {hd}) is {err:.2%} off")
     return kv * group, kv, hd
 
 
