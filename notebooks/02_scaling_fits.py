@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -99,8 +99,8 @@ plots.residuals(points, fits)
 # share those computes; the profiles read each run's loss at fixed training FLOPs off its budget
 # points (interpolated in log–log, inside each run's range only). Dashed: a parabola in log N through them, its vertex (diamond) where
 # it is convex with the minimum inside the sampled sizes; solid: the fitted law along the same
-# compute, its minimum a star. Right: N*(C) from the law along the runs' real FLOPs, from the closed
-# form with C = k·N·D that the savings use (k = median FLOPs/(N·D) of the runs), and the vertices.
+# compute, its minimum a star. Right: N*(C) of the law with C = F(N)·D, F(N) = k·N + e·√N + c fitted
+# to the runs' FLOPs per token (the frontier the savings use), and the vertices.
 
 # %%
 plots.isoflop(isoflop_slices(points), points, fits)
@@ -109,9 +109,9 @@ plots.isoflop(isoflop_slices(points), points, fits)
 for g, f in fits.items():
     fpn = (total_flops(points[points["group"] == g]) / (points.loc[points["group"] == g, "N"]
                                                           * points.loc[points["group"] == g, "D"]))
-    print(f"{g}: k = {f.k:.3g} (FLOPs per parameter-token, median); across sizes {fpn.min():.3g} to "
-          f"{fpn.max():.3g}: at 10^5-10^6 parameters the LM head and attention weigh heavily, so C = k N D "
-          "is a coarse compute model here")
+    print(f"{g}: FLOPs/(N·D) runs from {fpn.min():.3g} to {fpn.max():.3g} across sizes (attention and the "
+          f"LM head weigh heavily at these sizes), so the frontier uses F(N) = {f.cost.describe()} "
+          f"(worst error {100 * f.cost.max_rel_error:.2g}% on the runs), not one k")
 
 # %% [markdown]
 # ## Cross-checks: approaches 1 and 2 of the fitter
@@ -119,7 +119,9 @@ for g, f in fits.items():
 
 # %%
 for g, f in fits.items():
-    print(f"{g}: approach 3 a = {f.derived['a']:.3f} [{f.ci['a'][0]:.3f}, {f.ci['a'][1]:.3f}]")
+    key = "a_data" if "a_data" in f.derived else "a"   # the exponent across the data's compute
+    print(f"{g}: approach 3 a = {f.derived[key]:.3f} [{f.ci[key][0]:.3f}, {f.ci[key][1]:.3f}] "
+          f"(large-budget limit {f.derived['a']:.3f})")
     for key in ("approach1", "approach2"):
         c = f.cross_checks[key]
         print(f"   {c.get('method', key)}: " + (f"a = {c['a']:.3f}" if c.get("available")

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,8 +17,8 @@
 # # 03 · Compute savings of SMELT over Baseline on the compute-optimal frontier
 #
 # From the two fitted laws (notebook 02; 50 bootstrap resamples here), `scaling.fitting.savings` minimises each
-# law along a training budget C = k·N·D (k = median FLOPs/(N·D) of each architecture's runs) to get
-# the frontier L*(C), and asks, in the SMELT paper's convention, how much compute the Baseline needs
+# law along a training budget C = F(N)·D (F(N) = k·N + e·√N + c fitted to each architecture's FLOPs
+# per token) to get the frontier L*(C), and asks, in the SMELT paper's convention, how much compute the Baseline needs
 # to reach the loss SMELT reaches with C: savings = 1 − C / C_Baseline. Intervals pair the two
 # architectures' bootstrap resamples.
 #

@@ -113,7 +113,7 @@ def test_extreme_laws_give_no_numpy_warnings():
     theta = np.array([[1.0, 1e300, 1e-3, 1e-300, 50.0], [1.0, 400.0, 0.34, 410.0, 0.28]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        f = frontier(law, theta, 1e20, k=6.0)
+        f = frontier(law, theta, 1e20, cost=6.0)
     assert f.loss.shape == (2,) and np.isfinite(f.loss[1])
 
 

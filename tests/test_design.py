@@ -42,7 +42,7 @@ def chinchilla_laws(n_samples: int = 40, seed: int = 0) -> dict[str, FittedLaw]:
         theta = law.theta_array({**CH, "A": A})
         samples = theta * np.exp(0.02 * rng.standard_normal((n_samples, theta.size)))
         out[g] = FittedLaw(
-            g, law, theta, samples=samples, flops_per_param=k, compute_min=1e11, compute_max=1e13
+            g, law, theta, samples=samples, cost=k, compute_min=1e11, compute_max=1e13
         )
     return out
 
@@ -62,7 +62,7 @@ def write_fits(path: Path, laws: dict[str, FittedLaw]) -> Path:
             "data_summary": {
                 "compute_min": fl.compute_min,
                 "compute_max": fl.compute_max,
-                "flops_per_param_k": fl.flops_per_param,
+                **fl.cost.summary(),
             },
         }
     path.write_text(json.dumps({"fits": fits}))
@@ -140,7 +140,7 @@ def test_proposed_sizes_bracket_each_optimum(which, paper_proposal, proxy_propos
             assert len(pts) >= MIN_SIZES
             sizes = [p.N if s.size_name == "N" else p.F for p in pts]
             opt = frontier(
-                laws[arch].law, laws[arch].theta, s.budget, k=laws[arch].flops_per_param, S=s.sparsity
+                laws[arch].law, laws[arch].theta, s.budget, cost=laws[arch].cost, S=s.sparsity
             )
             assert s.optima[arch]["size"] == pytest.approx(float(opt.size))
             assert min(sizes) < opt.size < max(sizes), (arch, sizes, opt.size)
@@ -370,7 +370,7 @@ def test_plan_cli_from_a_runs_folder_sends_new_runs_there(tmp_path):
                 loss = float(fl.law.predict(fl.theta, N=np.array([N]), D=np.array([D]))[0]) * np.exp(
                     1e-3 * rng.standard_normal()
                 )
-                pts.append({"N": N, "D": D, "loss": loss, "flops": fl.flops_per_param * N * D})
+                pts.append({"N": N, "D": D, "loss": loss, "flops": float(fl.cost(N)) * D})
             (run / "config.json").write_text("{}")
             (run / "final.json").write_text(
                 json.dumps({"run": run.name, "arch": g, "complete": True, "points": pts})

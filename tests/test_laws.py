@@ -83,7 +83,7 @@ def test_derived_exponents_and_paper_frontier():
 def test_closed_form_optimum_matches_numerical_minimum():
     law = get_law("chinchilla")
     for C in (1e19, 1e22, 1e25):
-        opt = optimal(law, CHIN, C, k=6.0)
+        opt = optimal(law, CHIN, C, cost=6.0)
         assert opt["N"] * opt["D"] * 6 == pytest.approx(C, rel=1e-12)
         f = lambda u: law.predict(CHIN, N=np.exp(u), D=C / (6 * np.exp(u)))  # noqa: E731
         res = minimize_scalar(f, bounds=(np.log(1e5), np.log(1e14)), method="bounded",
@@ -113,12 +113,12 @@ def test_one_registry_driven_frontier_for_any_law():
 
     ch = get_law("chinchilla")
     for C, k in ((1e21, 6.0), (1e24, 7.5)):
-        fr = frontier(ch, CHIN, C, k=k)
-        n, d, loss = frontier_numeric(ch, CHIN, C, k=k)
+        fr = frontier(ch, CHIN, C, cost=k)
+        n, d, loss = frontier_numeric(ch, CHIN, C, cost=k)
         assert fr.size_name == "N" and fr.size == pytest.approx(n, rel=1e-5)
         assert fr.loss == pytest.approx(loss)
         assert fr.tokens_per_param == pytest.approx(fr.tokens / fr.size)
-        assert optimal(ch, CHIN, C, k=k) == fr.as_dict()
+        assert optimal(ch, CHIN, C, cost=k) == fr.as_dict()
     fs = frontier(get_law("smelt"), PAPER_BASE, 1e21, S=0.95)
     assert fs.size_name == "F" and fs.tokens_per_param == pytest.approx(fs.tokens / (fs.size / 6))
     with pytest.raises(UserError, match="needs S"):

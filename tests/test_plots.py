@@ -21,7 +21,7 @@ from scaling.fitting.laws import get_law
 from scaling.fitting.savings import FittedLaw
 from scaling.fitting.savings import frontier as law_frontier
 from scaling.fitting.savings_sweep import savings_over
-from scaling.fitting.slices import flops_per_token_of_size, isoflop_slices
+from scaling.fitting.slices import isoflop_slices
 from scaling.fitting.tables import load_points
 
 runner = CliRunner()
@@ -276,18 +276,12 @@ def test_isoflop_figure(points, fits):
     assert "N*" in axes[-1].get_ylabel() and "FLOPs" in axes[-1].get_xlabel()
 
 
-def test_flops_per_token_of_size_exact_on_affine_sizes():
-    N = np.array([1e5, 2e5, 4e5])
-    F = 16.0 * N + 1e6
-    np.testing.assert_allclose(flops_per_token_of_size(N, N, F), F, rtol=1e-12)
-
-
 def test_frontier_draws_the_closed_form(points, fits):
     fig = plots.frontier(fits, points)
     ax = visible(fig)[0]
     line = next(l for l in ax.lines if l.get_label() == "Baseline: L*(C)")
     law = FittedLaw.from_fit(fits["baseline"])
-    expected = law_frontier(law.law, law.theta, line.get_xdata(), k=law.flops_per_param).loss
+    expected = law_frontier(law.law, law.theta, line.get_xdata(), cost=law.cost).loss
     np.testing.assert_allclose(line.get_ydata(), expected)
     assert ax.get_xscale() == "log" and "FLOPs" in ax.get_xlabel()
     assert any("extrapolation" in t.get_text() for t in ax.texts)

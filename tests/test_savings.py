@@ -25,7 +25,7 @@ BASE = {"E": 1.82, "A": 482.0, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
 
 def chin(name: str, k: float = 6.0, samples=None, cmax=None, **over) -> FittedLaw:
     return FittedLaw(name=name, law=CHIN, theta=CHIN.theta_array({**BASE, **over}), samples=samples,
-                     flops_per_param=k, compute_max=cmax)
+                     cost=k, compute_max=cmax)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,8 @@ def paper():
 @pytest.mark.parametrize("C", [1e18, 1e21, 1e24])
 @pytest.mark.parametrize("k", [6.0, 9.5])
 def test_chinchilla_frontier_matches_numeric_minimiser(C, k):
-    opt = frontier(CHIN, BASE, C, k=k)
-    n, d, loss = frontier_numeric(CHIN, BASE, C, k=k)
+    opt = frontier(CHIN, BASE, C, cost=k)
+    n, d, loss = frontier_numeric(CHIN, BASE, C, cost=k)
     assert float(opt.size) == pytest.approx(n, rel=1e-5)
     assert float(opt.tokens) == pytest.approx(d, rel=1e-5)
     assert float(opt.loss) == pytest.approx(loss, rel=1e-12)
@@ -60,8 +60,8 @@ def test_smelt_frontier_matches_numeric_minimiser(paper, group, S, C):
 
 
 def test_frontier_agrees_with_law_registry_optimal(paper):
-    o = optimal(CHIN, BASE, 1e22, k=7.0)
-    f = frontier(CHIN, BASE, 1e22, k=7.0)
+    o = optimal(CHIN, BASE, 1e22, cost=7.0)
+    f = frontier(CHIN, BASE, 1e22, cost=7.0)
     assert (float(f.size), float(f.loss)) == pytest.approx((float(o["N"]), float(o["loss"])), rel=1e-12)
     theta = paper.fitted("smelt").theta
     o = optimal(SMELT, theta, 1e21, S=0.95)

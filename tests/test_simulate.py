@@ -40,8 +40,8 @@ def paper():
 def chinchilla_truth() -> dict[str, FittedLaw]:
     law = get_law("chinchilla")
     P = {"E": 1.82, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
-    return {"baseline": FittedLaw("baseline", law, {**P, "A": 482.0}, flops_per_param=6.0, compute_max=1e21),
-            "smelt": FittedLaw("smelt", law, {**P, "A": 400.0}, flops_per_param=6.6, compute_max=1e21)}
+    return {"baseline": FittedLaw("baseline", law, {**P, "A": 482.0}, cost=6.0, compute_max=1e21),
+            "smelt": FittedLaw("smelt", law, {**P, "A": 400.0}, cost=6.6, compute_max=1e21)}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from scaling.common.errors import UserError
-from scaling.fitting.tables import CANONICAL, Columns, flops_per_param_k, law_inputs, load_points, total_flops
+from scaling.fitting.tables import CANONICAL, Columns, law_inputs, load_points, token_cost, total_flops
 
 
 def point(run, N, D, loss, arch="baseline", **extra):
@@ -65,7 +65,7 @@ def test_csv_with_compute_column_derives_tokens(tmp_path):
     np.testing.assert_allclose(df["D"], [1e10, 1e10, 2e10])      # D = C / (6 N)
     np.testing.assert_allclose(df["flops"], [6e18, 1.2e19, 4.8e19])
     assert (df["group"] == "default").all() and df["run"].nunique() == 3
-    assert flops_per_param_k(df) == pytest.approx(6.0)
+    assert token_cost(df).k == pytest.approx(6.0)
 
 
 def test_jsonl_keeps_timestamp_like_fields_numeric_and_names_bad_lines(tmp_path):
@@ -163,7 +163,7 @@ def test_total_flops_fallbacks():
     df = pd.DataFrame({"N": [1e6, 1e6, 1e6], "D": [1e8, 1e8, 1e8], "flops": [7e14, np.nan, np.nan],
                        "flops_per_token": [np.nan, 8e6, np.nan]})
     np.testing.assert_allclose(total_flops(df), [7e14, 8e14, 6e14])
-    assert flops_per_param_k(df) == pytest.approx(7.0)
+    assert token_cost(df).k == pytest.approx(7.5)  # one size: the median of F/N over F = 7e6 and 8e6
 
 
 # -- issue 18 traps: units, derived columns, guessed columns, filters, runs -----------------------
@@ -200,10 +200,10 @@ def test_derive_n_or_d_from_compute(tmp_path):
     t8 = t.assign(C=8 * t["N"] * t["D"]).drop(columns=["N"])
     got = load_points_df(t8, tmp_path, Columns(c="C", flops_per_nd=8))
     np.testing.assert_allclose(got["N"], t["N"], rtol=1e-12)
-    assert flops_per_param_k(got) == pytest.approx(8.0)
+    assert token_cost(got).k == pytest.approx(8.0)
     # without a compute column k still sets the recorded compute (and so the fitter's k)
     got = load_points_df(t.drop(columns=["C"]), tmp_path, Columns(flops_per_nd=7))
-    assert flops_per_param_k(got) == pytest.approx(7.0)
+    assert token_cost(got).k == pytest.approx(7.0)
     with pytest.raises(UserError, match="must be > 0"):
         load_points_df(t, tmp_path, Columns(flops_per_nd=0))
 

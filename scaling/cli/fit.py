@@ -141,19 +141,25 @@ def print_fit(fit: FitResult) -> None:
                      f"{gof['worst_residual_in_scatter']:.1f}x scatter)",
                      highlight=False)
     ea, eb = law.allocation_exponents
+    if law.budget_uses_k:
+        cost = fit.cost
+        # the per-token FLOPs are measured, not Kaplan's 6 N: say so where they are used (issue 29)
+        fitted = (f", fitted to the points' FLOPs per token, worst error {100 * cost.max_rel_error:.2g}%"
+                  if cost.max_rel_error or not cost.linear else "")
+        stdout.print(f"  compute: C = F(N) D, F(N) = {cost.describe()}{fitted}", highlight=False)
     if "G" in fit.derived and ea in fit.derived:
         x = law.size_input
-        kk = f"{fit.k:.3g} " if law.budget_uses_k else ""
-        # k is measured, not Kaplan's 6: say so where it is printed (issue 29)
-        why = ""
-        if law.budget_uses_k and abs(fit.k - 6) > 0.05:
-            why = (f"; k = {fit.k:.3g} = median FLOPs/({x} D) of the data, above the 6 of C = 6 N D "
-                   "where attention and the output layer cost much next to N")
-        stdout.print(f"  allocation (approach 3, C = {kk}{x} D{why}): "
+        kk = f"{fit.cost.k:.3g} " if law.budget_uses_k else ""
+        limit = "" if not law.budget_uses_k or fit.cost.linear else ", its large-budget limit"
+        stdout.print(f"  allocation (approach 3, C = {kk}{x} D{limit}): "
                      f"{x}* = G C^{ea} = {fit.derived['G']:.4g} "
                      f"C^{fit.derived[ea]:.4f}, "
                      f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
                      f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
+    if "a_data" in fit.derived:
+        stdout.print(f"  across the data's compute ({fit.data_summary['compute_min']:.3g} to "
+                     f"{fit.data_summary['compute_max']:.3g} FLOPs, C = F(N) D): {x}* ~ C^"
+                     f"{fit.derived['a_data']:.4f} {_ci(fit, 'a_data')}", highlight=False)
     for key in ("approach1", "approach2"):
         c = fit.cross_checks.get(key)
         if not c:
@@ -206,10 +212,15 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
     for c in ("group", "approach 1 (frontier)", "approach 2 (IsoFLOP)", "approach 3 (law)"):
         table.add_column(c, justify="right" if c != "group" else "left", no_wrap=True)
     for f in groups:
-        a3 = f.derived.get(ea)
-        a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, ea)}".replace(" [-]", "")
+        key = "a_data" if "a_data" in f.derived else ea
+        a3 = f.derived.get(key)
+        a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, key)}".replace(" [-]", "")
         table.add_row(f.group, _a_text(f.cross_checks.get("approach1")),
                       _a_text(f.cross_checks.get("approach2")), a3_text)
+    if any("a_data" in f.derived for f in groups):
+        # approaches 1 and 2 see the data's compute range: compare them with the law there
+        table.caption = ("approach 3: the law's frontier across the data's compute (F(N) is not k N there; "
+                         "its large-budget limit a is in the allocation line)")
     stdout.print(table)
     says: dict[str, list[str]] = {}
     not_says: dict[str, list[str]] = {}

@@ -120,7 +120,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compute saved by the candidate over the reference at equal loss on the compute-optimal frontier.
 
-        Laws are minimised along C = F·D (smelt form) or C = k·N·D (chinchilla, k = median FLOPs/(N·D)).
+        Laws are minimised along C = F·D (smelt form) or C = F(N)·D (chinchilla form, with
+        F(N) = k·N + e·√N + c fitted to the runs' FLOPs per token).
 
         Default (the SMELT paper's convention): the candidate trains with C and reaches L*_cand(C).
 

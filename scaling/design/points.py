@@ -33,8 +33,8 @@ def isoflop_design(
     """A config-free IsoFLOP design as canonical points (``scaling.fitting.tables``), loss left NaN.
 
     Per law (group), budget C and sparsity: ``n_sizes`` sizes x*(C) 10^u, u evenly spaced in
-    [-spread, spread] decades around that law's own optimum; chinchilla form: N = x, D = C/(k N),
-    F = k N; smelt form: F = x, D = C/F and N = F/6 (dense-equivalent parameters, used only in data
+    [-spread, spread] decades around that law's own optimum; chinchilla form: N = x, F = F(N) (the law's
+    ``cost``), D = C/F; smelt form: F = x, D = C/F and N = F/6 (dense-equivalent parameters, used only in data
     summaries). Every point is its own run.
     """
     C = check_budgets(budgets)
@@ -46,12 +46,13 @@ def isoflop_design(
         smelt_form = uses_sparsity(fl.law)
         for c in C:
             for s in sparsities if smelt_form else (None,):
-                x = float(frontier(fl.law, fl.theta, c, k=fl.flops_per_param, S=s).size) * 10.0**u
+                x = float(frontier(fl.law, fl.theta, c, cost=fl.cost, S=s).size) * 10.0**u
                 for i, xi in enumerate(x):
                     if smelt_form:
                         F, N, D = xi, xi / 6.0, c / xi
                     else:
-                        N, D, F = xi, c / (fl.flops_per_param * xi), fl.flops_per_param * xi
+                        N, F = xi, float(fl.cost(xi))
+                        D = c / F
                     tag = f"{group}-C{c:.3g}" + ("" if s is None else f"-S{s:g}") + f"-{i}"
                     rows.append(
                         {

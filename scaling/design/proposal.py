@@ -6,11 +6,12 @@ with the same total training compute C = F * D, F the config's exact training FL
 of that config (not the median k of the fit, so that every run really spends C).
 
 Size grid. Each law has a compute-optimal size x*(C) (``scaling.fitting.savings.frontier``): N* for the
-chinchilla form (N = active non-embedding parameters, C = k N D), F* for the smelt form (C = F D
-at a sparsity S). Both architectures share one set of Baseline configs and every SMELT run is the
-matched twin of one of them (``scaling.accounting.matching.smelt_twin``: same F, so the pair trains the same
-D = C/F). In Baseline coordinates (the Baseline's own N or F) the SMELT optimum sits at the
-Baseline whose twin has size x*_smelt. The grid is ``n`` sizes log-spaced in Baseline coordinates
+chinchilla form (N = active non-embedding parameters, C = F(N) D with the fit's per-token FLOPs
+model), F* for the smelt form (C = F D at a sparsity S). Both architectures share one set of
+Baseline configs and every SMELT run is the matched twin of one of them
+(``scaling.accounting.matching.smelt_twin``: same F, so the pair trains the same D = C/F).
+In Baseline coordinates (the Baseline's own N or F) the SMELT optimum sits at the Baseline whose
+twin has size x*_smelt. The grid is ``n`` sizes log-spaced in Baseline coordinates
 between the lowest and the highest of the four edges x*_arch 10^(+-spread), each mapped to the
 Baseline that builds it (the twin/Baseline size ratio drifts with scale), so that every
 architecture's sizes reach ``spread`` decades either side of its own optimum.
@@ -214,7 +215,7 @@ class _SizeRule:
 def _set_for_budget(laws: Mapping[str, FittedLaw], C: float, S: float | None, rule: _SizeRule, level: float,
                     warnings: list[str]) -> IsoFlopSet:
     """The IsoFLOP set at budget C (and sparsity S): sizes spanning both optima, their points, profile."""
-    optima = {a: frontier(laws[a].law, laws[a].theta, C, k=laws[a].flops_per_param, S=S) for a in ARCHS}
+    optima = {a: frontier(laws[a].law, laws[a].theta, C, cost=laws[a].cost, S=S) for a in ARCHS}
     where = f"budget {C:.3g}" + ("" if S is None else f", S={S:g}")
     pairs = _size_grid(_edges(optima, S, rule, where), S, rule, where, warnings)
     points = _planned_points(laws, pairs, optima, C, S, rule.size, level)
@@ -372,7 +373,7 @@ def _nearest_tiers(laws: Mapping[str, FittedLaw], C: np.ndarray, sparsities: Seq
     (the first whose family can build every planned size wins)."""
     mid = float(np.exp(np.mean(np.log(C))))
     base = laws["baseline"]
-    opt = frontier(base.law, base.theta, mid, k=base.flops_per_param, S=sparsities[0])
+    opt = frontier(base.law, base.theta, mid, cost=base.cost, S=sparsities[0])
     return nearest_tiers(float(opt.size), size)
 
 

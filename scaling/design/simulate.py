@@ -19,8 +19,8 @@ savings (the same code on the truth) and s_hat the estimates:
 - coverage: fraction of intervals [lo, hi] with lo - 1e-7 <= s <= hi + 1e-7 (the slack absorbs
   float round-off of zero-width intervals at zero noise), to compare with the nominal level.
 
-For chinchilla-form laws the compute C = k N D uses the truth's k for the fitted laws too, so
-the savings error measures the fit alone, not a different k of the design's configs.
+For chinchilla-form laws the compute C = F(N) D uses the truth's per-token FLOPs F for the fitted
+laws too, so the savings error measures the fit alone, not a different F of the design's configs.
 
 Starts. ``starts="grid"`` runs the fitter's full multi-start grid in every trial (what
 ``smelt-scale fit`` does; seconds per fit). ``starts="warm"`` (default) fits the noise-free
@@ -134,8 +134,8 @@ class SimulationResult(Record):
 def _fit(points: pd.DataFrame, truth: FittedLaw, settings: FitSettings) -> tuple[FitResult, FittedLaw]:
     fit = fit_law(points, truth.law, settings, group=truth.name)
     fl = FittedLaw.from_fit(fit, name=truth.name)
-    # the truth's k: the savings error then measures the fit, not a different C = k N D convention
-    return fit, replace(fl, flops_per_param=truth.flops_per_param)
+    # the truth's F(N): the savings error then measures the fit, not a different C = F(N) D convention
+    return fit, replace(fl, cost=truth.cost)
 
 
 @dataclass(frozen=True)

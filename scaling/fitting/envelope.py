@@ -41,7 +41,7 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
-from scaling.fitting.tables import flops_per_param_k, read_runs_dir, total_flops
+from scaling.fitting.tables import read_runs_dir, token_cost, total_flops
 
 METHOD = "envelope"
 
@@ -216,7 +216,7 @@ def envelope_points(points: pd.DataFrame, units: pd.Series | None = None) -> pd.
     """
     out = pd.DataFrame({
         "group": points["group"].astype(str).to_numpy(),
-        "compute": total_flops(points, flops_per_param_k(points)),
+        "compute": total_flops(points, token_cost(points)),
         "loss": points["loss"].to_numpy(dtype=float),
     })
     out["unit"] = (points["run"].astype(str).to_numpy() if units is None

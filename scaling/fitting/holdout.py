@@ -31,14 +31,14 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.fit import FitResult, fit_law
-from scaling.fitting.laws import Law, get_law
+from scaling.fitting.laws import Law, TokenCost, get_law
 from scaling.fitting.settings import FitSettings, settings_of
-from scaling.fitting.tables import flops_per_param_k, law_inputs, total_flops
+from scaling.fitting.tables import law_inputs, token_cost, total_flops
 
 _RULE = re.compile(r"^\s*([NC])\s*(>=|>)\s*([0-9.eE+\-]+)\s*$")
 
 
-def holdout_mask(points: pd.DataFrame, rule: str, k: float = 6.0) -> np.ndarray:
+def holdout_mask(points: pd.DataFrame, rule: str, cost: TokenCost | float = 6.0) -> np.ndarray:
     """Boolean mask of the held-out points of one group under ``rule`` (see module doc)."""
     r = rule.strip()
     if r.lower() == "largest":
@@ -52,7 +52,7 @@ def holdout_mask(points: pd.DataFrame, rule: str, k: float = 6.0) -> np.ndarray:
         x = float(value)
     except ValueError:
         raise UserError(f"holdout rule {rule!r}: {value!r} is not a number") from None
-    v = points["N"].to_numpy(dtype=float) if name == "N" else total_flops(points, k)
+    v = points["N"].to_numpy(dtype=float) if name == "N" else total_flops(points, cost)
     return v >= x if op == ">=" else v > x
 
 
@@ -118,8 +118,8 @@ def holdout(points: pd.DataFrame, law: str | Law, rule: str, settings: FitSettin
     any_held = False
     for group in sorted(points["group"].astype(str).unique()):
         sub = points[points["group"].astype(str) == group].reset_index(drop=True)
-        k = flops_per_param_k(sub)
-        held = holdout_mask(sub, rule, k)
+        cost = token_cost(sub)
+        held = holdout_mask(sub, rule, cost)
         if not held.any():
             continue
         any_held = True
@@ -137,12 +137,13 @@ def holdout(points: pd.DataFrame, law: str | Law, rule: str, settings: FitSettin
         rows.append(pd.DataFrame({
             "group": group, "run": test["run"].astype(str).to_numpy(),
             "N": test["N"].to_numpy(dtype=float), "D": test["D"].to_numpy(dtype=float),
-            "compute": total_flops(test, k), "observed": obs, "predicted": pred, "lo": lo, "hi": hi,
+            "compute": total_flops(test, cost), "observed": obs, "predicted": pred, "lo": lo, "hi": hi,
             "error_nats": obs - pred, "error_log": np.log(obs / pred),
             "inside": [None if math.isnan(v) else bool(v) for v in inside]}))
         summary[group] = {
             "n_fitted": int(len(train)), "n_heldout": int(len(test)),
-            "fitted_N_max": float(train["N"].max()), "fitted_compute_max": float(total_flops(train, k).max()),
+            "fitted_N_max": float(train["N"].max()),
+            "fitted_compute_max": float(total_flops(train, cost).max()),
             "mean_error_nats": float(np.mean(obs - pred)),
             "mean_abs_error_nats": float(np.mean(np.abs(obs - pred))),
             "max_abs_error_nats": float(np.max(np.abs(obs - pred))),

@@ -21,9 +21,10 @@ names, which of them are fitted as logs, bounds, the design function and the sta
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -308,15 +309,120 @@ def _fixed(law: Law, S: object) -> dict[str, np.ndarray]:
     return {k: np.asarray(given[k], dtype=float) for k in law.fixed_inputs}
 
 
+@dataclass(frozen=True)
+class TokenCost:
+    """Training FLOPs per token of a model of size x (x = N, non-embedding active parameters):
+    F(x) = k x + e sqrt(x) + c, all three >= 0, so that C = F(N) D.
+
+    Kaplan et al. (2020, table 1) count 6 N per token for the parameter matmuls (k = 6, e = c = 0,
+    the ``C = 6 N D`` of Hoffmann et al. 2022). A real family adds terms that grow more slowly than
+    N: the output layer (6 V d_model per token) and the attention scores (about 12 n_layers
+    seq_len d_attn per token, forward and backward). At the paper's sizes they are a few percent of
+    6 N; at CPU-proxy sizes they are most of the cost (FLOPs/(N D) from 14 to 340 in ``runs/``), so
+    C = k N D with one k would spend each budget on a different model than the one trained.
+    ``scaling.fitting.tables.token_cost`` fits (k, e, c) to the recorded FLOPs per token of the
+    fitted points; F(N) = k N when nothing is recorded or when F/N is constant.
+    """
+
+    k: float = 6.0
+    e: float = 0.0
+    c: float = 0.0
+    max_rel_error: float = 0.0   # of the model on the points it was fitted to
+
+    def __post_init__(self) -> None:
+        for name in ("k", "e", "c"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise UserError(f"FLOPs per token: {name} must be finite and >= 0, got {v}")
+        if not self.k > 0:
+            raise UserError(f"FLOPs per token: the per-parameter term k must be positive, got {self.k}")
+
+    @classmethod
+    def of(cls, value: "TokenCost | float") -> "TokenCost":
+        """A TokenCost as it is, a number k as F(x) = k x."""
+        return value if isinstance(value, TokenCost) else cls(k=float(value))
+
+    @property
+    def linear(self) -> bool:
+        """F(x) = k x: the closed-form frontier holds."""
+        return self.e == 0.0 and self.c == 0.0
+
+    def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        return self.k * x + self.e * np.sqrt(x) + self.c
+
+    def log_slope(self, x: np.ndarray) -> np.ndarray:
+        """d log F / d log x = (k x + e sqrt(x) / 2) / F(x), in (0, 1]."""
+        x = np.asarray(x, dtype=float)
+        return (self.k * x + 0.5 * self.e * np.sqrt(x)) / self(x)
+
+    def describe(self, x: str = "N") -> str:
+        if self.linear:
+            return f"{self.k:.3g} {x}"
+        parts = [f"{self.k:.3g} {x}"] + ([f"{self.e:.3g} sqrt({x})"] if self.e else []) + \
+            ([f"{self.c:.3g}"] if self.c else [])
+        return " + ".join(parts)
+
+    def summary(self) -> dict[str, float]:
+        """The data-summary keys of a fit (``FitResult.data_summary``)."""
+        return {"flops_per_param_k": self.k, "flops_per_sqrt_param": self.e, "flops_per_token_offset": self.c,
+                "flops_model_max_error": self.max_rel_error}
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, Any]) -> "TokenCost":
+        """From a fit's data summary; a file written before the e, c terms existed reads as k N."""
+        return cls(k=float(summary.get("flops_per_param_k") or 6.0),
+                   e=float(summary.get("flops_per_sqrt_param") or 0.0),
+                   c=float(summary.get("flops_per_token_offset") or 0.0),
+                   max_rel_error=float(summary.get("flops_model_max_error") or 0.0))
+
+
+_FRONTIER_STEPS = 90      # bisection steps in log x over a 120-nat bracket: width 1e-25 nats
+
+
+def _general_optimum(E, P, p, Q, q, C, cost: TokenCost):
+    """Minimise L = E + P x^-p + Q (C / F(x))^-q over x, F = ``cost`` (not linear).
+
+    With u = log x, P e^(-p u) is convex and Q (F(e^u) / C)^q = Q exp(q (log F(e^u) - log C)) is
+    convex too (log F(e^u) is a log-sum-exp of affine functions of u), so L is convex in u and its
+    derivative, -p P x^-p + q Q (F/C)^q dlogF/dlogx, crosses zero once: bisection on its sign,
+    compared in logs (no overflow for any bootstrap exponent). The bracket's top is x = C/k (then
+    D < 1 token); an optimum beyond it is clamped there.
+    """
+    E, P, p, Q, q, C = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (E, P, p, Q, q, C)))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+        hi = np.log(C / cost.k)
+        lo = hi - 120.0
+        logPp, logQq, logC = np.log(p * P), np.log(q * Q), np.log(C)
+
+        def rising(u: np.ndarray) -> np.ndarray:
+            x = np.exp(u)
+            return logQq + q * (np.log(cost(x)) - logC) + np.log(cost.log_slope(x)) > logPp - p * u
+
+        for _ in range(_FRONTIER_STEPS):
+            mid = 0.5 * (lo + hi)
+            up = rising(mid)
+            hi = np.where(up, mid, hi)
+            lo = np.where(up, lo, mid)
+        x = np.exp(0.5 * (lo + hi))
+        y = C / cost(x)
+        L = E + P * x ** (-p) + Q * y ** (-q)
+        bad = ~(np.isfinite(logPp) & np.isfinite(logQq) & np.isfinite(logC) & np.isfinite(L))
+        nan = np.full(x.shape, np.nan)
+        return np.where(bad, nan, x), np.where(bad, nan, y), np.where(bad, nan, L)
+
+
 def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | float, *,
-             k: float | np.ndarray = 6.0, S: float | np.ndarray | None = None) -> Frontier:
-    """Compute-optimal allocation and loss L*(C) of any registry law (closed form).
+             cost: TokenCost | float = 6.0, S: float | np.ndarray | None = None) -> Frontier:
+    """Compute-optimal allocation and loss L*(C) of any registry law.
 
     Every law here is, along a budget, L = E + P x^-p + Q y^-q (``Law.frontier_terms``), x the size
-    input and y = D tokens, with x y = C / k (``budget_uses_k``: C = k N D, k = 6 by Kaplan et al.
-    2020 or the measured flops/(N D)) or x y = C (x = FLOPs per token). Lagrange (Hoffmann et al.
-    2022, eq. 4): x* = G (C/k)^(q/(p+q)), G = (p P / (q Q))^(1/(p+q)), y* = (C/k) / x*. theta may be
-    (..., P) (bootstrap samples) and broadcasts against C.
+    input and y = D tokens. Per-token FLOPs as the size input (smelt form): x y = C exactly. Parameters
+    as the size input (chinchilla form): y = C / F(x) with F = ``cost`` (``TokenCost``; a number k
+    means F = k x, k = 6 by Kaplan et al. 2020). For F = k x the optimum is Lagrange's closed form
+    (Hoffmann et al. 2022, eq. 4): x* = G (C/k)^(q/(p+q)), G = (p P / (q Q))^(1/(p+q)),
+    y* = (C/k) / x*; for F with a sqrt or constant term, the unique minimum of the convex profile in
+    log x (``_general_optimum``). theta may be (..., P) (bootstrap samples) and broadcasts against C.
     """
     if law.frontier_terms is None:
         raise UserError(f"law {law.name!r} has no closed-form frontier")
@@ -324,29 +430,33 @@ def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | 
     t = {name: arr[..., i] for i, name in enumerate(law.params)}
     C = np.asarray(C, dtype=float)
     E, P, p, Q, q = law.frontier_terms(t, _fixed(law, S))
-    budget = C / np.asarray(k, dtype=float) if law.budget_uses_k else C
-    x, y, L = two_term_optimum(E, P, p, Q, q, budget)
+    cost = TokenCost.of(cost)
+    if law.budget_uses_k and not cost.linear:
+        x, y, L = _general_optimum(E, P, p, Q, q, C, cost)
+    else:
+        x, y, L = two_term_optimum(E, P, p, Q, q, C / cost.k if law.budget_uses_k else C)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):  # as above
         return Frontier(law.size_input, C, x, y, L, y / law.params_per_size(x))
 
 
 def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float, *,
-                     k: float = 6.0, S: float | None = None) -> tuple[float, float, float]:
+                     cost: TokenCost | float = 6.0, S: float | None = None) -> tuple[float, float, float]:
     """(size*, D*, L*) by minimising ``law.predict`` along the budget numerically (a cross-check).
 
-    Scans log x over [0, log(C/k)] (x = the size input, at least one token), then refines the best
-    grid cell with a bounded Brent search. Independent of the closed form and of ``frontier_terms``.
+    Scans log x over [0, log(C/k)] (x = the size input, D = C / F(x) tokens), then refines the best
+    grid cell with a bounded Brent search. Independent of the closed form, of the bisection and of
+    ``frontier_terms``.
     """
     from scipy.optimize import minimize_scalar
 
     theta = law.theta_array(theta)
-    scale = k if law.budget_uses_k else 1.0
+    cost = TokenCost.of(cost) if law.budget_uses_k else TokenCost(k=1.0)
     fixed = _fixed(law, S)
-    top = np.log(C / scale)
+    top = np.log(C / cost.k)
 
     def loss(logx: np.ndarray) -> np.ndarray:
         x = np.exp(logx)
-        inputs = {law.size_input: x, "D": C / (scale * x)}
+        inputs = {law.size_input: x, "D": C / cost(x)}
         inputs.update({name: np.full_like(x, v) for name, v in fixed.items()})
         return law.predict(theta, **inputs)
 
@@ -356,10 +466,10 @@ def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float
     res = minimize_scalar(lambda z: float(loss(np.array([z]))[0]), bounds=(lo, hi), method="bounded",
                           options={"xatol": 1e-12})
     x = float(np.exp(res.x))
-    return x, C / (scale * x), float(res.fun)
+    return x, C / float(cost(x)), float(res.fun)
 
 
-def optimal(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | float, k: float = 6.0,
-            **fixed: object) -> dict[str, np.ndarray]:
+def optimal(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | float,
+            cost: TokenCost | float = 6.0, **fixed: object) -> dict[str, np.ndarray]:
     """``frontier(...).as_dict()``: {"N" or "F": x*, "D": D*, "loss": L*} (fixed inputs as keywords)."""
-    return frontier(law, theta, C, k=k, S=fixed.get("S")).as_dict()
+    return frontier(law, theta, C, cost=cost, S=fixed.get("S")).as_dict()

@@ -14,7 +14,7 @@ import numpy as np
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
 from scaling.common.stats import percentile_interval
-from scaling.fitting.laws import Law, frontier, get_law
+from scaling.fitting.laws import Law, TokenCost, frontier, get_law
 from scaling.fitting.objective import DEFAULT_DELTA, DEFAULT_OBJECTIVE
 
 CI_LEVEL = 0.95
@@ -42,7 +42,9 @@ class FitResult:
     parameter vectors (K x P, ``Law.params`` order; K = 0 without a bootstrap); ``ci`` maps
     every parameter and derived quantity to its percentile interval at ``settings["ci_level"]``.
     ``data_summary`` has the ranges of the fitted points, ``compute_min``/``compute_max``
-    (total training FLOPs) and ``flops_per_param_k`` (median flops/(N D); 6 when unrecorded).
+    (total training FLOPs) and the per-token FLOPs model F(N) = k N + e sqrt(N) + c of the points
+    (``flops_per_param_k``, ``flops_per_sqrt_param``, ``flops_per_token_offset``,
+    ``flops_model_max_error``: ``scaling.fitting.laws.TokenCost``; k = 6, e = c = 0 when unrecorded).
     ``data`` holds the fitted points themselves, the law's inputs and the observed ``loss``
     ({name: (n,) array}), so that ``residuals()`` needs no table (empty for a fits file written
     before it was recorded). Frozen, and JSON round-trippable: ``from_json(to_json())``.
@@ -70,8 +72,9 @@ class FitResult:
         return self.law_obj.theta_array(self.params)
 
     @property
-    def k(self) -> float:
-        return float(self.data_summary.get("flops_per_param_k", 6.0))
+    def cost(self) -> TokenCost:
+        """Training FLOPs per token as a function of N, C = F(N) D (the chinchilla form's budget)."""
+        return TokenCost.from_summary(self.data_summary)
 
     def predict(self, **inputs: object) -> np.ndarray:
         """Loss at the law's inputs (chinchilla: N, D; smelt: F, S, D), numpy broadcasting."""
@@ -83,14 +86,14 @@ class FitResult:
             raise UserError("this fit has no bootstrap samples (fitted with 0 resamples)")
         return self.law_obj.predict(self.bootstrap, **inputs)
 
-    def optimal(self, C: np.ndarray | float, k: float | None = None,
+    def optimal(self, C: np.ndarray | float, cost: TokenCost | float | None = None,
                 **fixed: object) -> dict[str, np.ndarray]:
         """Compute-optimal allocation at total training FLOPs C (``scaling.fitting.laws.frontier``).
 
-        chinchilla: C = k N D with k = ``flops_per_param_k`` of the data unless given;
+        chinchilla: C = F(N) D with F = ``self.cost`` (the data's FLOPs per token) unless given;
         returns {"N", "D", "loss"}. smelt: C = F D at fixed ``S=``; returns {"F", "D", "loss"}.
         """
-        return frontier(self.law_obj, self.params, C, k=self.k if k is None else k,
+        return frontier(self.law_obj, self.params, C, cost=self.cost if cost is None else cost,
                         S=fixed.get("S")).as_dict()
 
     def at_budget(self, C: float, S: float | None = None) -> dict[str, Any]:
@@ -100,9 +103,10 @@ class FitResult:
         if S is None and "S" in law.fixed_inputs and len(self.data_summary.get("sparsities", [])) == 1:
             S = self.data_summary["sparsities"][0]
         level = self.settings.get("ci_level", CI_LEVEL)
-        est = frontier(law, self.params, C, k=self.k, S=S).as_dict()
+        est = frontier(law, self.params, C, cost=self.cost, S=S).as_dict()
         out: dict[str, Any] = {"C": float(C)}
-        boot = frontier(law, self.bootstrap, C, k=self.k, S=S).as_dict() if self.bootstrap.shape[0] else None
+        boot = (frontier(law, self.bootstrap, C, cost=self.cost, S=S).as_dict() if self.bootstrap.shape[0]
+                else None)
         for name, v in est.items():
             out[name] = float(v)
             ci = _percentile_ci(np.asarray(boot[name]), level) if boot else (math.nan, math.nan)
@@ -329,6 +333,9 @@ def _checked_sections(d: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             raise TypeError(f"{key} is not an object")
         sections[key] = dict(v)
     summary = sections["data_summary"]
+    for key in ("flops_per_sqrt_param", "flops_per_token_offset", "flops_model_max_error"):
+        if key in summary and not (_is_number(summary[key]) and 0 <= summary[key] < math.inf):
+            raise ValueError(f"data_summary.{key} must be a finite number >= 0, got {summary[key]!r}")
     for key in ("compute_min", "compute_max", "flops_per_param_k", "N_min", "N_max", "D_min", "D_max",
                 "F_min", "F_max", "loss_min", "loss_max"):
         if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
@@ -341,6 +348,10 @@ def _derived(law: Law, theta: np.ndarray, recorded: Mapping[str, Any], summary: 
     """Derived quantities recomputed from the parameters (never read from the file); the allocation
     at the recorded k and S when the entry recorded one."""
     derived = law.derive(theta)
+    if "a_data" in recorded and law.budget_uses_k and not law.fixed_inputs:
+        lo, hi = summary.get("compute_min"), summary.get("compute_max")
+        if _is_number(lo) and _is_number(hi) and 0 < lo < hi < math.inf:
+            derived["a_data"] = float(exponent_over_data(law, theta, TokenCost.from_summary(summary), lo, hi))
     if "G" in recorded:           # the allocation: recomputed at the recorded k and S
         k = float(summary.get("flops_per_param_k", 6.0))
         sp = summary.get("sparsities") or []
@@ -456,6 +467,19 @@ class FitSet:
 
 def allocation(law: Law, theta: np.ndarray, k: float, S: float | None = None) -> dict[str, np.ndarray]:
     """Coefficients of the compute-optimal allocation x* = G C^a, D* = H C^b (x = N, or F), H = 1/(k G)
-    (k = 1 for per-token FLOPs): the frontier at C = 1 (``scaling.fitting.laws.frontier``)."""
-    fr = frontier(law, theta, 1.0, k=k, S=S)
+    (k = 1 for per-token FLOPs): the frontier at C = 1 (``scaling.fitting.laws.frontier``) of
+    C = k N D, i.e. the large-budget limit where a per-token cost k N + e sqrt(N) + c is k N."""
+    fr = frontier(law, theta, 1.0, cost=k, S=S)
     return {"G": fr.size, "H": fr.tokens}
+
+
+def exponent_over_data(law: Law, theta: np.ndarray, cost: TokenCost, c_lo: float, c_hi: float,
+                       S: float | None = None) -> np.ndarray:
+    """d log N* / d log C of the frontier across the data's compute range [c_lo, c_hi]:
+    (log N*(c_hi) - log N*(c_lo)) / (log c_hi - log c_lo), theta (..., P). Where F(N) is not k N this
+    is what approaches 1 and 2 measure on the same points, while ``a`` is its large-budget limit."""
+    theta = np.asarray(theta, dtype=float)
+    fr = frontier(law, theta[..., None, :], np.array([c_lo, c_hi]), cost=cost, S=S)
+    size = np.asarray(fr.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(size[..., 1] / size[..., 0]) / np.log(c_hi / c_lo)

@@ -57,7 +57,7 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
-from scaling.fitting.laws import Frontier, Law, frontier, frontier_numeric, get_law  # noqa: F401
+from scaling.fitting.laws import Frontier, Law, TokenCost, frontier, frontier_numeric, get_law  # noqa: F401
 
 CONVENTIONS = ("candidate-budget", "reference-budget")
 SPAN_DECADES = 6.0
@@ -93,7 +93,7 @@ def check_sparsities(sparsities: Sequence[float | None], smelt_form: bool) -> tu
 
 
 def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np.ndarray, *,
-                     k: float = 6.0, S: float | None = None,
+                     cost: TokenCost | float = 6.0, S: float | None = None,
                      span: float = SPAN_DECADES) -> tuple[np.ndarray, np.ndarray]:
     """Compute C with L*(C) = target, by bisection in log C on [around 10^-span, around 10^span].
 
@@ -110,7 +110,7 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
     lo, hi, target = (np.broadcast_to(v, shape).copy() for v in (lo, hi, target))
 
     def excess(logc: np.ndarray) -> np.ndarray:
-        return frontier(law, theta, np.exp(logc), k=k, S=S).loss - target
+        return frontier(law, theta, np.exp(logc), cost=cost, S=S).loss - target
 
     never = excess(hi) > 0.0      # still above the target with 10^span more compute
     already = excess(lo) < 0.0    # below the target even with 10^-span of the compute
@@ -130,8 +130,9 @@ class FittedLaw:
     """One fitted law as the savings maths needs it.
 
     theta: (P,) natural parameters in ``law.params`` order. samples: (K, P) bootstrap resamples
-    in the same order (row i pairs with row i of the other law), or None. flops_per_param: k in
-    C = k N D for the chinchilla form (unused by the smelt form, whose C = F D). compute_min /
+    in the same order (row i pairs with row i of the other law), or None. cost: the training FLOPs
+    per token F(N) of the chinchilla form, C = F(N) D (``TokenCost``; a number k means F = k N;
+    unused by the smelt form, whose C = F D). compute_min /
     compute_max: total training FLOPs of the smallest / largest fitted point, None if unknown.
     """
 
@@ -139,7 +140,7 @@ class FittedLaw:
     law: Law
     theta: np.ndarray
     samples: np.ndarray | None = None
-    flops_per_param: float = 6.0
+    cost: TokenCost | float = 6.0
     compute_min: float | None = None
     compute_max: float | None = None
     source: str = ""
@@ -153,9 +154,10 @@ class FittedLaw:
                 raise UserError(f"{self.name}: bootstrap samples must be (K, {self.law.n_params}), "
                                 f"got {s.shape}")
             object.__setattr__(self, "samples", s if s.shape[0] else None)
-        if not (np.isfinite(self.flops_per_param) and self.flops_per_param > 0):
-            raise UserError(f"{self.name}: FLOPs per parameter-token must be positive, "
-                            f"got {self.flops_per_param}")
+        if not isinstance(self.cost, TokenCost):
+            if not (np.isfinite(self.cost) and self.cost > 0):
+                raise UserError(f"{self.name}: FLOPs per parameter-token must be positive, got {self.cost}")
+            object.__setattr__(self, "cost", TokenCost(k=float(self.cost)))
 
     @property
     def params(self) -> dict[str, float]:
@@ -172,7 +174,7 @@ class FittedLaw:
             law=law,
             theta=law.theta_array(dict(fit.params)),
             samples=None if boot is None else np.asarray(boot, dtype=float).reshape(-1, law.n_params),
-            flops_per_param=float(summary.get("flops_per_param_k") or 6.0),
+            cost=TokenCost.from_summary(summary),
             compute_min=_positive_or_none(summary.get("compute_min")),
             compute_max=_positive_or_none(summary.get("compute_max")),
             source=source,
@@ -361,13 +363,13 @@ class SavingsResult:
 def _matched(ref: FittedLaw, cand: FittedLaw, theta_r: np.ndarray, theta_c: np.ndarray, C: np.ndarray,
              S: float | None, convention: str, span: float) -> dict[str, np.ndarray]:
     """The matched computes and losses; theta (..., P) and C broadcast."""
-    fr = frontier(ref.law, theta_r, C, k=ref.flops_per_param, S=S)
-    fc = frontier(cand.law, theta_c, C, k=cand.flops_per_param, S=S)
+    fr = frontier(ref.law, theta_r, C, cost=ref.cost, S=S)
+    fc = frontier(cand.law, theta_c, C, cost=cand.cost, S=S)
     if convention == "candidate-budget":
-        c_ref, status = compute_for_loss(ref.law, theta_r, fc.loss, C, k=ref.flops_per_param, S=S, span=span)
+        c_ref, status = compute_for_loss(ref.law, theta_r, fc.loss, C, cost=ref.cost, S=S, span=span)
         c_cand, loss = np.broadcast_to(C, c_ref.shape), np.broadcast_to(fc.loss, c_ref.shape)
     else:
-        c_cand, status = compute_for_loss(cand.law, theta_c, fr.loss, C, k=cand.flops_per_param, S=S,
+        c_cand, status = compute_for_loss(cand.law, theta_c, fr.loss, C, cost=cand.cost, S=S,
                                           span=span)
         c_ref, loss = np.broadcast_to(C, c_cand.shape), np.broadcast_to(fr.loss, c_cand.shape)
     return {"c_cand": c_cand, "c_ref": c_ref, "loss": loss, "status": status,

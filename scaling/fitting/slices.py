@@ -1,7 +1,6 @@
 """IsoFLOP slices of training runs: the loss of every run at fixed training compute, interpolated
-along its budget points (Hoffmann et al. 2022, approach 2 read off training curves), and the runs'
-FLOPs per token as a smooth function of size. The slices feed ``scaling.fitting.approaches`` and
-the IsoFLOP figure (``scaling.plots``)."""
+along its budget points (Hoffmann et al. 2022, approach 2 read off training curves). The slices
+feed ``scaling.fitting.approaches`` and the IsoFLOP figure (``scaling.plots``)."""
 
 from __future__ import annotations
 
@@ -63,35 +62,3 @@ def isoflop_slices(points: pd.DataFrame, levels: Sequence[float] | None = None, 
                              "compute": float(C), "loss": float(np.exp(np.interp(np.log(C), x, y))),
                              "D": float(C) / F})
     return pd.DataFrame(rows, columns=["group", "run", "N", "compute", "loss", "D"])
-
-
-def flops_per_token_of_size(N: np.ndarray, sizes: np.ndarray, flops_per_token: np.ndarray) -> np.ndarray:
-    """F(N): the runs' FLOPs per token as a smooth function of size, a polynomial of degree
-    min(2, sizes - 1) in (log N, log F). Smooth so that the law's IsoFLOP minimum moves
-    continuously with C (a piecewise interpolation puts kinks, and minima, at the trained sizes)."""
-    sizes, flops_per_token = np.asarray(sizes, dtype=float), np.asarray(flops_per_token, dtype=float)
-    if sizes.size == 1:
-        return np.full_like(np.asarray(N, dtype=float), flops_per_token[0])
-    q = np.polyfit(np.log(sizes), np.log(flops_per_token), min(2, sizes.size - 1))
-    return np.exp(np.polyval(q, np.log(N)))
-
-
-
-def flops_per_token_by_size(points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(sizes N, FLOPs per token F) of one group's points: each distinct N with the median of its
-    points' recorded compute / tokens (the sizes of :func:`flops_per_token_of_size`)."""
-    per = (pd.Series(total_flops(points) / points["D"].to_numpy(), index=points["N"].to_numpy())
-           .groupby(level=0).median())
-    return per.index.to_numpy(dtype=float), per.to_numpy(dtype=float)
-
-
-def optimal_size_along_flops(fit, budgets: Sequence[float], sizes: np.ndarray, flops_per_token: np.ndarray,
-                             span: float = 100.0, n_grid: int = 2000) -> np.ndarray:
-    """N*(C) of a chinchilla-form fit with the runs' real FLOPs per token: for each budget C, the N
-    minimising L(N, D = C / F(N)) on a log grid of ``n_grid`` sizes from min(sizes)/``span`` to
-    max(sizes)*``span`` (F(N) from :func:`flops_per_token_of_size`). The closed form
-    (``fit.optimal``) assumes C = k N D with one k instead."""
-    sizes = np.asarray(sizes, dtype=float)
-    grid = np.geomspace(sizes.min() / span, sizes.max() * span, n_grid)
-    F = flops_per_token_of_size(grid, sizes, flops_per_token)
-    return np.array([grid[int(np.argmin(fit.predict(N=grid, D=float(C) / F)))] for C in budgets])

@@ -33,8 +33,9 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
 - Guessed columns: ``arch`` is taken as the group and ``flops`` as total compute and ``run`` as the
   run id when present and not named otherwise; every such guess is reported in ``mapping`` and
   ``notes`` and can be switched off with the column name ``"none"``. A guessed ``flops`` column
-  whose median flops/(N D) lies outside [0.5, 100] is not total compute (a per-token FLOPs column
-  gives ~1e-9) and is ignored with a note.
+  that equals the FLOPs-per-token column times D (within 1%) is total compute; otherwise one whose
+  median flops/(N D) lies outside [0.5, 100] is not (a per-token FLOPs column gives ~1e-9) and is
+  ignored with a note.
 - Row filters: ``where`` holds conditions on the table's own column names in the filter language
   of :mod:`scaling.common.filter` (comparisons, and/or/not, in [...], arithmetic; nothing that can
   run code), applied in order before anything else; row numbers in messages are those of the file.
@@ -60,6 +61,7 @@ from scaling.common.errors import UserError
 from scaling.common.files import check_regular_file, read_json, read_jsonl
 from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
+from scaling.fitting.laws import TokenCost
 
 CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
 # Law input name (scaling.fitting.laws) -> canonical column.
@@ -383,7 +385,8 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         mapping["C"] = described(c_name, c_scale)
     elif c.c is None and GUESS_C in cols:
         guess = values(GUESS_C, 1.0)
-        if has_n and has_d:
+        f_name = c.flops_per_token
+        if has_n and has_d and not _agrees_with_per_token(guess, raw, f_name, cols, values(d_name, d_scale)):
             ratio = guess / (values(n_name, n_scale) * values(d_name, d_scale))
             med = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else math.nan
             if not (PLAUSIBLE_K[0] <= med <= PLAUSIBLE_K[1]):
@@ -535,19 +538,66 @@ def law_inputs(df: pd.DataFrame, law_inputs: Iterable[str], *,
     return out
 
 
-def total_flops(df: pd.DataFrame, k: float = 6.0) -> np.ndarray:
-    """Training FLOPs per point: recorded flops, else F*D, else k*N*D."""
+def total_flops(df: pd.DataFrame, cost: TokenCost | float = DEFAULT_FLOPS_PER_ND) -> np.ndarray:
+    """Training FLOPs per point: recorded flops, else F*D, else cost(N)*D (k N D for a number k)."""
     flops = df["flops"].to_numpy(dtype=float)
     fd = df["flops_per_token"].to_numpy(dtype=float) * df["D"].to_numpy(dtype=float)
-    knd = k * df["N"].to_numpy(dtype=float) * df["D"].to_numpy(dtype=float)
+    knd = TokenCost.of(cost)(df["N"].to_numpy(dtype=float)) * df["D"].to_numpy(dtype=float)
     return np.where(np.isfinite(flops) & (flops > 0), flops, np.where(np.isfinite(fd) & (fd > 0), fd, knd))
 
 
-def flops_per_param_k(df: pd.DataFrame) -> float:
-    """Median of flops/(N D) over points with recorded FLOPs; 6 (Kaplan et al. 2020) otherwise."""
+def _agrees_with_per_token(flops: np.ndarray, raw: pd.DataFrame, f_name: str, cols: list[str],
+                           D: np.ndarray) -> bool:
+    """Whether a guessed compute column equals FLOPs-per-token x tokens on every row (within 1%): then
+    it is total training compute whatever its flops/(N D), which tiny models put far above 6."""
+    if _off(f_name) or f_name not in cols:
+        return False
+    F = pd.to_numeric(raw[f_name], errors="coerce").to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = flops / (F * D) - 1.0
+    return bool(np.isfinite(rel).all() and np.abs(rel).max() <= 0.01)
+
+
+def per_token_flops(df: pd.DataFrame) -> np.ndarray:
+    """Training FLOPs per token of each point: recorded flops / D, else the flops_per_token column
+    (NaN where neither is known)."""
     flops = df["flops"].to_numpy(dtype=float)
-    ok = np.isfinite(flops) & (flops > 0)
+    D = df["D"].to_numpy(dtype=float)
+    F = df["flops_per_token"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_token = np.where(np.isfinite(F) & (F > 0), F, np.nan)
+        return np.where(np.isfinite(flops) & (flops > 0), flops / D, per_token)
+
+
+def token_cost(df: pd.DataFrame) -> TokenCost:
+    """F(N) = k N + e sqrt(N) + c (``scaling.fitting.laws.TokenCost``) fitted to the points' per-token
+    FLOPs: non-negative least squares on the relative error, (k N_i + e sqrt(N_i) + c) / F_i = 1.
+
+    Terms by the number of distinct sizes with a known F: none -> k = 6 (Kaplan et al. 2020);
+    one -> k = F/N; two -> k N + c; three or more -> all three. When F/N is the same for every point
+    (to 1e-9, e.g. a table whose compute is 6 N D) the fit is k N exactly, and the frontier is
+    Lagrange's closed form. ``max_rel_error`` is the model's worst relative error on the points.
+    """
+    from scipy.optimize import nnls
+
+    N = df["N"].to_numpy(dtype=float)
+    F = per_token_flops(df)
+    ok = np.isfinite(F) & (F > 0) & np.isfinite(N) & (N > 0)
     if not ok.any():
-        return 6.0
-    ratio = flops[ok] / (df["N"].to_numpy(dtype=float)[ok] * df["D"].to_numpy(dtype=float)[ok])
-    return float(np.median(ratio))
+        return TokenCost(k=DEFAULT_FLOPS_PER_ND)
+    N, F = N[ok], F[ok]
+    ratio = F / N
+    if np.ptp(ratio) <= 1e-9 * np.median(ratio):
+        return TokenCost(k=float(np.median(ratio)))
+    n_sizes = np.unique(N).size
+    basis = [N, np.sqrt(N), np.ones_like(N)]
+    basis = [basis[0]] if n_sizes == 1 else [basis[0], basis[2]] if n_sizes == 2 else basis
+    coef, _ = nnls(np.column_stack([b / F for b in basis]), np.ones_like(F))
+    if n_sizes == 1 or coef[0] <= 0:
+        # one size, or a per-parameter term the fit drove to 0 (F falling with N): no cost model
+        # to trust beyond the data, keep the median ratio
+        return TokenCost(k=float(np.median(ratio)),
+                         max_rel_error=float(np.max(np.abs(np.median(ratio) / ratio - 1.0))))
+    k, e, c = (float(coef[0]), 0.0, float(coef[1])) if len(coef) == 2 else (float(v) for v in coef)
+    cost = TokenCost(k=k, e=e, c=c)
+    return TokenCost(k=k, e=e, c=c, max_rel_error=float(np.max(np.abs(cost(N) / F - 1.0))))

@@ -14,7 +14,6 @@ from matplotlib.figure import Figure
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
-from scaling.fitting.slices import flops_per_token_by_size, flops_per_token_of_size, optimal_size_along_flops
 from scaling.fitting.tables import law_inputs, total_flops
 from scaling.plots.style import (
     LEVEL_MARKERS,
@@ -274,10 +273,9 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
     the parabola in log N through them (dashed) with its vertex (diamond) where
     ``scaling.fitting.approaches.isoflop_optima`` accepts it (convex, inside the sampled sizes), and, for
     a chinchilla-form fit, the fitted law along the same compute (solid; D = C / F(N), F(N) the
-    runs' FLOPs per token, ``scaling.fitting.slices.flops_per_token_of_size``) with its minimum
-    (star). Last panel: N*(C) from the law along real FLOPs (solid), the closed form with
-    C = k N D that ``scaling.fitting.savings`` uses (dashed, k = median FLOPs/(N D)), and the
-    parabola vertices.
+    fit's per-token FLOPs model, ``FitResult.cost``) with its minimum (star). Last panel: N*(C) of
+    the law (``FitResult.optimal``, the frontier ``scaling.fitting.savings`` uses) and the parabola
+    vertices.
     """
     from scaling.fitting.approaches import isoflop_optima
 
@@ -292,8 +290,7 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
         gp = points[points["group"] == g]
         fit = None if fits is None else fits.get(g)
         cl = shades(colours[g], len(levels_))
-        Nn, Fn = flops_per_token_by_size(gp)
-        ngrid = np.geomspace(Nn.min() / 2.5, Nn.max() * 2.5, 200)
+        ngrid = np.geomspace(gp["N"].min() / 2.5, gp["N"].max() * 2.5, 200)
         used, _ = isoflop_optima(s["N"].to_numpy(), s["compute"].to_numpy(), s["loss"].to_numpy(),
                                  width=1e-6, min_points=4)
         vert = {round(math.log10(u["compute"]), 6): u["N_opt"] for u in used}
@@ -315,7 +312,7 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
                         ls="none")
                 vtx.append((C, nv))
             if fit is not None and fit.law_obj.inputs == ("N", "D"):
-                Lc = fit.predict(N=ngrid, D=C / flops_per_token_of_size(ngrid, Nn, Fn))
+                Lc = fit.predict(N=ngrid, D=C / fit.cost(ngrid))
                 ax.plot(ngrid, Lc, color=cl[i], lw=1.1)
                 j = int(np.argmin(Lc))
                 ax.plot([ngrid[j]], [Lc[j]], marker="*", color=cl[i], mec="k", ms=10, ls="none")
@@ -331,11 +328,8 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
         cmin, cmax = float(total_flops(gp).min()), float(total_flops(gp).max())
         cgrid = np.geomspace(cmin / 3, cmax * 3, 40)
         if fit is not None and fit.law_obj.inputs == ("N", "D"):
-            nstar = optimal_size_along_flops(fit, cgrid, Nn, Fn)
-            ax2 = nstar_ax
-            ax2.plot(cgrid, nstar, color=c, label=f"{group_label(g)}: law along real FLOPs")
-            ax2.plot(cgrid, fit.optimal(cgrid)["N"], color=c, ls="--", lw=1.0,
-                     label=f"{group_label(g)}: closed form, C = {fit.k:.3g}·N·D")
+            nstar_ax.plot(cgrid, fit.optimal(cgrid)["N"], color=c,
+                          label=f"{group_label(g)}: law, C = ({fit.cost.describe()})·D")
         if vtx:
             nstar_ax.plot([v[0] for v in vtx], [v[1] for v in vtx], marker="D", color=c, mec="k", ls="none",
                           label=f"{group_label(g)}: parabola vertices")
@@ -364,10 +358,10 @@ def isoflop(slices: pd.DataFrame, points: pd.DataFrame, fits: Mapping[str, Any] 
 def frontier(fits: Mapping[str, Any], points: pd.DataFrame | None = None, *, c_max: float = 1e22,
              sparsity: float | None = None, level: float = 0.95) -> Figure:
     """Compute-optimal frontier of every group: L*(C) (left) and the optimal size and tokens
-    (right), from ``scaling.fitting.savings.frontier`` (closed form, C = k N D for the chinchilla form,
-    C = F D for the smelt form at ``sparsity``), with the bootstrap percentile band. Markers: the
-    fitted points at their recorded FLOPs. Right of the dotted line (the largest fitted compute)
-    everything is extrapolation."""
+    (right), from ``scaling.fitting.savings.frontier`` (C = F(N) D with the fit's FLOPs-per-token
+    model for the chinchilla form, C = F D for the smelt form at ``sparsity``), with the bootstrap
+    percentile band. Markers: the fitted points at their recorded FLOPs. Right of the dotted line
+    (the largest fitted compute) everything is extrapolation."""
     from scaling.fitting.savings import FittedLaw
     from scaling.fitting.savings import frontier as law_frontier
 
@@ -381,10 +375,10 @@ def frontier(fits: Mapping[str, Any], points: pd.DataFrame | None = None, *, c_m
     ax, ax2 = axes[0]
     for i, g in enumerate(groups):
         law, c = laws[g], colours[g]
-        opt = law_frontier(law.law, law.theta, C, k=law.flops_per_param, S=sparsity)
+        opt = law_frontier(law.law, law.theta, C, cost=law.cost, S=sparsity)
         ax.plot(C, opt.loss, color=c, label=f"{group_label(g)}: L*(C)")
         if law.samples is not None:
-            ob = law_frontier(law.law, law.samples[:, None, :], C[None, :], k=law.flops_per_param, S=sparsity)
+            ob = law_frontier(law.law, law.samples[:, None, :], C[None, :], cost=law.cost, S=sparsity)
             lo, hi = percentile_interval(ob.loss, level, axis=0)
             ax.fill_between(C, lo, hi, color=c, alpha=0.18, lw=0)
             lo, hi = percentile_interval(ob.size, level, axis=0)
@@ -394,7 +388,7 @@ def frontier(fits: Mapping[str, Any], points: pd.DataFrame | None = None, *, c_m
         ax.axhline(law.params["E"], color=c, lw=0.7, ls=(0, (1, 2)))
         if points is not None:
             p = points[points["group"] == g]
-            ax.plot(total_flops(p, law.flops_per_param), p["loss"], ls="none", marker=MARKERS[i], ms=3.5,
+            ax.plot(total_flops(p, law.cost), p["loss"], ls="none", marker=MARKERS[i], ms=3.5,
                     mfc="none", mec=c, alpha=0.8, label=f"{group_label(g)}: fitted points")
     for a in (ax, ax2):
         log_axis(a, "x")
