@@ -226,6 +226,32 @@ def test_export_refuses_odd_heads_and_bad_input_in_one_line(runs, tmp_path):
     assert list(doc) == ["schema", "out", "smelt_scale"] and doc["schema"] == "smelt-scale.export/1"
 
 
+def test_export_overwrite_replaces_only_a_previous_export(runs, tmp_path):
+    """--overwrite never deletes what export did not write: the run itself, the runs root, a folder
+    with a user's file; it does replace a previous export, keeping one complete export throughout."""
+    run = runs["baseline"]
+    before = sorted(p.relative_to(run.parent) for p in run.parent.rglob("*"))
+    for target in (run, run.parent):
+        res = runner.invoke(app, ["export", str(run), "--out", str(target), "--overwrite"])
+        assert res.exit_code == 2 and "not a previous export" in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert sorted(p.relative_to(run.parent) for p in run.parent.rglob("*")) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "model"}')  # a config.json, but not an export's
+    res = runner.invoke(app, ["export", str(run), "--out", str(mine), "--overwrite"])
+    assert res.exit_code == 2 and (mine / "config.json").read_text() == '{"my": "model"}'
+    out = tmp_path / "hf"
+    export_run(run, out, budget=0)
+    first = json.loads((out / "config.json").read_text())["smelt_scale"]["budget"]
+    res = runner.invoke(app, ["export", str(run), "--out", str(out)])
+    assert res.exit_code == 2 and "--overwrite" in res.stderr
+    res = runner.invoke(app, ["export", str(run), "--out", str(out), "--overwrite"])
+    assert res.exit_code == 0, res.stderr
+    assert (first, json.loads((out / "config.json").read_text())["smelt_scale"]["budget"]) == (0, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]  # no temporary left over
+
+
 # ----- evaluation -------------------------------------------------------------------------
 
 

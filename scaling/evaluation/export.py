@@ -30,7 +30,8 @@ backend read):
 * ``generation_config.json`` (greedy; bos/eos/pad ids).
 
 The folder is written to a temporary sibling and renamed into place, so a failed export leaves
-nothing half-written. Needs only torch and safetensors (transformers reads it; it does not write it).
+nothing half-written; ``--overwrite`` replaces only a previous export (``check_export_target``).
+Needs only torch and safetensors (transformers reads it; it does not write it).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from scaling.common.errors import UserError
 NATIVE_HINT = "evaluate it with `smelt-scale eval --backend native`"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SPECIAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
+EXPORT_FILES = frozenset({"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                          "special_tokens_map.json", "generation_config.json"})
 
 
 def unexportable(cfg: ModelConfig) -> str | None:
@@ -182,6 +185,39 @@ def special_token_ids(tokenizer_json: Path) -> dict:
     }
 
 
+def check_export_target(out: Path, overwrite: bool) -> None:
+    """Refuse (UserError) an ``out`` that export must not replace.
+
+    A missing or empty folder is always fine. With ``overwrite`` a folder is replaced only when it
+    is a previous export: its config.json carries the ``smelt_scale`` block and it holds nothing but
+    the files in ``EXPORT_FILES``. Anything else (a run folder, the runs root, the working
+    directory, a folder a user keeps other files in) is refused, naming what it holds, so that
+    ``--overwrite`` can never delete data the tool did not write.
+    """
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a folder; choose a new folder")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    foreign = [e for e in entries if e not in EXPORT_FILES]
+    if foreign or not _is_export_config(out / "config.json"):
+        what = (f"holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}" if foreign
+                else "has no smelt_scale config.json")
+        raise UserError(f"--out {out} is not a previous export (it {what}); choose a new or empty folder")
+    if not overwrite:
+        raise UserError(f"--out {out} holds a previous export; pass --overwrite to replace it")
+
+
+def _is_export_config(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("smelt_scale"), dict)
+
+
 def write_hf_folder(
     out: Path | str,
     cfg: ModelConfig,
@@ -203,8 +239,7 @@ def write_hf_folder(
     check_exportable(cfg)
     if dtype not in DTYPES:
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
-        raise UserError(f"{out} exists and is not an empty folder; pass --overwrite to replace it")
+    check_export_target(out, overwrite)
     ids = special_token_ids(Path(tokenizer_json)) if tokenizer_json is not None else None
     tensors = hf_state_dict(cfg, state, torch.bfloat16 if dtype == "bf16" else torch.float32)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -234,9 +269,16 @@ def write_hf_folder(
             }
             (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
         os.chmod(tmp, 0o755)
+        check_export_target(out, overwrite)  # again: the folder may have changed while we wrote
+        old = None
         if out.exists():
-            shutil.rmtree(out)
+            # set the previous export aside, move the new one in, then drop the old: a crash at any
+            # point leaves one complete export under out or beside it, never none
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "export")
         os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -268,6 +310,7 @@ def export_run(
     run_dir = Path(run_dir)
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_export_target(Path(out), overwrite)  # before any weights are read
     check_exportable(model_config(run_meta(run_dir), run_dir))
     source = resolve_weights(run_dir, budget, checkpoint)
     loaded = load_weights(source)
