@@ -132,6 +132,37 @@ def test_resume_guards_and_final_weights(tmp_path):
     assert runlog.read_json(tmp_path / "runs" / "w" / "config.json")["train"]["lr"] == 1e-3
 
 
+def test_overwrite_deletes_only_the_old_runs_own_checkpoints(tmp_path):
+    """config.json is user data: a run id edited into a path, or a checkpoint folder that holds a
+    user's file, must not make --overwrite delete anything outside the run's own checkpoints."""
+    cfg = get_config(TIER, "baseline")
+    kw = dict(tier=TIER, run_name="o", runs_dir=tmp_path / "runs", ckpt_dir=tmp_path / "ckpt")
+    short = tiny(tokens=(4 * STEP_TOKENS,), ckpt_every=2)
+    doc = train(cfg, short, **kw)
+    config = tmp_path / "runs" / "o" / "config.json"
+    victim = tmp_path / "victim"
+    (victim / "iter-000000001").mkdir(parents=True)
+    (victim / "iter-000000001" / "precious").write_text("x")
+    meta = runlog.read_json(config)
+    meta["run_id"] = "x/../../victim"  # <ckpt>/o-x/../../victim is <tmp>/victim
+    (tmp_path / "ckpt" / "o-x").mkdir()
+    runlog.write_json(config, meta)
+    with pytest.raises(UserError, match="run id"):
+        train(cfg, short, resume=True, **kw)
+    train(cfg, short, overwrite=True, **kw)
+    assert (victim / "iter-000000001" / "precious").read_text() == "x"
+    again = train(cfg, short, overwrite=True, **kw)
+    assert (tmp_path / "ckpt").is_dir() and doc["ckpt_dir"] != again["ckpt_dir"]
+    # the previous run's folder with a user's file in it: kept; a clean one: deleted
+    ckpt = runlog.read_json(config)["ckpt_dir"]
+    (tmp_path / "ckpt" / ckpt.rsplit("/", 1)[-1] / "notes.txt").write_text("mine")
+    train(cfg, short, overwrite=True, **kw)
+    assert (tmp_path / "ckpt" / ckpt.rsplit("/", 1)[-1] / "notes.txt").read_text() == "mine"
+    last = runlog.read_json(config)["ckpt_dir"]
+    train(cfg, short, overwrite=True, **kw)
+    assert not (tmp_path / "ckpt" / last.rsplit("/", 1)[-1]).exists()
+
+
 def test_param_groups_skip_embedding_and_gains():
     from scaling.training.model.transformer import MoETransformer
 

@@ -36,9 +36,11 @@ import contextlib
 import errno
 import hashlib
 import io
+import json
 import logging
 import pickle
 import random
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -61,6 +63,31 @@ log = logging.getLogger(__name__)
 
 FORMAT = 2
 META, RNG = "meta.json", "rng.pt"
+
+
+RUN_ID = re.compile(r"[0-9a-f]{12}")  # uuid4().hex[:12], as the trainer makes it
+
+
+def owned_by(folder: Path, run_id: str) -> bool:
+    """Whether ``folder`` is a checkpoint folder of run ``run_id`` and nothing else: every entry is
+    an ``iter-*``, ``branch-*`` or ``.tmp-*`` folder, and every complete one's meta.json names
+    ``run_id``. What ``--overwrite`` may delete; a folder that holds anything else is left alone."""
+    if not RUN_ID.fullmatch(run_id or "") or folder.is_symlink() or not folder.is_dir():
+        return False
+    for entry in folder.iterdir():
+        if entry.is_symlink() or not entry.is_dir():
+            return False
+        if entry.name.startswith(".tmp-"):
+            continue
+        if not entry.name.startswith(("iter-", "branch-")):
+            return False
+        try:
+            meta = json.loads((entry / META).read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        if not isinstance(meta, dict) or meta.get("run_id") != run_id:
+            return False
+    return True
 
 
 def identity_hash(identity: dict) -> str:

@@ -56,7 +56,7 @@ from scaling.training import runlog
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import open_data
 from scaling.training.loop.branches import BranchPlan, Position, TokenBudget
-from scaling.training.loop.checkpoint import Checkpointer, identity_diff, run_identity
+from scaling.training.loop.checkpoint import RUN_ID, Checkpointer, identity_diff, owned_by, run_identity
 from scaling.training.loop.config import TrainConfig
 from scaling.training.loop.evaluate import Evaluator, autocast
 from scaling.training.loop.lock import RunLock, check_free
@@ -308,7 +308,14 @@ class Trainer:
             return run_dir / CHECKPOINTS if ckpt_root is None else ckpt_root / f"{self.run_name}-{rid}"
 
         self.ckpt_dir = ckpt_folder(run_id)
-        old_ckpt = ckpt_folder(old["run_id"]) if overwrite and old.get("run_id") else None
+        # the old run's checkpoints go only when they are provably its own (config.json is user data)
+        old_id = old.get("run_id") or ""
+        old_ckpt = ckpt_folder(old_id) if overwrite and RUN_ID.fullmatch(old_id) else None
+        if old_ckpt is not None and not _agreed(dist, lambda: owned_by(old_ckpt, old["run_id"])):
+            if old_ckpt.exists():
+                log.warning("not deleting %s: it holds more than the checkpoints of run %s", old_ckpt,
+                            old["run_id"])
+            old_ckpt = None
         meta.update(run_id=run_id, ckpt_dir=str(self.ckpt_dir), identity=identity)
 
         # -- folders ---------------------------------------------------------------------------
@@ -395,6 +402,9 @@ class Trainer:
                     log.warning("resuming with %s=%r (was %r): float rounding, hence metrics, may differ "
                             "from an uninterrupted run", key, meta["train"].get(key), old["train"].get(key))
             old.setdefault("run_id", "")
+            if old["run_id"] != "" and not RUN_ID.fullmatch(str(old["run_id"])):  # "": written before ids
+                raise UserError(f"{path} has run id {str(old['run_id'])[:40]!r}, not one this trainer makes "
+                                "(12 hex digits); cannot resume this run")
         return old
 
     # ----- pieces of the loop --------------------------------------------------------------
