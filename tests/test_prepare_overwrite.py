@@ -120,3 +120,26 @@ def test_an_input_inside_the_replaced_files_is_refused(prepared):
     shard = json.loads((out / "manifest.json").read_text())["shards"][0]["path"]
     _one_line(runner.invoke(app, ["prepare-data", str(out / shard), "--out", str(out), "--quiet",
                                   "--vocab-size", "300", "--overwrite"]), "would replace")
+
+
+def test_overwrite_never_deletes_indexed_shards_made_elsewhere(tmp_path):
+    """A nanoGPT folder indexed with --dtype lists the user's own train.bin/val.bin in its manifest:
+    --overwrite replaces that manifest, never the files it indexes."""
+    import numpy as np
+
+    out = tmp_path / "nano"
+    out.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("train.bin", "val.bin"):
+        rng.integers(0, 300, 5000, dtype=np.uint16).tofile(out / name)
+    before = _snapshot(out)
+    res = runner.invoke(app, ["prepare-data", str(out), "--dtype", "uint16", "--vocab-size", "300",
+                              "--quiet"])
+    assert res.exit_code == 0, res.output
+    res = _prep(_inputs(tmp_path / "in"), out, "--vocab-size", "300", "--overwrite")
+    assert res.exit_code == 0, res.output
+    after = _snapshot(out)
+    assert {k: after[k] for k in before} == before           # the user's shards, byte for byte
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not {"train.bin", "val.bin"} & {s["path"] for s in manifest["shards"]}
+    load_shards(out)

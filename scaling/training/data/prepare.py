@@ -66,6 +66,7 @@ SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".json.gz", ".parque
             ".txt", ".md", ".rst", ".py", ".text")
 WORK = ".prepare"
 TOKENIZER = "tokenizer.json"
+PREPARED_BY = "smelt-scale prepare-data"  # created_by.tool of a manifest whose shards this tool wrote
 # Separators looked up by name in a given tokenizer: (bos, eos) candidates, first match wins.
 _SEPARATORS = (("<|bos|>", None), (None, "<|endoftext|>"), ("<s>", "</s>"), ("<|begin_of_text|>", None),
                ("[CLS]", "[SEP]"))
@@ -767,14 +768,15 @@ def _manifest(opts: PrepareOptions, state: _State, files: list[InputFile], sha: 
         "split_rule": {"val_fraction": opts.val_fraction, "id": f"{opts.id_field!r} field, else sha256(text)",
                        "rule": "validation iff int(sha256(id)[:8 bytes]) / 2**64 < val_fraction",
                        "val_order": "sorted by (source, id)"},
-        "created_by": {"tool": "smelt-scale prepare-data", "tokenizers": version("tokenizers")},
+        "created_by": {"tool": PREPARED_BY, "tokenizers": version("tokenizers")},
         "fingerprint": fp,
     }
 
 
 def _owned(out: Path) -> set[str]:
     """Names in ``out`` that an earlier preparation wrote: what its manifest lists (shards, tokenizer,
-    the manifest itself), or for an unfinished one its work folder, tokenizer and finished shards.
+    the manifest itself; only the manifest when it indexes shards made elsewhere), or for an
+    unfinished one its work folder, tokenizer and finished shards.
     UserError when the manifest or state cannot be read: then nothing can be told apart."""
     owned: set[str] = set()
     if (out / MANIFEST).exists():
@@ -784,9 +786,13 @@ def _owned(out: Path) -> set[str]:
                                                    for x in shards):
             raise UserError(f"{out / MANIFEST} lists no shards; cannot tell the earlier preparation's files "
                             "from others: clear the folder yourself or choose another")
-        owned |= {MANIFEST, *(x["path"] for x in shards)}
-        if isinstance(tok, dict) and isinstance(tok.get("path"), str):
-            owned.add(tok["path"])
+        owned.add(MANIFEST)
+        made = m.get("created_by")
+        if isinstance(made, dict) and made.get("tool") == PREPARED_BY:
+            owned |= {x["path"] for x in shards}
+            if isinstance(tok, dict) and isinstance(tok.get("path"), str):
+                owned.add(tok["path"])
+        # else a manifest of shards made elsewhere (``index_existing``): the shards are the user's
     state_path = out / WORK / "state.json"
     if (out / WORK).exists():
         owned.add(WORK)
