@@ -94,3 +94,24 @@ def test_never_overwrites_without_force(tmp_path):
     assert tomllib.loads((tmp_path / "study-seed1.toml").read_text())["sweep"]["seeds"] == [1]
     res = CliRunner().invoke(app, [*base, "--force", "--lr-rule", "abc"])
     assert res.exit_code == 2 and "--lr-rule" in res.output
+
+
+@pytest.mark.parametrize("template, message", [
+    ("train = 5\n", "[train] must be a table"),
+    ("[train]\nbatch_size = -3\n", "batch_size"),
+    ("[executor]\nkind = 7\n", "executor"),
+])
+def test_a_bad_template_writes_nothing(tmp_path, template, message):
+    """A template the sweep would refuse is refused before any plan file is written, in one line
+    (--force or not: the old plan stays)."""
+    tpl = tmp_path / "t.toml"
+    tpl.write_text(template)
+    out = tmp_path / "study.toml"
+    out.write_text("# mine\n")
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10", "--budgets", "3.56e11,6.32e11",
+                                   "--lr-rule", "0.05,1.27", "--template", str(tpl), "--out", str(out),
+                                   "--force", "--seed1-sizes", "6"])
+    assert res.exit_code == 2 and message in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert out.read_text() == "# mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml", "t.toml"]

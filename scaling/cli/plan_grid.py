@@ -93,12 +93,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan an IsoFLOP study on one shared size grid: one WSD trunk per size, a cooldown branch at each
         budget's D = C / F. Use it before a law is worth centring sizes on (`smelt-scale plan` does that)."""
+        import tomllib
+
         import tomli_w
 
         from scaling.accounting.tiers import get_config
         from scaling.common.run_folder import atomic_write_bytes
         from scaling.design.grid import grid_documents, grid_header, grid_plan
-        from scaling.training.sweep.plan import load_plan
+        from scaling.training.sweep.plan import parse_plan
 
         C = parse_budgets(None, budgets)
         plan = grid_plan(get_config(shape, "baseline"), _ints(grid, "--grid"), [float(c) for c in C],
@@ -111,6 +113,9 @@ def register(app: typer.Typer) -> None:
             check_output_file(out, "plan file (--out)", force=force, inputs=[template])
             check_output_file(second_out, "second-seed plan file", force=force, inputs=[template])
         tpl = read_config(template)
+        for table in ("train", "executor"):
+            if not isinstance(tpl.get(table, {}), dict):
+                raise UserError(f"{template}: [{table}] must be a table, got {type(tpl[table]).__name__}")
         main, second = grid_documents(plan, name=out.stem, runs_dir=runs_dir, train=tpl.get("train", {}),
                                       executor=tpl.get("executor", {}))
         written: list[str] = []
@@ -122,11 +127,12 @@ def register(app: typer.Typer) -> None:
                     ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
             command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
             header = grid_header(plan, command)
-            for path, doc in ((out, main), (second_out, second)):
-                if doc is None:
-                    continue
-                atomic_write_bytes(path, (header + tomli_w.dumps(doc)).encode())  # never half-written
-                load_plan(path)  # what the sweep will read
+            texts = [(path, header + tomli_w.dumps(doc)) for path, doc in ((out, main), (second_out, second))
+                     if doc is not None]
+            for path, text in texts:
+                parse_plan(tomllib.loads(text), path)  # what the sweep will read; refused before any write
+            for path, text in texts:
+                atomic_write_bytes(path, text.encode())  # never half-written
                 written.append(str(path))
         if json_out:
             emit_json(_json(plan, written))
