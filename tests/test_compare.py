@@ -202,3 +202,26 @@ def test_cli_refuses_runs_at_other_budgets_and_names_them(tmp_path):
     cfg.write_text(json.dumps(c))
     res = runner.invoke(app, ["compare", str(tmp_path)])
     assert res.exit_code == 2 and "validation data" in res.stderr
+
+
+def test_a_diverged_or_corrupt_loss_is_named_never_a_traceback_or_silent(tmp_path):
+    """A NaN loss (a diverged budget) leaves out that point with a warning naming it; a loss that
+    is not a number makes its run unreadable (named); the rest still compare."""
+    import shutil
+    for arch in ("baseline", "smelt"):
+        shutil.copytree(FIRST / f"proxy-xs-{arch}-s0", tmp_path / f"proxy-xs-{arch}-s0",
+                        ignore=shutil.ignore_patterns("*.safetensors", "eval_data", "analysis"))
+    final = tmp_path / "proxy-xs-smelt-s0" / "final.json"
+    doc = json.loads(final.read_text())
+    n = len(doc["points"])
+    doc["points"][0]["loss"] = float("nan")
+    final.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["compare", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "loss nan is not finite" in res.stderr and f"D={doc['points'][0]['D']}" in res.stderr
+    assert json.loads(res.stdout)["overall"]["n_pairs"] == n - 1
+    doc["points"][0]["loss"] = "abc"
+    final.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["compare", str(tmp_path)])
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert "proxy-xs-smelt-s0: unreadable final.json (loss 'abc' is not a number)" in res.stderr

@@ -267,11 +267,22 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
             pts = _points_of(final, str(run.path / FINAL))
             if not pts:
                 raise UserError("no points")
+            for p in pts:
+                for key in ("loss", "D", "N", "flops"):
+                    v = p.get(key)
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                        raise UserError(f"{key} {str(v)[:30]!r} is not a number")
         except UserError as exc:
             n_corrupt += 1
             skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
             continue
-        rows.extend({GUESS_RUN: name, **p} for p in pts)
+        for p in pts:
+            if isinstance(p.get("loss"), float) and not np.isfinite(p["loss"]):
+                # a diverged budget: named, never silently lost from a comparison or a fit
+                skipped.append(SkippedRun(f"{name} (D={p.get('D')})", f"loss {p['loss']} is not finite "
+                                                                      "(diverged?); that point is left out"))
+                continue
+            rows.append({GUESS_RUN: name, **p})
     if warn is not None:
         for s in skipped:
             warn(str(s))
