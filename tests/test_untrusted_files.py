@@ -169,6 +169,10 @@ def fits_file(tmp_path, fits_text):
     ("n_points", "12", "positive integer"), ("bootstrap", [[1, 2]], "reshape"),
     ("ci", {"E": [2, 1]}, "low"), ("diagnostics", [], "not an object"),
     ("data_summary", {"flops_per_param_k": -6}, "positive finite"),
+    ("diagnostics", {"on_bound": 5}, "list of strings"),
+    ("diagnostics", {"warnings": "x"}, "list of strings"),
+    ("diagnostics", {"identified": "yes"}, "true or false"),
+    ("diagnostics", {"bootstrap_on_bound_fraction": "all"}, "finite number"),
 ])
 def test_tampered_fits_files_are_refused(fits_file, field, value, message):
     out = fits_file

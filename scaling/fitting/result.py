@@ -332,6 +332,18 @@ def _checked_sections(d: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if not isinstance(v, Mapping):
             raise TypeError(f"{key} is not an object")
         sections[key] = dict(v)
+    diag = sections["diagnostics"]
+    for key in ("on_bound", "warnings"):   # read by savings, fit, plot: lists of text
+        if key in diag and not (isinstance(diag[key], list) and all(isinstance(v, str) for v in diag[key])):
+            raise TypeError(f"diagnostics.{key} must be a list of strings, got {diag[key]!r:.60}")
+    if "identified" in diag and not isinstance(diag["identified"], bool):
+        raise TypeError(f"diagnostics.identified must be true or false, got {diag['identified']!r:.60}")
+    for key in ("bootstrap_on_bound_fraction", "rmse_log", "objective"):
+        v = diag.get(key)
+        if v is not None and not (_is_number(v) and (math.isnan(v) or 0 <= v < math.inf)):
+            raise ValueError(f"diagnostics.{key} must be a finite number >= 0, got {diag[key]!r:.60}")
+    if "n_runs" in diag and (isinstance(diag["n_runs"], bool) or not isinstance(diag["n_runs"], int)):
+        raise TypeError(f"diagnostics.n_runs must be an integer, got {diag['n_runs']!r:.60}")
     summary = sections["data_summary"]
     for key in ("flops_per_sqrt_param", "flops_per_token_offset", "flops_model_max_error"):
         if key in summary and not (_is_number(summary[key]) and 0 <= summary[key] < math.inf):
