@@ -209,6 +209,20 @@ def test_bad_numeric_values(command, world, monkeypatch):
     assert _tree_state(ROOT) == before, "a command changed files outside the test's folder"
 
 
+@pytest.mark.parametrize("command, option, value", [
+    ("fit", "--bootstrap", "1000000000"), ("savings", "--bootstrap", "100001"), ("plot", "--bootstrap", "-1"),
+    ("plan", "--bootstrap", "10000000"), ("simulate", "--trials", "1000000000000"),
+    ("simulate", "--bootstrap", "1000000"), ("simulate", "--trials", "0"), ("plot", "--dpi", "100000"),
+    ("plot", "--dpi", "0"), ("analyze icl", "--trials", "99999999999999"),
+])
+def test_counts_a_typo_would_run_for_days_are_refused_at_once(command, option, value, world, monkeypatch):
+    monkeypatch.chdir(world)
+    args = [*command.split(), *_replace(_base(world)[command], option, value)]
+    res = _invoke(args)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and option in errors[0], (args, res.output[-1000:])
+
+
 def _replace(base: list[str], option: str, value: str) -> list[str]:
     args = list(base)
     if option in args:

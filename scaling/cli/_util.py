@@ -230,6 +230,11 @@ def check_output_folder(path: Path | str, what: str = "output folder", *, force:
 
 
 FORCE_HELP = "Replace an existing output file (never an input of this command)."
+# Caps on counts a typo could make run for days or fill memory (each bootstrap resample is a refit,
+# each trial a simulated study): far beyond any useful value, refused in one line.
+MAX_BOOTSTRAP = 100_000
+MAX_TRIALS = 100_000
+DPI_RANGE = (20, 2400)
 
 
 # -- numbers given as text: budgets and sparsities ----------------------------------------------

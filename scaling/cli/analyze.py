@@ -18,6 +18,7 @@ from scaling import analysis as an
 from scaling.analysis.dyck import SHOTS, DyckTask
 from scaling.cli._util import (
     FORCE_HELP,
+    MAX_TRIALS,
     check_output_file,
     emit_json,
     finish,
@@ -208,7 +209,8 @@ def register(app: typer.Typer) -> None:
         runs: list[Path] = RUNS_ARG,
         shots: str = typer.Option(",".join(map(str, SHOTS)), help="Comma-separated numbers of in-context "
                                   "demonstrations; those that do not fit the context are skipped."),
-        trials: int = typer.Option(200, help="Queries per k (the same queries for every k)."),
+        trials: int = typer.Option(200, min=1, max=MAX_TRIALS,
+                                    help="Queries per k (the same queries for every k)."),
         seed: int = typer.Option(0, min=0, help="Seed of the Dyck generator."),
         types: int = typer.Option(3, help="Bracket types, 1-4: () [] {} <>."),
         min_pairs: int = typer.Option(2, help="Fewest bracket pairs in a generated word."),

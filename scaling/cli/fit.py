@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scaling.cli._util import (
+    MAX_BOOTSTRAP,
     check_output_file,
     finish,
     run_cli,
@@ -288,7 +289,7 @@ def register(app: typer.Typer) -> None:
                                       help="Column of training FLOPs per token F (smelt law)."),
         sparsity_col: str = typer.Option("sparsity",
                                          help="Column of compute-equivalent sparsity S (smelt law)."),
-        n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0,
+        n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0, max=MAX_BOOTSTRAP,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
         seed: int = typer.Option(0, min=0, help="Seed of the bootstrap resampling."),
         huber_delta: float = typer.Option(DEFAULT_DELTA,

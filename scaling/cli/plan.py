@@ -15,6 +15,8 @@ from rich.table import Table
 
 from scaling.accounting.tiers import ARCHS
 from scaling.cli._util import (
+    MAX_BOOTSTRAP,
+    MAX_TRIALS,
     check_output_file,
     fail,
     finish,
@@ -304,6 +306,8 @@ def register(app: typer.Typer) -> None:
         n_bootstrap: int = typer.Option(
             DEFAULT_BOOTSTRAP,
             "--bootstrap",
+            min=0,
+            max=MAX_BOOTSTRAP,
             help="Bootstrap resamples when fitting --runs (0: no loss interval).",
         ),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
@@ -419,7 +423,7 @@ def register(app: typer.Typer) -> None:
             "simulated (default: an IsoFLOP design over the laws' compute "
             f"range, {DESIGN_BUDGETS} budgets x {DESIGN_SIZES} sizes).",
         ),
-        trials: int = typer.Option(100, "--trials", help="Simulated studies."),
+        trials: int = typer.Option(100, "--trials", min=1, max=MAX_TRIALS, help="Simulated studies."),
         budget: Optional[str] = typer.Option(None, "--budget", help="Budget C (FLOPs) of the savings."),
         budgets: Optional[str] = typer.Option(
             None,
@@ -429,7 +433,7 @@ def register(app: typer.Typer) -> None:
             "largest compute and 10x it).",
         ),
         n_bootstrap: int = typer.Option(
-            50, "--bootstrap", help="Bootstrap resamples per fit (0: no intervals)."
+            50, "--bootstrap", min=0, max=MAX_BOOTSTRAP, help="Bootstrap resamples per fit (0: no intervals)."
         ),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the noise and the resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings intervals."),

@@ -10,6 +10,8 @@ import typer
 from rich.table import Table
 
 from scaling.cli._util import (
+    DPI_RANGE,
+    MAX_BOOTSTRAP,
     check_output_folder,
     emit_json,
     one_path,
@@ -212,14 +214,15 @@ def register(app: typer.Typer) -> None:
                                                  "--out` instead of fitting the runs (same groups)."),
         law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form when fitting the runs: chinchilla or smelt."),
-        n_bootstrap: int = typer.Option(100, "--bootstrap", help="Bootstrap resamples when fitting (0: no "
-                                        "intervals)."),
+        n_bootstrap: int = typer.Option(100, "--bootstrap", min=0, max=MAX_BOOTSTRAP,
+                                        help="Bootstrap resamples when fitting (0: no intervals)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         budgets: Optional[str] = typer.Option(None, "--budgets", help="Savings budgets: a,b,c or lo:hi:n "
                                               "(default: 4 per decade from the data up to 1e22)."),
         reference: str = typer.Option("baseline", "--reference", help="Reference group of frontier/savings."),
         candidate: str = typer.Option("smelt", "--candidate", help="Candidate group of frontier/savings."),
-        dpi: int = typer.Option(200, "--dpi", help="Resolution of raster formats."),
+        dpi: int = typer.Option(200, "--dpi", min=DPI_RANGE[0], max=DPI_RANGE[1],
+                                help="Resolution of raster formats."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object: "
                                       "{\"figures\": [{kind, path}], \"skipped\": [{kind, reason}]}."),
         force: bool = typer.Option(False, "--force", help="Write into an --out folder that is not empty "

@@ -9,7 +9,16 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from scaling.cli._util import finish, one_path, parse_budgets, parse_sparsities, run_cli, stdout, warn
+from scaling.cli._util import (
+    MAX_BOOTSTRAP,
+    finish,
+    one_path,
+    parse_budgets,
+    parse_sparsities,
+    run_cli,
+    stdout,
+    warn,
+)
 from scaling.common.errors import UserError
 from scaling.common.format import number
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP
@@ -101,7 +110,8 @@ def register(app: typer.Typer) -> None:
             "comma-separated; default: those of the law set or the fitted data)."),
         law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form for fitting --runs: chinchilla or smelt."),
-        n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", help="Bootstrap resamples when "
+        n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0, max=MAX_BOOTSTRAP,
+                                        help="Bootstrap resamples when "
                                         "fitting --runs (0: no interval)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap resamples."),
         ci_level: float = typer.Option(0.95, "--ci-level", help="Level of the savings interval."),
