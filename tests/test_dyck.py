@@ -174,3 +174,13 @@ def test_prompts_are_capped_by_the_context(tokenizer):
         if max(fitting) < 32:
             nxt = [k for k in (1, 2, 4, 8, 16, 32) if k > max(fitting)][0]
             assert max(len(enc.build(d[:nxt], q)) for d, q in trials) + budget > seq_len
+
+
+def test_long_words_do_not_overflow_and_absurd_lengths_are_refused():
+    """Path counts beyond 1e308 (here C_2000 ~ 4^2000) compare exactly as int / int, not as floats."""
+    from scaling.analysis.dyck import MAX_PAIRS, DyckTask, closing, random_balanced
+
+    word = random_balanced(np.random.default_rng(0), MAX_PAIRS, 3)
+    assert len(word) == 2 * MAX_PAIRS and closing(word) == ""
+    with pytest.raises(UserError, match="max_pairs <= 2048"):
+        DyckTask(3, 2, MAX_PAIRS + 1)

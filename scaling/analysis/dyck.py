@@ -105,7 +105,7 @@ def random_balanced(rng: np.random.Generator, n_pairs: int, n_types: int) -> str
     for _ in range(2 * n_pairs):
         up = n_paths(remaining - 1, height + 1)
         down = n_paths(remaining - 1, height - 1)
-        if rng.random() * (up + down) < up:
+        if rng.random() < up / (up + down):  # int / int: exact-rounded, no float overflow for long words
             ch = BRACKET_PAIRS[int(rng.integers(n_types))][0]
             stack.append(ch)
             height += 1
@@ -136,6 +136,9 @@ class DyckProblem:
         return extract_completion(generated) == self.answer
 
 
+MAX_PAIRS = 2048  # prompts up to 4095 characters: beyond any context the proxies train with
+
+
 @dataclass(frozen=True)
 class DyckTask(Record):
     """The "close the open brackets" task: words of ``min_pairs..max_pairs`` pairs over
@@ -150,8 +153,9 @@ class DyckTask(Record):
 
     def __post_init__(self) -> None:
         _check_types(self.n_types)
-        if not 1 <= self.min_pairs <= self.max_pairs:
-            raise UserError(f"need 1 <= min_pairs <= max_pairs, got {self.min_pairs}, {self.max_pairs}")
+        if not 1 <= self.min_pairs <= self.max_pairs <= MAX_PAIRS:
+            raise UserError(f"need 1 <= min_pairs <= max_pairs <= {MAX_PAIRS} (a prompt of 2 max_pairs - 1 "
+                            f"characters), got {self.min_pairs}, {self.max_pairs}")
 
     @property
     def max_prompt_chars(self) -> int:
