@@ -354,6 +354,28 @@ def test_eval_errors_are_one_line(runs, data, tmp_path):
         assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("task, record, message", [
+    ("humaneval", {"task_id": "t/0", "prompt": "def f():\n", "canonical_solution": "  return 1\n",
+                   "test": "def check(f): pass\n"}, "needs field 'entry_point' (str); missing"),
+    ("mbpp", {"text": "x", "code": "y", "test_list": ["assert 1"]}, "mbpp needs 3 tests"),
+    ("arc_easy", {"question": "q", "choices": ["a", "b"], "answerKey": "A"}, "needs field 'choices' (dict)"),
+    ("prose", {"text": 5}, "needs field 'text' (str); int"),
+    ("prose", ["not", "an", "object"], "must be a JSON object"),
+])
+def test_task_data_that_does_not_fit_the_task_is_one_line(runs, tmp_path, task, record, message):
+    """Bad task data is refused when the task is resolved, naming file and line: never an exception
+    from inside lm-eval's templates (and before any model is loaded)."""
+    (tmp_path / task).mkdir()
+    good = {"prose": {"text": "fine"}}.get(task)
+    lines = [json.dumps(good)] if good else []
+    (tmp_path / task / "test.jsonl").write_text("\n".join([*lines, json.dumps(record)]) + "\n")
+    res = runner.invoke(app, ["eval", str(runs["smelt"]), "--data", str(tmp_path), "--tasks", task,
+                              "--device", "cpu"])
+    assert res.exit_code == 2 and message in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert f"test.jsonl:{len(lines) + 1}" in res.stderr
+
+
 def test_eval_and_export_help_import_no_lm_eval():
     probe = (
         "import sys\nfrom scaling.cli import app\n"
@@ -450,3 +472,7 @@ def test_calibrate_cli_reads_an_eval_table(tmp_path):
                          "points", "notes"]
     res = runner.invoke(app, ["calibrate", str(path), "--task", "nope"])
     assert res.exit_code == 2 and "no rows" in res.stderr
+    res = runner.invoke(app, ["calibrate", str(path), "--task", "mmlu_x", "--floor", "0.25",
+                              "--x", "run"])
+    assert res.exit_code == 2 and "column 'run' of the evaluation table holds 'b0', not a number" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

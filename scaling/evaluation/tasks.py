@@ -57,6 +57,19 @@ MMLU = re.compile(r"mmlu_[a-z_]+")
 CODE_TASKS = ("humaneval", "mbpp")
 # field of a record holding the gold answer of a generation task (multiple choice: the target choice)
 GOLD = {"humaneval": "canonical_solution", "mbpp": "code"}
+# fields every record of a task's files must hold (what its prompt template and scorer read), and
+# the type each must have: checked when the task is resolved, so that bad data is a one-line
+# error naming the file and line, not an exception from inside lm-eval's templates
+_ARC = {"question": str, "choices": dict, "answerKey": str}
+FIELDS: dict[str, dict[str, type]] = {
+    "arc_easy": _ARC, "arc_challenge": _ARC,
+    "hellaswag": {"ctx_a": str, "ctx_b": str, "activity_label": str, "endings": list, "label": (str, int)},
+    "piqa": {"goal": str, "sol1": str, "sol2": str, "label": int},
+    "mmlu": {"question": str, "choices": list, "answer": int},
+    "humaneval": {"task_id": str, "prompt": str, "canonical_solution": str, "test": str, "entry_point": str},
+    "mbpp": {"text": str, "code": str, "test_list": list},
+    "text": {"text": str},
+}
 SHIM = "smelt_code_shim"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 _SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -138,7 +151,65 @@ def resolve_task(name: str, data: Path) -> LocalTask:
     if not files:
         raise UserError(f"{folder} holds no split file (<split>.jsonl, .json or .parquet)")
     kind = "code" if name in CODE_TASKS else "overlay" if builtin_yaml(name) is not None else "text"
-    return LocalTask(name, kind, files)
+    task = LocalTask(name, kind, files)
+    check_records(task)
+    return task
+
+
+def _records(path: Path):
+    """(where, record) of a split file, one reader per format: JSON Lines, a JSON list, Parquet."""
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        for i, rec in enumerate(pd.read_parquet(path).to_dict("records")):
+            # numpy scalars and arrays as the Python values lm-eval's templates see
+            yield f"{path} row {i + 1}", {k: v.tolist() if hasattr(v, "tolist") else v
+                                          for k, v in rec.items()}
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is unreadable: {exc}") from None
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path} is not JSON: {exc.msg} (line {exc.lineno})") from None
+        if not isinstance(doc, list):
+            raise UserError(f"{path} must hold a JSON list of records")
+        yield from ((f"{path} record {i + 1}", rec) for i, rec in enumerate(doc))
+        return
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{i + 1}", json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{i + 1} is not a JSON line: {exc.msg}") from None
+
+
+def check_records(task: LocalTask) -> None:
+    """Every record of every split file holds the fields ``FIELDS`` names for the task, with their
+    types (MBPP: at least three tests, as its prompt shows three); UserError naming the first bad
+    record otherwise."""
+    fields = FIELDS["mmlu" if MMLU.fullmatch(task.name) else task.name if task.name in FIELDS else "text"]
+    for files in task.files.values():
+        for path in files:
+            n = 0
+            for where, rec in _records(path):
+                n += 1
+                if not isinstance(rec, dict):
+                    raise UserError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+                for key, kind in fields.items():
+                    v = rec.get(key)
+                    if v is None or isinstance(v, bool) or not isinstance(v, kind):
+                        want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+                        got = "missing" if key not in rec else f"{type(v).__name__} {str(v)[:30]!r}"
+                        raise UserError(f"{where}: task {task.name} needs field {key!r} ({want}); {got}")
+                if task.name == "mbpp" and len(rec["test_list"]) < 3:
+                    raise UserError(f"{where}: mbpp needs 3 tests in test_list, got {len(rec['test_list'])}")
+            if n == 0:
+                raise UserError(f"{path} holds no records")
 
 
 def _data_lines(task: LocalTask) -> list[str]:
