@@ -474,5 +474,6 @@ def test_calibrate_cli_reads_an_eval_table(tmp_path):
     assert res.exit_code == 2 and "no rows" in res.stderr
     res = runner.invoke(app, ["calibrate", str(path), "--task", "mmlu_x", "--floor", "0.25",
                               "--x", "run"])
-    assert res.exit_code == 2 and "column 'run' of the evaluation table holds 'b0', not a number" in res.stderr
+    assert res.exit_code == 2
+    assert "column 'run' of the evaluation table holds 'b0', not a number" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

@@ -279,7 +279,8 @@ def calibrate_table(
         if (num.isna() & rows[col].notna()).any() or rows[col].map(lambda v: isinstance(v, bool)).any():
             bad = rows[col][num.isna() & rows[col].notna()]
             example = bad.iloc[0] if len(bad) else True
-            raise UserError(f"column {col!r} of the evaluation table holds {str(example)[:30]!r}, not a number")
+            raise UserError(f"column {col!r} of the evaluation table holds {str(example)[:30]!r}, "
+                            "not a number")
         rows = rows.assign(**{col: num.astype(float)})
     ref, cand = rows[rows["arch"] == reference], rows[rows["arch"] == candidate]
 
