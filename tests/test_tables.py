@@ -7,7 +7,15 @@ import pandas as pd
 import pytest
 
 from scaling.common.errors import UserError
-from scaling.fitting.tables import CANONICAL, Columns, law_inputs, load_points, token_cost, total_flops
+from scaling.fitting.tables import (
+    CANONICAL,
+    Columns,
+    canonicalize,
+    law_inputs,
+    load_points,
+    token_cost,
+    total_flops,
+)
 
 
 def point(run, N, D, loss, arch="baseline", **extra):
@@ -263,12 +271,12 @@ def test_point_is_the_seam_of_trainer_and_fitter():
     from pathlib import Path
 
     from scaling.common.run_folder import FINAL, Point
-    from scaling.fitting.tables import GUESS_C, GUESS_GROUP, GUESS_RUN, Columns
+    from scaling.fitting.tables import DEFAULT_D, DEFAULT_N, GUESS_C, GUESS_GROUP, GUESS_RUN, Columns
 
     names = [f.name for f in dataclasses.fields(Point)]
     assert len(names) == 19
     cols = Columns()
-    assert {cols.n, cols.d, cols.loss, cols.flops_per_token, cols.sparsity, GUESS_C, GUESS_GROUP,
+    assert {DEFAULT_N, DEFAULT_D, cols.loss, cols.flops_per_token, cols.sparsity, GUESS_C, GUESS_GROUP,
             GUESS_RUN} <= set(names)
     root = Path(__file__).resolve().parents[1]
     finals = sorted(root.glob(f"runs*/**/{FINAL}"))
@@ -279,3 +287,14 @@ def test_point_is_the_seam_of_trainer_and_fitter():
             assert Point.from_dict(p).to_dict() == p
     with pytest.raises(KeyError):
         Point.key("params")
+
+
+def test_a_named_size_or_token_column_must_exist_not_be_derived():
+    """--n-col nope once derived N = C/(6 D) silently; a named column that is absent is an error,
+    the default N/D is still derived from the compute when the table has none."""
+    raw = pd.DataFrame({"D": [1e8, 2e8], "flops": [6e14, 2.4e15], "loss": [3.0, 2.9]})
+    with pytest.raises(UserError, match="no parameter column 'nope'"):
+        canonicalize(raw, Columns(n="nope"))
+    with pytest.raises(UserError, match="no token column 'tokens'"):
+        canonicalize(raw.rename(columns={"D": "N"}).assign(N=[1e6, 2e6]), Columns(d="tokens"))
+    assert canonicalize(raw, Columns())["N"].tolist() == pytest.approx([1e6, 2e6])

@@ -274,9 +274,11 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="A runs directory (runs/<run>/final.json) or a CSV, JSONL, "
                                               "JSON or Parquet table of points."),
         law: LawName = typer.Option("chinchilla", "--law", help="Law form."),
-        n_col: str = typer.Option("N", help="Column of parameters N (non-embedding, active), as NAME or "
-                                            "NAME:UNIT (params:M = millions; units K, M, B, T or a number)."),
-        d_col: str = typer.Option("D", help="Column of training tokens D, as NAME or NAME:UNIT (tokens:B)."),
+        n_col: Optional[str] = typer.Option(None, help="Column of parameters N (non-embedding, active), as "
+                                            "NAME or NAME:UNIT (params:M = millions; units K, M, B, T or a "
+                                            "number). Default: N, derived from C and D when absent."),
+        d_col: Optional[str] = typer.Option(None, help="Column of training tokens D, as NAME or NAME:UNIT "
+                                            "(tokens:B). Default: D, derived from C and N when absent."),
         loss_col: str = typer.Option("loss", help="Column of the loss (nats/token)."),
         group_col: Optional[str] = typer.Option(None, help="Column to group fits by. Default: arch when "
                                                            "present (said so), else one group; 'none': one "

@@ -80,18 +80,23 @@ log = logging.getLogger(__name__)
 GUESS_C, GUESS_GROUP, GUESS_RUN = Point.key("flops"), Point.key("arch"), Point.key("run")
 
 
+DEFAULT_N, DEFAULT_D = Point.key("N"), Point.key("D")  # the columns of Columns(n=None, d=None)
+
+
 @dataclass(frozen=True)
 class Columns:
     """Source column names, each optionally ``name:unit`` (see module doc).
 
-    ``group``, ``c`` and ``run`` None: guess (``arch``, ``flops``, ``run`` when present); ``"none"``:
+    ``n`` and ``d`` None: the columns ``N`` and ``D``, either derived from the compute when absent (a
+    named column must exist). ``group``, ``c`` and ``run`` None: guess (``arch``, ``flops``, ``run``
+    when present); ``"none"``:
     no such column. ``flops_per_nd``: k in C = k N D for deriving N or D, and for the compute of
     points without a compute column; None means 6 and, without a compute column, leaves the
     compute unrecorded (the fitter then uses 6).
     """
 
-    n: str = Point.key("N")
-    d: str = Point.key("D")
+    n: str | None = None   # None: column N, or derived from C and D when there is none
+    d: str | None = None   # None: column D, or derived from C and N when there is none
     loss: str = Point.key("loss")
     group: str | None = None
     c: str | None = None
@@ -382,8 +387,12 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         unit = f" x {scale:g}" if scale != 1 else ""
         return f"{name!r}{unit}{how}"
 
-    n_name, n_scale, has_n = col("N", c.n)
-    d_name, d_scale, has_d = col("D", c.d)
+    n_name, n_scale, has_n = col("N", c.n or DEFAULT_N)
+    d_name, d_scale, has_d = col("D", c.d or DEFAULT_D)
+    # a column the user named must exist: deriving instead would answer another question silently
+    for role, spec, name, has in (("N", c.n, n_name, has_n), ("D", c.d, d_name, has_d)):
+        if spec is not None and not has:
+            raise _missing(raw, role, name, source)
     l_name, _, has_l = col("loss", c.loss)
     if not has_l:
         raise _missing(raw, "loss", l_name, source)
