@@ -225,3 +225,21 @@ def test_cli_json_and_existing_run(tmp_path):
     assert res.exit_code == 2 and "--resume" in res.stderr and "--overwrite" in res.stderr
     res = CliRunner().invoke(app, args + ["--resume"])
     assert res.exit_code == 0 and json.loads(res.stdout)["points"] == doc["points"]
+
+
+def test_a_refused_checkpoint_folder_leaves_no_run_behind(tmp_path):
+    """A --ckpt-dir that is a file, or whose run folder holds another run's checkpoints, is refused
+    before config.json is written: the same command with a good folder then starts, no --overwrite."""
+    cfg = get_config(TIER, "baseline")
+    short = tiny(tokens=(4 * STEP_TOKENS,))
+    (tmp_path / "file").write_text("x")
+    kw = dict(tier=TIER, run_name="c", runs_dir=tmp_path / "runs")
+    with pytest.raises(UserError, match="not writable"):
+        train(cfg, short, ckpt_dir=tmp_path / "file", **kw)
+    assert not (tmp_path / "runs" / "c" / "config.json").exists()
+    other = tmp_path / "runs" / "c" / "checkpoints" / "iter-000000002"
+    other.mkdir(parents=True)          # another run's checkpoint where this run's default would go
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        train(cfg, short, **kw)
+    assert not (tmp_path / "runs" / "c" / "config.json").exists()
+    assert train(cfg, short, ckpt_dir=tmp_path / "ckpt", **kw)["complete"]

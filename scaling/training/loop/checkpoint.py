@@ -38,6 +38,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import pickle
 import random
 import re
@@ -195,14 +196,22 @@ class Checkpointer:
             raise UserError(f"checkpoint folder {self.folder} already holds checkpoints of another run; "
                             "delete it or choose another checkpoint folder")
 
+    def check_writable(self) -> None:
+        """Create the folder and write a probe in it (one process): UserError when it cannot be
+        written, so that a run refuses before its run folder holds a config.json."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            probe = self.folder / f".tmp-probe-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"checkpoint folder {self.folder} is not writable: "
+                            f"{exc.strerror or exc}") from None
+
     def prepare(self) -> None:
         """Create the folder and delete the temporaries of killed saves (every rank)."""
         if self.rank == 0:
-            try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise UserError(f"checkpoint folder {self.folder} is not writable: "
-                                f"{exc.strerror or exc}") from None
+            self.check_writable()
             for stale in self.folder.glob(".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
         self._barrier()

@@ -323,6 +323,10 @@ class Trainer:
                                          every=cfg.ckpt_every, async_save=cfg.async_ckpt)
 
         def create():
+            # the checkpoint folder first: a refused one must leave no config.json behind
+            if not existed and not overwrite:
+                self.checkpointer.check_empty()
+            self.checkpointer.check_writable()
             _create_run_dir(run_dir, overwrite, old_ckpt, self.lock,
                             lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
             if not existed:
