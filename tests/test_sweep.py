@@ -168,6 +168,7 @@ def test_mini_plan_end_to_end(tmp_path, monkeypatch):
     (("lr = ", "lrr = "), [], "unknown [train] keys: lrr"),
     (('kind = "local"', 'kind = "bogus"'), [], "[executor] kind must be one of"),
     (("concurrency = 2", "concurrency = 0"), [], "[executor] concurrency must be a positive integer"),
+    (('device = "cpu"', 'device = "tpu"'), [], "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
 ])
 def test_dry_run_refuses_what_a_real_run_would(tmp_path, edit, args, message):
     """Issue 19: a dry run accepted an unknown executor, a file as runs folder, a misspelt [train]

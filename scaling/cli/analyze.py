@@ -28,6 +28,7 @@ from scaling.cli._util import (
     stdout,
     warn,
 )
+from scaling.common.device import check_device
 from scaling.common.errors import UserError
 from scaling.common.format import number
 
@@ -42,12 +43,10 @@ def _device(name: str, threads: Optional[int] = None) -> str:
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    if name == "auto":
+    if check_device(name, "--device") == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device {name} requested but CUDA is not available")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
     return name
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from scaling.common.device import check_device
 from scaling.common.errors import UserError
 from scaling.evaluation.tasks import GOLD, LocalTask, resolve_task, write_overlays
 from scaling.evaluation.weights import (
@@ -110,12 +111,10 @@ def parse_budgets(text: str | None) -> str | tuple[int, ...] | None:
 def resolve_device(device: str) -> str:
     import torch
 
-    if device == "auto":
+    if check_device(device) == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device {device}: CUDA is not available here")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
     return device
 
 

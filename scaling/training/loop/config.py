@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from scaling.accounting.config import HEAD_PADDING
 from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
+from scaling.common.device import DEVICE_HELP, valid_device
 from scaling.common.errors import UserError
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import DATA_TO_TRAIN, expand_path
@@ -156,7 +157,7 @@ class ParallelConfig(_Part):
     """Where the run trains: device, CPU threads and the data/expert-parallel layout
     (:mod:`scaling.training.parallel.data_parallel`)."""
 
-    device: str = setting("auto", "auto, cpu, cuda or cuda:N.")
+    device: str = setting("auto", f"{DEVICE_HELP}.", valid_device, DEVICE_HELP)
     threads: int | None = setting(None, "torch CPU threads [default: torch's].", _at_least(1), ">= 1")
     parallel: str = setting("none", "none (DDP under torchrun), ddp, fsdp or hsdp.",
                             lambda v: v in MODES, "none, ddp, fsdp or hsdp")

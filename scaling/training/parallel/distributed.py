@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from scaling.accounting.memory import MODES, resolve_mode
+from scaling.common.device import check_device
 from scaling.common.errors import UserError
 
 
@@ -86,12 +87,9 @@ def launch_rank() -> int:
 
 
 def _pick_device(device_pref: str, local_rank: int) -> torch.device:
-    if device_pref == "auto":
+    if check_device(device_pref) == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device_pref)
-    except RuntimeError:
-        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device_pref!r}") from None
+    device = torch.device(device_pref)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"device {device_pref!r} requested but CUDA is not available")
