@@ -97,6 +97,29 @@ def test_statistics_match_their_definitions_and_are_seeded(chin_design):
     assert longer.rows[0].estimates[:6] == r.estimates
 
 
+def test_all_trials_failing_is_an_error_and_some_failing_a_warning(chin_design, monkeypatch):
+    """With every trial failed there is no statistic to report: an error naming the first failure
+    (once a table of NaNs and exit 0); with some failed, the rest are used and the count is said."""
+    import scaling.design.simulate as sim
+
+    real = sim._trial
+
+    def flaky(study, t, out):
+        if t % 2 == 0 or fail_all:
+            raise UserError(f"planted failure {t}")
+        return real(study, t, out)
+
+    monkeypatch.setattr(sim, "_trial", flaky)
+    kw = dict(noise=0.005, trials=4, n_bootstrap=0, check_starts=0)
+    fail_all = True
+    with pytest.raises(UserError, match="all 4 trials failed.*trial 0: planted failure 0"):
+        simulate(chinchilla_truth(), chin_design, [1e21], **kw)
+    fail_all = False
+    res = simulate(chinchilla_truth(), chin_design, [1e21], **kw)
+    assert res.failures == 2 and res.rows[0].n_trials == 2
+    assert any("2 of 4 trials failed" in w for w in res.warnings)
+
+
 def test_result_json_round_trip(chin_design):
     res = simulate(
         chinchilla_truth(), chin_design, [1e21], noise=0.005, trials=2, n_bootstrap=5, check_starts=0

@@ -210,6 +210,8 @@ def simulate(
     study = _Study(truth, points, reference, candidate, C, sparsities, float(noise), settings, warm,
                    check_starts if starts == "warm" else 0)
     out = _run_trials(study, len(true_res.rows), trials, progress)
+    if len(out.failures) == trials:  # no statistic exists: an error, not a table of NaNs
+        raise UserError(f"all {trials} trials failed (fit or savings error); the first: {out.failures[0]}")
     rows = _rows(true_res, out, trials, settings.n_bootstrap)
     if out.failures:
         warnings.append(
