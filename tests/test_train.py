@@ -243,3 +243,49 @@ def test_a_refused_checkpoint_folder_leaves_no_run_behind(tmp_path):
         train(cfg, short, **kw)
     assert not (tmp_path / "runs" / "c" / "config.json").exists()
     assert train(cfg, short, ckpt_dir=tmp_path / "ckpt", **kw)["complete"]
+
+
+def test_overwrite_in_the_run_folder_keeps_what_it_did_not_write(tmp_path):
+    """Default layout (<run>/checkpoints): --overwrite replaces the run's own files, checkpoints and
+    analyses, keeps a user's files (also inside weights/ and checkpoints/), and refuses before
+    deleting anything when a checkpoint of another run sits where this run's would go."""
+    cfg = get_config(TIER, "baseline")
+    kw = dict(tier=TIER, run_name="o", runs_dir=tmp_path / "runs")
+    short = tiny(tokens=(4 * STEP_TOKENS,), ckpt_every=2)
+    rd = tmp_path / "runs" / "o"
+    train(cfg, short, save_budget_weights=True, **kw)
+    (rd / "checkpoints" / ".DS_Store").write_text("x")
+    (rd / "checkpoints" / "notes.txt").write_text("mine")
+    (rd / "weights" / "model_v1.bin").write_text("mine")
+    (rd / "analysis").mkdir()
+    (rd / "analysis" / "lengths.json").write_text("{}")       # an analysis of the replaced model
+    first_id = runlog.read_json(rd / "config.json")["run_id"]
+    train(cfg, short, overwrite=True, **kw)
+    assert runlog.read_json(rd / "config.json")["run_id"] != first_id
+    assert (rd / "checkpoints" / "notes.txt").read_text() == "mine"
+    assert (rd / "checkpoints" / ".DS_Store").exists()
+    assert (rd / "weights" / "model_v1.bin").read_text() == "mine"
+    assert not (rd / "analysis").exists() and not (rd / "weights" / "budget-0.safetensors").exists()
+    foreign = rd / "checkpoints" / "iter-000000099"
+    foreign.mkdir()
+    (foreign / "meta.json").write_text(json.dumps({"run_id": "0123456789ab"}))
+    before = sorted(p.relative_to(rd) for p in rd.rglob("*"))
+    with pytest.raises(UserError, match="not the overwritten run's \\(iter-000000099\\)"):
+        train(cfg, short, overwrite=True, **kw)
+    assert sorted(p.relative_to(rd) for p in rd.rglob("*")) == before
+
+
+def test_results_without_a_config_are_not_a_run_to_replace(tmp_path):
+    """A folder holding final.json or weights but no config.json was not made by this trainer:
+    neither a plain start nor --overwrite writes over or deletes them."""
+    cfg = get_config(TIER, "baseline")
+    rd = tmp_path / "runs" / "photos"
+    (rd / "weights").mkdir(parents=True)
+    (rd / "weights" / "budget-0.safetensors").write_text("precious")
+    (rd / "final.json").write_text('{"mine": 1}')
+    for flags in ({}, {"overwrite": True}):
+        with pytest.raises(UserError, match="holds final.json, weights but no config.json"):
+            train(cfg, tiny(tokens=(4 * STEP_TOKENS,)), tier=TIER, run_name="photos",
+                  runs_dir=tmp_path / "runs", save_budget_weights=True, **flags)
+    assert (rd / "final.json").read_text() == '{"mine": 1}'
+    assert (rd / "weights" / "budget-0.safetensors").read_text() == "precious"

@@ -20,12 +20,10 @@ from typing import Any
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
-from scaling.common.run_folder import ANALYSIS_DIR, write_json
+from scaling.common.run_folder import ANALYSIS_DIR, ANALYSIS_KINDS, write_json
 from scaling.common.serialize import Record, to_json
 
-# The saved kinds (file names under analysis/): the attention sink on validation documents and on
-# Dyck prompts, loss by length/position, the SMELT-over-Baseline gain, in-context learning.
-KINDS = ("sink", "sink_dyck", "lengths", "lengths_gain", "icl")
+KINDS = ANALYSIS_KINDS  # the saved kinds (file names under analysis/), defined with the run folder
 _CLASSES: dict[str, type] = {}  # kind -> result class, filled by Result.__init_subclass__
 
 

@@ -23,12 +23,12 @@ from scaling.accounting.tiers import ARCHS
 from scaling.common import run_folder
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
+from scaling.common.run_folder import EVAL_DATA, EVAL_DATA_FILES
 from scaling.training.data.corpus import Corpus, DataSpec, load_corpus
 from scaling.training.model.transformer import MoETransformer
 
-EVAL_DATA = "eval_data"
 # What of a corpus folder the analyses read (tokenizer, validation split, provenance).
-_EVAL_FILES = ("provenance.json", "tokenizer.json", "val.npy", "val_offsets.npy", "val_names.json")
+_EVAL_FILES = tuple(n for n in EVAL_DATA_FILES if n != "train.npy")
 
 
 def batched(items: Sequence, size: int) -> Iterable[Sequence]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,14 @@ BUDGET_WEIGHTS_DIR = "weights"  # <run>/weights/budget-<i>.safetensors (TrainCon
 ANALYSIS_DIR = "analysis"
 LOCK = ".lock"
 FILES = (CONFIG, METRICS, FINAL, WEIGHTS, CHECKPOINTS, BUDGET_WEIGHTS_DIR, ANALYSIS_DIR, LOCK)
+BUDGET_WEIGHT = re.compile(r"budget-\d+\.safetensors")  # the files of BUDGET_WEIGHTS_DIR
+# The saved analysis kinds (analysis/<kind>.json): the attention sink on validation documents and
+# on Dyck prompts, loss by length/position, the SMELT-over-Baseline gain, in-context learning.
+ANALYSIS_KINDS = ("sink", "sink_dyck", "lengths", "lengths_gain", "icl")
+# The validation-data snapshot the analyses read (<run>/eval_data/), and its files.
+EVAL_DATA = "eval_data"
+EVAL_DATA_FILES = ("provenance.json", "tokenizer.json", "val.npy", "val_offsets.npy", "val_names.json",
+                   "train.npy")
 
 
 def budget_weights_path(run_dir: Path | str, index: int) -> Path:

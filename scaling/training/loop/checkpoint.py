@@ -69,26 +69,36 @@ META, RNG = "meta.json", "rng.pt"
 RUN_ID = re.compile(r"[0-9a-f]{12}")  # uuid4().hex[:12], as the trainer makes it
 
 
-def owned_by(folder: Path, run_id: str) -> bool:
-    """Whether ``folder`` is a checkpoint folder of run ``run_id`` and nothing else: every entry is
-    an ``iter-*``, ``branch-*`` or ``.tmp-*`` folder, and every complete one's meta.json names
-    ``run_id``. What ``--overwrite`` may delete; a folder that holds anything else is left alone."""
-    if not RUN_ID.fullmatch(run_id or "") or folder.is_symlink() or not folder.is_dir():
-        return False
-    for entry in folder.iterdir():
-        if entry.is_symlink() or not entry.is_dir():
-            return False
+def split_by_owner(folder: Path, run_id: str) -> tuple[list[Path], list[str]]:
+    """(the entries of ``folder`` that run ``run_id`` wrote, the names of other checkpoints in it).
+
+    Run ``run_id`` wrote its ``iter-*``/``branch-*`` folders whose meta.json names it, and the
+    ``.tmp-*`` temporaries of saves (any run's; they never hold a complete checkpoint): what
+    ``--overwrite`` deletes. Other folders (not dot-named) are checkpoints the run cannot claim:
+    they make ``check_empty`` refuse. Files and other dot entries (a user's notes, ``.DS_Store``)
+    are neither: they stay, and do not block a new run."""
+    mine: list[Path] = []
+    other: list[str] = []
+    if not folder.is_dir():
+        return mine, other
+    for entry in sorted(folder.iterdir()):
         if entry.name.startswith(".tmp-"):
+            mine.append(entry)
             continue
-        if not entry.name.startswith(("iter-", "branch-")):
-            return False
-        try:
-            meta = json.loads((entry / META).read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
-            return False
-        if not isinstance(meta, dict) or meta.get("run_id") != run_id:
-            return False
-    return True
+        if entry.name.startswith(".") or entry.is_symlink() or not entry.is_dir():
+            continue
+        owned = False
+        if RUN_ID.fullmatch(run_id or "") and entry.name.startswith(("iter-", "branch-")):
+            try:
+                meta = json.loads((entry / META).read_text())
+                owned = isinstance(meta, dict) and meta.get("run_id") == run_id
+            except (OSError, UnicodeDecodeError, ValueError):
+                owned = False
+        if owned:
+            mine.append(entry)
+        else:
+            other.append(entry.name)
+    return mine, other
 
 
 def identity_hash(identity: dict) -> str:
@@ -217,7 +227,8 @@ class Checkpointer:
         self._barrier()
 
     def _complete(self) -> list[Path]:
-        return sorted(p for p in self.folder.glob("*") if p.is_dir() and not p.name.startswith("."))
+        return sorted(p for p in self.folder.glob("*")
+                      if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
 
     def latest(self) -> Path | None:
         """The newest complete ``iter-<N>`` checkpoint, or None."""

@@ -35,6 +35,7 @@ Data parallel: under ``torchrun`` or a multi-task submitit job (``WORLD_SIZE`` >
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -51,12 +52,21 @@ from scaling.accounting.memory import resolve_mode
 from scaling.common.errors import UserError
 from scaling.common.files import read_jsonl
 from scaling.common.format import format_tokens
-from scaling.common.run_folder import CHECKPOINTS, Point, final_doc
+from scaling.common.run_folder import (
+    ANALYSIS_DIR,
+    ANALYSIS_KINDS,
+    BUDGET_WEIGHT,
+    CHECKPOINTS,
+    EVAL_DATA,
+    EVAL_DATA_FILES,
+    Point,
+    final_doc,
+)
 from scaling.training import runlog
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import open_data
 from scaling.training.loop.branches import BranchPlan, Position, TokenBudget
-from scaling.training.loop.checkpoint import RUN_ID, Checkpointer, identity_diff, owned_by, run_identity
+from scaling.training.loop.checkpoint import RUN_ID, Checkpointer, identity_diff, run_identity, split_by_owner
 from scaling.training.loop.config import TrainConfig
 from scaling.training.loop.evaluate import Evaluator, autocast
 from scaling.training.loop.lock import RunLock, check_free
@@ -196,6 +206,14 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool, locked: bool = 
     if run_dir.is_dir() and not locked:
         check_free(run_dir)  # another training writes it: refuse now, before reading anything
     exists = (run_dir / runlog.CONFIG).exists() or (run_dir / runlog.METRICS).exists()
+    if not exists and run_dir.is_dir():
+        # results without the config.json every training writes first: not a run of this trainer,
+        # so nothing proves they may be replaced (a run writes these names without asking)
+        names = (runlog.FINAL, runlog.WEIGHTS, runlog.BUDGET_WEIGHTS_DIR, ANALYSIS_DIR, EVAL_DATA)
+        foreign = [n for n in names if (run_dir / n).exists() or (run_dir / n).is_symlink()]
+        if foreign:
+            raise UserError(f"run folder {run_dir} holds {', '.join(foreign)} but no config.json: not a run "
+                            "of this trainer; move them away or choose another run name")
     if exists and not (resume or overwrite):
         raise UserError(f"run folder {run_dir} already holds a run; resume it or overwrite it")
     if resume and not exists:
@@ -207,7 +225,7 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool, locked: bool = 
     return exists and resume
 
 
-def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None, lock: RunLock,
+def _create_run_dir(run_dir: Path, overwrite: bool, doomed: list[Path], lock: RunLock,
                     unchanged: Callable[[], bool]) -> None:
     """Create the folder and take its lock before any write; then delete what --overwrite replaces.
     ``unchanged()`` re-checks, under the lock, that no other training made or finished a run there
@@ -227,13 +245,36 @@ def _create_run_dir(run_dir: Path, overwrite: bool, old_ckpt: Path | None, lock:
         raise UserError(f"run folder {run_dir} changed while this training started (another training "
                         "wrote it); start again")
     if overwrite:
-        for name in (runlog.CONFIG, runlog.METRICS, runlog.FINAL, runlog.WEIGHTS):
-            (run_dir / name).unlink(missing_ok=True)
         import shutil
 
-        shutil.rmtree(run_dir / runlog.BUDGET_WEIGHTS_DIR, ignore_errors=True)
-        if old_ckpt is not None and old_ckpt.is_dir():
-            shutil.rmtree(old_ckpt)
+        for path in _replaced_files(run_dir):
+            path.unlink()
+        for name in (runlog.BUDGET_WEIGHTS_DIR, ANALYSIS_DIR, EVAL_DATA):
+            with contextlib.suppress(OSError):  # only when nothing else is left in it
+                (run_dir / name).rmdir()
+        for path in doomed:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        if doomed:
+            with contextlib.suppress(OSError):
+                doomed[0].parent.rmdir()
+
+
+def _replaced_files(run_dir: Path) -> list[Path]:
+    """What ``--overwrite`` deletes in the run folder: the files an earlier training and the analyses
+    of its model wrote (config, metrics, final results and weights, budget weights, analysis results,
+    the validation snapshot). Anything else a user put there stays."""
+    paths = [run_dir / n for n in (runlog.CONFIG, runlog.METRICS, runlog.FINAL, runlog.WEIGHTS)]
+    weights = run_dir / runlog.BUDGET_WEIGHTS_DIR
+    if weights.is_dir() and not weights.is_symlink():
+        paths += [p for p in weights.iterdir() if BUDGET_WEIGHT.fullmatch(p.name)]
+    analyses = [f"{k}.json" for k in ANALYSIS_KINDS]
+    for folder, names in ((ANALYSIS_DIR, analyses), (EVAL_DATA, EVAL_DATA_FILES)):
+        if (run_dir / folder).is_dir() and not (run_dir / folder).is_symlink():
+            paths += [run_dir / folder / n for n in names]
+    return [p for p in paths if p.is_symlink() or p.is_file()]
 
 
 # ----- the trainer ------------------------------------------------------------------------
@@ -308,14 +349,18 @@ class Trainer:
             return run_dir / CHECKPOINTS if ckpt_root is None else ckpt_root / f"{self.run_name}-{rid}"
 
         self.ckpt_dir = ckpt_folder(run_id)
-        # the old run's checkpoints go only when they are provably its own (config.json is user data)
-        old_id = old.get("run_id") or ""
-        old_ckpt = ckpt_folder(old_id) if overwrite and RUN_ID.fullmatch(old_id) else None
-        if old_ckpt is not None and not _agreed(dist, lambda: owned_by(old_ckpt, old["run_id"])):
-            if old_ckpt.exists():
-                log.warning("not deleting %s: it holds more than the checkpoints of run %s", old_ckpt,
-                            old["run_id"])
-            old_ckpt = None
+        # --overwrite deletes only the old run's own checkpoints (config.json is user data: its run id
+        # must be one this trainer makes, and each checkpoint's meta.json must name it), and refuses
+        # before deleting anything when other checkpoints would then block this run's folder
+        old_id = str(old.get("run_id") or "")
+        doomed: list[Path] = []
+        if overwrite:
+            old_ckpt = ckpt_folder(old_id) if RUN_ID.fullmatch(old_id) else self.ckpt_dir
+            doomed, other = _agreed(dist, lambda: split_by_owner(old_ckpt, old_id))
+            if old_ckpt == self.ckpt_dir and other:
+                raise UserError(f"checkpoint folder {old_ckpt} holds checkpoints that are not the "
+                                f"overwritten run's ({', '.join(other[:3])}); move them away or choose "
+                                "--ckpt-dir")
         meta.update(run_id=run_id, ckpt_dir=str(self.ckpt_dir), identity=identity)
 
         # -- folders ---------------------------------------------------------------------------
@@ -327,7 +372,7 @@ class Trainer:
             if not existed and not overwrite:
                 self.checkpointer.check_empty()
             self.checkpointer.check_writable()
-            _create_run_dir(run_dir, overwrite, old_ckpt, self.lock,
+            _create_run_dir(run_dir, overwrite, doomed, self.lock,
                             lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
             if not existed:
                 self.checkpointer.check_empty()
