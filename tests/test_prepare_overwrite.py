@@ -143,3 +143,20 @@ def test_overwrite_never_deletes_indexed_shards_made_elsewhere(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert not {"train.bin", "val.bin"} & {s["path"] for s in manifest["shards"]}
     load_shards(out)
+
+
+def test_overwrite_deletes_only_names_the_tool_gives_its_files(prepared):
+    """manifest.json is user data: shard paths edited to name a user's folder or file are not the
+    earlier preparation's, so --overwrite leaves them."""
+    src, out = prepared
+    (out / "photos").mkdir()
+    (out / "photos" / "p1.jpg").write_text("precious")
+    (out / "README.md").write_text("mine")
+    m = json.loads((out / "manifest.json").read_text())
+    m["shards"] += [{"path": "photos", "split": "train", "tokens": 1, "sha256": "0" * 64},
+                    {"path": "README.md", "split": "train", "tokens": 1, "sha256": "0" * 64}]
+    (out / "manifest.json").write_text(json.dumps(m))
+    res = _prep(src, out, "--vocab-size", "300", "--shard-tokens", "700", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert (out / "photos" / "p1.jpg").read_text() == "precious" and (out / "README.md").read_text() == "mine"
+    load_shards(out)

@@ -40,6 +40,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -435,6 +436,9 @@ def _shard_name(split: str, i: int) -> str:
     return f"{split}-{i:05d}.bin"
 
 
+_OWN_SHARD = re.compile(r"(?:train|val)-\d{5}\.bin")  # every name _shard_name gives
+
+
 def _finish_shard(work_file: Path, final: Path, dtype: np.dtype) -> dict:
     _fsync(work_file)
     digest = sha256_file(work_file)
@@ -803,8 +807,15 @@ def _owned(out: Path) -> set[str]:
                 raise UserError(f"{state_path} is not a preparation state") from None
             owned |= {TOKENIZER, *(x["path"] for x in st.train_shards if isinstance(x, dict)),
                       _shard_name("train", len(st.train_shards))}
-    # names only, never a path outside ``out``
-    return {n for n in owned if n and Path(n).name == n and n not in (".", "..")}
+    # the manifest and state are user data: only names this tool gives its own files count, each
+    # a regular file (the work folder excepted), never a path outside ``out``
+    def own(n: str) -> bool:
+        p = out / n
+        if n == WORK:
+            return p.is_dir() and not p.is_symlink()
+        return (n in (MANIFEST, TOKENIZER) or _OWN_SHARD.fullmatch(n) is not None) and (p.is_symlink()
+                                                                                       or p.is_file())
+    return {n for n in owned if isinstance(n, str) and Path(n).name == n and own(n)}
 
 
 def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: PrepareOptions,
@@ -835,10 +846,10 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
                             "the new one would replace; move it away or choose another folder")
         for n in sorted(owned):
             p = out / n
-            if p.is_dir() and not p.is_symlink():
+            if n == WORK:
                 shutil.rmtree(p)
-            elif p.exists() or p.is_symlink():
-                p.unlink()
+            else:
+                p.unlink(missing_ok=True)
         for n in new:
             if n != MANIFEST:
                 os.replace(tmp / n, out / n)
