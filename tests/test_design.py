@@ -398,3 +398,37 @@ def test_plan_cli_from_a_runs_folder_sends_new_runs_there(tmp_path):
     assert Path(d["runs_dir"]).resolve() == root.resolve()
     assert load_plan(out).runs_dir.resolve() == root.resolve()
     assert all(p["loss_ci"] is None for p in d["sets"][0]["points"])  # --bootstrap 0: no interval
+
+
+def test_plan_cli_refuses_a_template_whose_tables_are_not_tables(tmp_path):
+    """A template with `train = 5` was silently dropped (a plan with default training settings)."""
+    fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
+    tpl = tmp_path / "t.toml"
+    tpl.write_text('train = 5\nexecutor = "slurm"\n')
+    out = tmp_path / "next.toml"
+    res = runner.invoke(app, ["plan", "--fits", str(fits), "--budget", "1e14", "--template", str(tpl),
+                              "--out", str(out)])
+    assert_one_line_exit_2(res, "[train] must be a table, got int")
+    assert not out.exists()
+
+
+def test_fits_and_plan_files_are_replaced_atomically_never_through_a_link(tmp_path):
+    """--out --force writes a temporary file and renames it: a link at --out is replaced, its target
+    (a user's file) untouched, and the new file is complete."""
+    from scaling.fitting.result import FitSet
+
+    fits = write_fits(tmp_path / "fits.json", chinchilla_laws())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("important")
+    link = tmp_path / "link.json"
+    link.symlink_to(notes)
+    FitSet.load(fits).save(link)
+    assert notes.read_text() == "important" and not link.is_symlink()
+    assert FitSet.load(link).to_dict() == FitSet.load(fits).to_dict()
+    plan_link = tmp_path / "plan.toml"
+    plan_link.symlink_to(notes)
+    res = runner.invoke(app, ["plan", "--fits", str(fits), "--budget", "1e14", "--out", str(plan_link),
+                              "--force"])
+    assert res.exit_code == 0, res.stderr
+    assert notes.read_text() == "important" and not plan_link.is_symlink()
+    load_plan(plan_link)

@@ -25,6 +25,7 @@ from scaling.cli._util import (
 from scaling.common.errors import UserError
 from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
+from scaling.common.run_folder import atomic_write_bytes
 from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
@@ -460,7 +461,7 @@ def _holdout(table, the_law, rule: str, settings: FitSettings, figure: Optional[
     def save() -> None:
         from scaling.common.serialize import to_json
 
-        out.write_text(to_json(payload) + "\n")
+        atomic_write_bytes(out, (to_json(payload) + "\n").encode())  # never half-written
 
     def show() -> None:
         print_holdout(result)

@@ -32,6 +32,7 @@ from scaling.cli._util import (
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import count, percent
+from scaling.common.run_folder import atomic_write_bytes
 from scaling.design.output import sweep_plan_document
 from scaling.design.points import (
     DESIGN_BUDGETS,
@@ -77,7 +78,10 @@ def _rel(path: Path) -> str:
 
 def _read_template(path: Path) -> dict[str, Any]:
     data = read_config(path, "template plan", fmt="toml")
-    return {k: data[k] for k in ("train", "data", "executor") if isinstance(data.get(k), dict)}
+    for k in ("train", "data", "executor"):
+        if k in data and not isinstance(data[k], dict):
+            raise UserError(f"{path}: [{k}] must be a table, got {type(data[k]).__name__}")
+    return {k: data[k] for k in ("train", "data", "executor") if k in data}
 
 
 # -- plan ------------------------------------------------------------------------------------------
@@ -197,10 +201,13 @@ def _write_plan(out: Path, doc: dict[str, Any], proposal: Proposal, src: LawSour
         f"{proposal.width_multiple}); each tier's SMELT twin is derived by the matcher.\n"
         f"# Train/data/executor copied from {tpl_path if tpl else 'nothing (defaults)'}.\n"
     )
+    text = header + tomli_w.dumps(doc)
+    import tomllib
+
+    _check_round_trip(tomllib.loads(text), proposal, out)  # as the sweep will read it, before writing
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(header + tomli_w.dumps(doc))
+    atomic_write_bytes(out, text.encode())  # never half-written; a link at out is replaced, not followed
     plan = load_plan(out)
-    _check_round_trip(doc, proposal, out)
     if not json_out:
         stderr.print(f"wrote {out} ({len(plan.runs)} runs)", highlight=False)
     return str(out)

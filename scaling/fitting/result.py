@@ -445,9 +445,11 @@ class FitSet:
                     for g, e in d["fits"].items()})
 
     def save(self, path: str | Path) -> None:
+        from scaling.common.run_folder import atomic_write_bytes
         from scaling.common.serialize import to_json
 
-        Path(path).write_text(to_json(self.to_dict()) + "\n")
+        # never half-written; a link at path is replaced, not followed
+        atomic_write_bytes(Path(path), (to_json(self.to_dict()) + "\n").encode())
 
     @classmethod
     def load(cls, path: str | Path) -> "FitSet":
