@@ -357,7 +357,10 @@ def test_eval_errors_are_one_line(runs, data, tmp_path):
 @pytest.mark.parametrize("task, record, message", [
     ("humaneval", {"task_id": "t/0", "prompt": "def f():\n", "canonical_solution": "  return 1\n",
                    "test": "def check(f): pass\n"}, "needs field 'entry_point' (str); missing"),
-    ("mbpp", {"text": "x", "code": "y", "test_list": ["assert 1"]}, "mbpp needs 3 tests"),
+    ("mbpp", {"text": "x", "code": "y", "test_list": ["assert 1"]}, "needs 3 tests"),
+    ("arc_easy", {"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "C"},
+     "answerKey 'C' is not one of the choice labels"),
+    ("mmlu_anatomy", {"question": "q", "choices": ["a", "b"], "answer": 0}, "needs 4 choices"),
     ("arc_easy", {"question": "q", "choices": ["a", "b"], "answerKey": "A"}, "needs field 'choices' (dict)"),
     ("prose", {"text": 5}, "needs field 'text' (str); int"),
     ("prose", ["not", "an", "object"], "must be a JSON object"),
@@ -477,3 +480,21 @@ def test_calibrate_cli_reads_an_eval_table(tmp_path):
     assert res.exit_code == 2
     assert "column 'run' of the evaluation table holds 'b0', not a number" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_task_files_are_read_as_datasets_reads_them(tmp_path):
+    """JSON Lines with raw U+2028/U+0085 inside strings, and JSON Lines in a .json file, are valid
+    (datasets reads both); a corrupt parquet file is a one-line error."""
+    from scaling.evaluation.tasks import resolve_task
+
+    (tmp_path / "prose").mkdir()
+    lines = [json.dumps({"text": t}, ensure_ascii=False) for t in ("a\u2028b", "c\x85d")]
+    (tmp_path / "prose" / "test.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert resolve_task("prose", tmp_path).kind == "text"
+    (tmp_path / "prose" / "test.jsonl").unlink()
+    (tmp_path / "prose" / "test.json").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert resolve_task("prose", tmp_path).kind == "text"
+    (tmp_path / "prose" / "test.json").unlink()
+    (tmp_path / "prose" / "test.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(UserError, match="not a readable Parquet file"):
+        resolve_task("prose", tmp_path)

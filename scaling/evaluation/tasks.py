@@ -157,11 +157,17 @@ def resolve_task(name: str, data: Path) -> LocalTask:
 
 
 def _records(path: Path):
-    """(where, record) of a split file, one reader per format: JSON Lines, a JSON list, Parquet."""
+    """(where, record) of a split file as ``datasets`` reads it: JSON Lines (also in a .json file), a
+    JSON list, Parquet."""
     if path.suffix == ".parquet":
         import pandas as pd
 
-        for i, rec in enumerate(pd.read_parquet(path).to_dict("records")):
+        try:
+            table = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow's errors are many types: any of them means unreadable
+            why = " ".join(str(exc).split())[:200]
+            raise UserError(f"{path} is not a readable Parquet file: {why}") from None
+        for i, rec in enumerate(table.to_dict("records")):
             # numpy scalars and arrays as the Python values lm-eval's templates see
             yield f"{path} row {i + 1}", {k: v.tolist() if hasattr(v, "tolist") else v
                                           for k, v in rec.items()}
@@ -174,18 +180,38 @@ def _records(path: Path):
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path} is not JSON: {exc.msg} (line {exc.lineno})") from None
-        if not isinstance(doc, list):
-            raise UserError(f"{path} must hold a JSON list of records")
-        yield from ((f"{path} record {i + 1}", rec) for i, rec in enumerate(doc))
-        return
-    for i, line in enumerate(text.splitlines()):
+            if exc.msg != "Extra data":  # else JSON Lines in a .json file, which datasets reads too
+                raise UserError(f"{path} is not JSON: {exc.msg} (line {exc.lineno})") from None
+        else:
+            if not isinstance(doc, list):
+                raise UserError(f"{path} must hold a JSON list of records or JSON Lines")
+            yield from ((f"{path} record {i + 1}", rec) for i, rec in enumerate(doc))
+            return
+    # "\n" only: U+2028, U+0085 and the like may stand raw inside a JSON string
+    for i, line in enumerate(text.split("\n")):
         if not line.strip():
             continue
         try:
             yield f"{path}:{i + 1}", json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{i + 1} is not a JSON line: {exc.msg}") from None
+
+
+def _bad_values(name: str, rec: dict) -> str | None:
+    """Why a record's values break its task's template or scorer (the splits of these tasks that
+    lm-eval scores are labelled; HellaSwag's and PIQA's unlabelled test splits are not checked)."""
+    if name == "mbpp" and len(rec["test_list"]) < 3:
+        return f"needs 3 tests in test_list, got {len(rec['test_list'])}"
+    if name in ("arc_easy", "arc_challenge"):
+        c = rec["choices"]
+        text, label = c.get("text"), c.get("label")
+        if not (isinstance(text, list) and isinstance(label, list) and len(text) == len(label) > 0):
+            return "choices must hold equally long, non-empty lists text and label"
+        if rec["answerKey"] not in label:
+            return f"answerKey {rec['answerKey']!r} is not one of the choice labels {label}"
+    if MMLU.fullmatch(name) and (len(rec["choices"]) != 4 or not 0 <= rec["answer"] < 4):
+        return f"needs 4 choices and an answer 0-3, got {len(rec['choices'])} choices, answer {rec['answer']}"
+    return None
 
 
 def check_records(task: LocalTask) -> None:
@@ -206,8 +232,9 @@ def check_records(task: LocalTask) -> None:
                         want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                         got = "missing" if key not in rec else f"{type(v).__name__} {str(v)[:30]!r}"
                         raise UserError(f"{where}: task {task.name} needs field {key!r} ({want}); {got}")
-                if task.name == "mbpp" and len(rec["test_list"]) < 3:
-                    raise UserError(f"{where}: mbpp needs 3 tests in test_list, got {len(rec['test_list'])}")
+                why = _bad_values(task.name, rec)
+                if why:
+                    raise UserError(f"{where}: task {task.name}: {why}")
             if n == 0:
                 raise UserError(f"{path} holds no records")
 
