@@ -175,3 +175,20 @@ def test_compute_column_of_tiny_models_is_kept(runs, tmp_path):
     small.drop(columns=["group"]).assign(arch=small["group"]).to_csv(path, index=False)
     got = load_points(path)
     np.testing.assert_allclose(got["flops"], small["flops"], rtol=1e-12)
+
+
+def test_a_fits_file_from_before_the_cost_model_is_flagged(runs, tmp_path):
+    """A fits file without F(N)'s terms reads as C = k N D with its median k; where that k is far
+    from 6 the savings are warned about, never printed as if nothing had changed."""
+    out = tmp_path / "fits.json"
+    runner = CliRunner()
+    assert runner.invoke(app, ["fit", str(runs), "--bootstrap", "0", "--out", str(out)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    for entry in doc["fits"].values():
+        for key in ("flops_per_sqrt_param", "flops_per_token_offset", "flops_model_max_error"):
+            entry["data_summary"].pop(key)
+        entry["data_summary"]["flops_per_param_k"] = 44.8
+    out.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["savings", "--fits", str(out), "--budget", "1e12"])
+    assert res.exit_code == 0, res.stderr
+    assert "written before the per-token FLOPs model" in res.stderr and "k = 44.8" in res.stderr

@@ -99,6 +99,8 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
         # the fits' own warnings are `smelt-scale fit`'s to print (the main job runs both): here
         # only whether the laws may answer, in one line below
         ref, cand = src.laws[reference], src.laws[candidate]
+        for note in src.notes:  # about the source itself: the reader must see these
+            warn_once(note)
         distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
         answered = {r.budget for r in env if r.savings is not None}
         if method == "auto" and distrust and answered:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.fitting.fit import FitResult, FitSet, fit_law
+from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import LawSet, load_law_set
 from scaling.fitting.savings import FittedLaw, uses_sparsity
 from scaling.fitting.tables import load_points
@@ -53,6 +54,7 @@ class LawSource:
     fits       the FitResults behind the laws, in group order (None for a law set)
     law_set    the LawSet (None unless the laws are published ones)
     runs_dir   the runs folder that was fitted (None unless the source is a runs folder)
+    notes      what the reader of the laws must know about the source (an outdated fits file)
     """
 
     laws: dict[str, FittedLaw]
@@ -60,6 +62,7 @@ class LawSource:
     fits: tuple[FitResult, ...] | None = None
     law_set: LawSet | None = None
     runs_dir: Path | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def smelt_form(self) -> bool:
@@ -140,10 +143,21 @@ def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | N
         ls = load_law_set(law_set)
         source = f"law set {ls.name!r}: {ls.citation} {ls.provenance}"
         return LawSource({g: ls.fitted(g) for g in groups}, source, law_set=ls)
+    notes: list[str] = []
     if fits is not None:
         fs = FitSet.load(fits)
         pair = [fs.get(g) for g in groups]
         source, runs_dir = f"fits file {fits}", None
+        for f in pair:
+            k = f.data_summary.get("flops_per_param_k")
+            old = get_law(f.law).budget_uses_k and "flops_per_sqrt_param" not in f.data_summary
+            if old and k is not None and not 5 <= k <= 8:
+                notes.append(f"{fits}: the fit of {f.group} was written before the per-token FLOPs model: "
+                             f"its compute is C = k N D with k = {k:.3g}, the median FLOPs/(N D) of its points, "
+                             "which can put the frontier far off; refit (smelt-scale fit --out) for C = F(N) D")
+        for n in notes:
+            if warn is not None:
+                warn(n)
     else:
         path = DEFAULT_RUNS if runs is None else runs
         pair = fit_runs(path, law, groups, n_bootstrap, seed, is_default=runs is None, warn=warn,
@@ -151,7 +165,7 @@ def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | N
         source = f"{law} fits of {path} ({n_bootstrap} bootstrap resamples, seed {seed})"
         runs_dir = path if path.is_dir() else None
     laws = {g: FittedLaw.from_fit(f, name=g, source=source) for g, f in zip(groups, pair)}
-    return LawSource(laws, source, fits=tuple(pair), runs_dir=runs_dir)
+    return LawSource(laws, source, fits=tuple(pair), runs_dir=runs_dir, notes=tuple(notes))
 
 
 __all__ = ["DEFAULT_RUNS", "LawSource", "default_sparsity", "fit_runs", "load_laws", "read_points"]
