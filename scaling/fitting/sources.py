@@ -153,8 +153,9 @@ def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | N
             old = get_law(f.law).budget_uses_k and "flops_per_sqrt_param" not in f.data_summary
             if old and k is not None and not 5 <= k <= 8:
                 notes.append(f"{fits}: the fit of {f.group} was written before the per-token FLOPs model: "
-                             f"its compute is C = k N D with k = {k:.3g}, the median FLOPs/(N D) of its points, "
-                             "which can put the frontier far off; refit (smelt-scale fit --out) for C = F(N) D")
+                             f"its compute is C = k N D with k = {k:.3g}, the median FLOPs/(N D) of its "
+                             "points, which can put the frontier far off; refit (smelt-scale fit --out) for "
+                             "C = F(N) D")
         for n in notes:
             if warn is not None:
                 warn(n)
