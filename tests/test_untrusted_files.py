@@ -165,7 +165,8 @@ def fits_file(tmp_path, fits_text):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("E", float("nan"), "finite"), ("alpha", -0.3, "bounds"), ("A", True, "finite number"),
+    ("E", float("nan"), "finite"), ("alpha", -0.3, "bounds"),
+    ("A", -5.0, "bounds"), ("B", 0.0, "bounds"), ("A", True, "finite number"),
     ("n_points", "12", "positive integer"), ("bootstrap", [[1, 2]], "reshape"),
     ("ci", {"E": [2, 1]}, "low"), ("diagnostics", [], "not an object"),
     ("data_summary", {"flops_per_param_k": -6}, "positive finite"),

@@ -301,8 +301,9 @@ def _checked_bootstrap(law: Law, d: Mapping[str, Any]) -> np.ndarray:
         boot = boot[:, [list(order).index(p) for p in law.params]]
     lo_b, hi_b = np.array([law.bounds[p] for p in law.params], dtype=float).T
     finite = np.isfinite(boot)
-    slack = 1e-9 * np.maximum(np.abs(lo_b), np.abs(hi_b))
-    if ((boot < lo_b - slack) & finite).any() or ((boot > hi_b + slack) & finite).any():
+    # rounding slack relative to each bound (a slack from the larger one let A = -5 pass (1e-6, 1e20))
+    low, high = lo_b - 1e-9 * np.abs(lo_b), hi_b + 1e-9 * np.abs(hi_b)
+    if ((boot < low) & finite).any() or ((boot > high) & finite).any():
         raise ValueError("a bootstrap sample lies outside the law's parameter bounds")
     return boot
 
@@ -398,8 +399,7 @@ def _checked_param(law: Law, name: str, v: Any) -> float:
     if not _is_number(v) or not math.isfinite(float(v)):
         raise ValueError(f"parameter {name} must be a finite number, got {v!r}")
     lo, hi = law.bounds[name]
-    slack = 1e-9 * max(abs(lo), abs(hi))
-    if not (lo - slack <= float(v) <= hi + slack):
+    if not (lo - 1e-9 * abs(lo) <= float(v) <= hi + 1e-9 * abs(hi)):  # rounding slack per bound
         raise ValueError(f"parameter {name} = {v!r} lies outside the {law.name} law's bounds "
                          f"[{lo:g}, {hi:g}]")
     return float(v)
