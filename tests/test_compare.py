@@ -220,6 +220,16 @@ def test_a_diverged_or_corrupt_loss_is_named_never_a_traceback_or_silent(tmp_pat
     assert res.exit_code == 0, res.stderr
     assert "loss nan is not finite" in res.stderr and f"D={doc['points'][0]['D']}" in res.stderr
     assert json.loads(res.stdout)["overall"]["n_pairs"] == n - 1
+    for bad, why in ((None, "no loss"), (0, "loss 0 is not positive"), (-1.5, "loss -1.5 is not positive")):
+        doc["points"][0]["loss"] = bad
+        final.write_text(json.dumps(doc))
+        res = runner.invoke(app, ["compare", str(tmp_path), "--json"])
+        assert res.exit_code == 0 and why in res.stderr, res.stderr
+        assert json.loads(res.stdout)["overall"]["n_pairs"] == n - 1
+    doc["points"][0]["loss"] = 10 ** 400
+    final.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["compare", str(tmp_path)])
+    assert res.exit_code == 2 and "beyond any float" in res.stderr and "Traceback" not in res.stderr
     doc["points"][0]["loss"] = "abc"
     final.write_text(json.dumps(doc))
     res = runner.invoke(app, ["compare", str(tmp_path)])

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -277,15 +278,19 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
                     v = p.get(key)
                     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                         raise UserError(f"{key} {str(v)[:30]!r} is not a number")
+                    if isinstance(v, int) and abs(v) > sys.float_info.max:
+                        raise UserError(f"{key} {str(v)[:30]}... is beyond any float")
         except UserError as exc:
             n_corrupt += 1
             skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
             continue
         for p in pts:
-            if isinstance(p.get("loss"), float) and not np.isfinite(p["loss"]):
-                # a diverged budget: named, never silently lost from a comparison or a fit
-                skipped.append(SkippedRun(f"{name} (D={p.get('D')})", f"loss {p['loss']} is not finite "
-                                                                      "(diverged?); that point is left out"))
+            loss = p.get("loss")
+            if "loss" in p and (loss is None or not np.isfinite(loss) or loss <= 0):
+                # a diverged or unrecorded budget: named, never silently lost from a comparison or a fit
+                why = ("no loss" if loss is None else f"loss {loss} is not finite (diverged?)"
+                       if not np.isfinite(loss) else f"loss {loss} is not positive")
+                skipped.append(SkippedRun(f"{name} (D={p.get('D')})", f"{why}; that point is left out"))
                 continue
             rows.append({GUESS_RUN: name, **p})
     if warn is not None:
