@@ -113,5 +113,9 @@ def test_a_bad_template_writes_nothing(tmp_path, template, message):
                                    "--force", "--seed1-sizes", "6"])
     assert res.exit_code == 2 and message in res.stderr, res.output
     assert len(res.stderr.strip().splitlines()) == 1
+    dry = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10", "--budgets", "3.56e11,6.32e11",
+                                   "--lr-rule", "0.05,1.27", "--template", str(tpl), "--out", str(out),
+                                   "--dry-run"])
+    assert dry.exit_code == 2 and message in dry.stderr, dry.output  # the dry run refuses it alike
     assert out.read_text() == "# mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml", "t.toml"]

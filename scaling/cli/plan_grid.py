@@ -119,21 +119,20 @@ def register(app: typer.Typer) -> None:
         main, second = grid_documents(plan, name=out.stem, runs_dir=runs_dir, train=tpl.get("train", {}),
                                       executor=tpl.get("executor", {}))
         written: list[str] = []
-        if not dry_run:
-            # the command as given, in a fixed order, so the header says how to write the file again
-            args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule), ("--shape", shape),
-                    ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
-                    ("--seed1-sizes", seed1_sizes), ("--seed1-budgets", seed1_budgets),
-                    ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
-            command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
-            header = grid_header(plan, command)
-            texts = [(path, header + tomli_w.dumps(doc)) for path, doc in ((out, main), (second_out, second))
-                     if doc is not None]
-            for path, text in texts:
-                parse_plan(tomllib.loads(text), path)  # what the sweep will read; refused before any write
-            for path, text in texts:
-                atomic_write_bytes(path, text.encode())  # never half-written
-                written.append(str(path))
+        # the command as given, in a fixed order, so the header says how to write the file again
+        args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule), ("--shape", shape),
+                ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
+                ("--seed1-sizes", seed1_sizes), ("--seed1-budgets", seed1_budgets),
+                ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
+        command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
+        header = grid_header(plan, command)
+        texts = [(path, header + tomli_w.dumps(doc)) for path, doc in ((out, main), (second_out, second))
+                 if doc is not None]
+        for path, text in texts:
+            parse_plan(tomllib.loads(text), path)  # what the sweep will read: refused before any write,
+        for path, text in texts if not dry_run else ():  # and by a dry run alike
+            atomic_write_bytes(path, text.encode())  # never half-written
+            written.append(str(path))
         if json_out:
             emit_json(_json(plan, written))
             return

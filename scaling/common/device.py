@@ -8,7 +8,7 @@ import re
 from scaling.common.errors import UserError
 
 DEVICE_HELP = "auto, cpu, cuda or cuda:N"
-_DEVICE = re.compile(r"auto|cpu|cuda(?::\d{1,4})?")
+_DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]{1,4})?")  # ASCII digits: torch refuses others
 
 
 def valid_device(text: object) -> bool:
