@@ -11,7 +11,8 @@ def test_valid(text):
     assert check_device(text) == text
 
 
-@pytest.mark.parametrize("text", ["tpu", "mps", "cuda:", "cuda:-1", "cuda:\u0663", "cuda:\uff11", " cpu", "", None, 3])
+@pytest.mark.parametrize("text", ["tpu", "mps", "cuda:", "cuda:-1", "cuda:\u0663", "cuda:\uff11", " cpu", "",
+                                  None, 3])
 def test_refused_in_one_line(text):
     assert not valid_device(text)
     with pytest.raises(UserError, match="must be auto, cpu, cuda or cuda:N"):
