@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cli import app
@@ -76,3 +77,26 @@ def test_every_command_has_help():
     for cmd in ([], ["tiers"], ["match"]):
         res = runner.invoke(app, [*cmd, "--help"])
         assert res.exit_code == 0 and "Usage" in res.stdout
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"model": 5}, "'model' must be an object"),
+    ({"name": {"a": 1}}, "name must be text"),
+    ({"rope_theta": "abc"}, "rope_theta must be a finite number > 0"),
+    ({"norm_eps": -1.0}, "norm_eps must be a finite number > 0"),
+    ({"tie_embeddings": 1}, "tie_embeddings must be true or false"),
+    ({"loop_start": 1.5}, "loop_start must be an integer"),
+])
+def test_match_refuses_config_fields_of_the_wrong_type(tmp_path, doc, message):
+    """Every ModelConfig field is checked (a plan's [model] table and `match CONFIG` alike): once a
+    string rope_theta passed a sweep's dry run and failed mid-run, a dict name gave a traceback."""
+    import json
+
+    from scaling.accounting.tiers import get_config
+
+    base = get_config("proxy-tiny", "baseline").to_dict()
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc if "model" in doc else {**base, **doc}))
+    res = CliRunner().invoke(app, ["match", str(path)])
+    assert res.exit_code == 2 and message in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1

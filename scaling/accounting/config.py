@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,19 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("loop_start", "loop_end", "shared_expert_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise UserError(f"{name} must be an integer, got {value!r}")
+        for name in ("tie_embeddings", "loop_residual_scale"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise UserError(f"{name} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.name, str):
+            raise UserError(f"name must be text, got {self.name!r}")
         if self.shared_expert_hidden < 0:
             raise UserError(f"shared_expert_hidden must be >= 0, got {self.shared_expert_hidden}")
         if self.n_heads % self.n_kv_heads:

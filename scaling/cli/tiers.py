@@ -13,6 +13,7 @@ from scaling.accounting.costs import costs
 from scaling.accounting.matching import Match, smelt_twin
 from scaling.accounting.tiers import TIERS, get_config, get_match, is_proxy, tier_names
 from scaling.cli._util import emit_json, run_cli, stdout
+from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import si
 
@@ -81,7 +82,10 @@ def print_table(entries: list[dict], title: str) -> None:
 
 def _load_config_file(path: Path) -> dict:
     data = read_config(path, "config")
-    return data.get("model", data)
+    model = data.get("model", data)
+    if not isinstance(model, dict):
+        raise UserError(f"{path}: 'model' must be an object of config fields, got {type(model).__name__}")
+    return model
 
 
 def register(app: typer.Typer) -> None:
