@@ -289,3 +289,32 @@ def test_results_without_a_config_are_not_a_run_to_replace(tmp_path):
                   runs_dir=tmp_path / "runs", save_budget_weights=True, **flags)
     assert (rd / "final.json").read_text() == '{"mine": 1}'
     assert (rd / "weights" / "budget-0.safetensors").read_text() == "precious"
+
+
+def test_run_files_of_the_wrong_shape_are_one_line_errors(tmp_path):
+    """config.json and metrics.jsonl are user data: a list for a config, a list for its train table
+    or a text iter is refused in one line on resume (never a traceback); --overwrite replaces them."""
+    cfg = get_config(TIER, "baseline")
+    kw = dict(tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
+    short = tiny(tokens=(4 * STEP_TOKENS,), ckpt_every=2)
+    rd = tmp_path / "runs" / "w"
+    train(cfg, short, **kw)
+    good = (rd / "config.json").read_text()
+    wrong_train = good.replace('"train": {', '"train": [1], "x": {', 1)
+    for text, message in (("[1, 2]", "the whole file"), (wrong_train, "wrong type: train")):
+        (rd / "config.json").write_text(text)
+        with pytest.raises(UserError, match=message):
+            train(cfg, short, resume=True, **kw)
+    (rd / "config.json").write_text("[1, 2]")
+    # with no readable run id nothing proves the checkpoints are the overwritten run's: kept, refused
+    with pytest.raises(UserError, match="not the overwritten run's"):
+        train(cfg, short, overwrite=True, **kw)
+    import shutil
+
+    shutil.rmtree(rd / "checkpoints")
+    assert train(cfg, short, overwrite=True, **kw)["complete"]
+    from scaling.training.loop.metrics import resume_metrics
+
+    (rd / "metrics.jsonl").write_text('{"iter": 1, "tokens": 512}\n{"iter": "x", "tokens": 512}\n')
+    with pytest.raises(UserError, match="record 2 holds iter = 'x', not a number"):
+        resume_metrics(rd / "metrics.jsonl", 1)

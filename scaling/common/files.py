@@ -17,7 +17,7 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from scaling.common.errors import UserError
 
@@ -126,6 +126,20 @@ class JsonlRows:
     rows: list[dict]
     skipped: int = 0
     terminated: bool = True
+
+
+# the fields of a metrics.jsonl record that readers compute with
+METRIC_NUMBERS = ("iter", "step", "tokens", "branch", "budget_index", "train_loss", "val_loss", "val_bpb",
+                  "lr", "wall_s")
+
+
+def bad_number(row: dict, keys: Iterable[str] = METRIC_NUMBERS) -> str | None:
+    """The first of ``keys`` that ``row`` holds as something other than a number or null, else None."""
+    for k in keys:
+        v = row.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return k
+    return None
 
 
 def read_jsonl(path: Path | str, *, missing_ok: bool = False, strict: bool = False) -> JsonlRows:

@@ -460,15 +460,25 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
             if warn is not None:
                 warn(f"skipping the length buckets of {tier} seed {seed}: unreadable ({exc})")
             continue
-        for br, bc in zip(ref, cand):
-            if (br.get("by"), br.get("lo"), br.get("hi")) != (bc.get("by"), bc.get("lo"), bc.get("hi")):
-                continue
-            if br.get("loss") is None or bc.get("loss") is None:
-                continue
-            sr, sc = np.asarray(br.get("seq_loss", []), float), np.asarray(bc.get("seq_loss", []), float)
-            se = (float(np.std(sc - sr, ddof=1) / math.sqrt(sr.size))
-                  if sr.size == sc.size and sr.size > 1 else None)
-            out.append({"tier": tier, "seed": seed, "by": br["by"], "lo": br["lo"], "hi": br["hi"],
-                        "diff": float(bc["loss"]) - float(br["loss"]), "se": se,
-                        "n_sequences": int(br.get("n_sequences", 0)), "n_tokens": int(br.get("n_tokens", 0))})
+        try:
+            out.extend(_bucket_diffs(tier, seed, ref, cand))
+        except (AttributeError, TypeError, ValueError) as exc:  # the files are user data
+            if warn is not None:
+                warn(f"skipping the length buckets of {tier} seed {seed}: malformed ({exc})")
+    return out
+
+
+def _bucket_diffs(tier: str, seed: str, ref: list, cand: list) -> list[dict[str, Any]]:
+    out = []
+    for br, bc in zip(ref, cand):
+        if (br.get("by"), br.get("lo"), br.get("hi")) != (bc.get("by"), bc.get("lo"), bc.get("hi")):
+            continue
+        if br.get("loss") is None or bc.get("loss") is None:
+            continue
+        sr, sc = np.asarray(br.get("seq_loss", []), float), np.asarray(bc.get("seq_loss", []), float)
+        se = (float(np.std(sc - sr, ddof=1) / math.sqrt(sr.size))
+              if sr.size == sc.size and sr.size > 1 else None)
+        out.append({"tier": tier, "seed": seed, "by": br["by"], "lo": br["lo"], "hi": br["hi"],
+                    "diff": float(bc["loss"]) - float(br["loss"]), "se": se,
+                    "n_sequences": int(br.get("n_sequences", 0)), "n_tokens": int(br.get("n_tokens", 0))})
     return out

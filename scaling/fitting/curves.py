@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
+from scaling.common.files import bad_number
 from scaling.common.run_folder import METRICS, find_run_folders
 
 CURVE_COLUMNS = ("run", "arch", "tier", "N", "flops_per_token", "complete", "iter", "step", "tokens",
@@ -53,6 +54,12 @@ def read_curves(runs_dir: str | Path, *, warn: Callable[[str], None] | None = No
         if read.skipped and warn is not None:
             warn(f"run {run.path}: {read.skipped} torn last line of {METRICS} left out (a log being written)")
         rows = read.rows
+        bad = next((i for i, r in enumerate(rows, start=1) if bad_number(r)), None)
+        if bad is not None:
+            if warn is not None:
+                warn(f"skipping run {run.path}: record {bad} of {METRICS} holds {bad_number(rows[bad - 1])} "
+                     "that is not a number")
+            continue
         if not rows:
             continue
         df = pd.DataFrame(rows)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from scaling.common.errors import UserError
-from scaling.common.files import read_jsonl
+from scaling.common.files import bad_number, read_jsonl
 from scaling.common.serialize import to_json
 from scaling.training import runlog
 
@@ -88,7 +88,12 @@ def resume_metrics(path: Path, upto_iter: int) -> int:
     as it was. The file is rewritten atomically, and only when something is dropped.
     """
     read = read_jsonl(path, missing_ok=True)
-    kept = [r for r in read.rows if r.get("iter", 0) <= upto_iter]
+    for i, r in enumerate(read.rows, start=1):
+        key = bad_number(r)
+        if key is not None:
+            raise UserError(f"{path}: record {i} holds {key} = {str(r[key])[:30]!r}, not a number; the log "
+                            "is corrupt: resume refuses to rewrite it")
+    kept = [r for r in read.rows if (r.get("iter") or 0) <= upto_iter]
     if read.skipped or not read.terminated or len(kept) != len(read.rows):
         runlog.rewrite_jsonl(path, kept)
     return len(read.rows) - len(kept) + read.skipped

@@ -440,6 +440,16 @@ class Trainer:
             if overwrite:
                 return {}
             raise UserError(f"{path} is unreadable; cannot resume this run") from None
+        shapes = {"model": dict, "train": dict, "data_spec": dict, "budgets": list}
+        if isinstance(old, dict):
+            bad = [k for k, t in shapes.items() if old.get(k) is not None and not isinstance(old[k], t)]
+        else:
+            bad = ["the whole file"]
+        if bad:  # config.json is user data: a wrong shape is refused (resume) or replaced (overwrite)
+            if overwrite:
+                return {}
+            raise UserError(f"{path} is not a run config (wrong type: {', '.join(bad)}); cannot resume this "
+                            "run")
         if existed:
             _check_same_data(self.run_name, old.get("data_identity"), meta["data_identity"])
             diff = _config_diff(old, meta)

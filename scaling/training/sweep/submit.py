@@ -29,6 +29,7 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.memory import GB, MemoryEstimate, estimate_memory
 from scaling.accounting.steptime import StepTime, predict_step_time
 from scaling.common.errors import UserError
+from scaling.common.files import bad_number
 from scaling.common.run_folder import CONFIG, FINAL, METRICS, WEIGHTS, RunFolder
 from scaling.training.sweep.plan import PlannedRun, SweepPlan
 
@@ -456,7 +457,7 @@ def _last_lines(path: Path, n_bytes: int = 65536) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn last line: the writer is mid-line
-        if isinstance(row, dict):
+        if isinstance(row, dict) and bad_number(row) is None:  # a status line never fails on a bad record
             rows.append(row)
     return rows
 
