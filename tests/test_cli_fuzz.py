@@ -214,6 +214,8 @@ def test_bad_numeric_values(command, world, monkeypatch):
     ("plan", "--bootstrap", "10000000"), ("simulate", "--trials", "1000000000000"),
     ("simulate", "--bootstrap", "1000000"), ("simulate", "--trials", "0"), ("plot", "--dpi", "100000"),
     ("plot", "--dpi", "0"), ("analyze icl", "--trials", "99999999999999"),
+    ("compare", "--min-tokens", "nan"), ("analyze lengths", "--documents", "0"),
+    ("analyze lengths", "--documents", "-1"), ("analyze lengths", "--windows", "0"),
 ])
 def test_counts_a_typo_would_run_for_days_are_refused_at_once(command, option, value, world, monkeypatch):
     monkeypatch.chdir(world)

@@ -149,8 +149,8 @@ def register(app: typer.Typer) -> None:
     @run_cli
     def lengths_cmd(
         runs: list[Path] = RUNS_ARG,
-        windows: int = typer.Option(64, help="Fixed validation windows for the position buckets."),
-        documents: Optional[int] = typer.Option(None, help="At most this many validation documents "
+        windows: int = typer.Option(64, min=1, help="Fixed validation windows for the position buckets."),
+        documents: Optional[int] = typer.Option(None, min=1, help="At most this many validation documents "
                                                 "for the length buckets (default: all)."),
         gain: Optional[bool] = typer.Option(None, "--gain/--no-gain", help="SMELT-over-Baseline gain per "
                                             "bucket; needs one baseline and one smelt run (default: when "

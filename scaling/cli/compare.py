@@ -82,8 +82,9 @@ def register(app: typer.Typer) -> None:
         candidate: str = typer.Option("smelt", "--candidate", help="Architecture compared."),
         cluster: str = typer.Option("run", "--cluster", help="Clusters of the s.e.: run (the (tier, seed) "
                                     "run pair: its budgets share a trunk), seed, or none (independent)."),
-        min_tokens: float = typer.Option(0.0, "--min-tokens", help="Only budgets of at least this many "
-                                         "tokens (the requested budget, e.g. 5e5)."),
+        min_tokens: float = typer.Option(0.0, "--min-tokens", min=0.0, max=1e30,  # max: refuses NaN too
+                                         help="Only budgets of at least this many tokens (the requested "
+                                         "budget, e.g. 5e5)."),
         cells: bool = typer.Option(False, "--cells", help="Also list every (tier, budget) cell."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure of the differences "
                                             "(.png, .pdf or .svg)."),

@@ -92,6 +92,7 @@ from scaling.training.parallel.data_parallel import (
 )
 from scaling.training.parallel.distributed import DistEnv, setup_distributed
 from scaling.training.parallel.launcher import stop_requested
+from scaling.training.schema import check_name
 
 log = logging.getLogger(__name__)
 
@@ -307,8 +308,7 @@ class Trainer:
         self.peak_flops = resolve_peak_flops(cfg.peak_flops)
         require_trackers(cfg.log_to)
         self.run_name = run_name or default_run_name(tier, model_cfg.arch, cfg)
-        if not self.run_name or "/" in self.run_name or self.run_name.startswith("."):
-            raise UserError(f"bad run name {self.run_name!r}")
+        check_name(self.run_name, "run name")  # one folder name: no '/', no leading '.', no control chars
         self.run_dir = run_dir = Path(runs_dir) / self.run_name
         existed = _agreed(dist, lambda: _check_run_dir(run_dir, resume, overwrite))
         if cfg.threads is not None and device.type == "cpu":
