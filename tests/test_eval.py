@@ -349,6 +349,8 @@ def test_eval_errors_are_one_line(runs, data, tmp_path):
         (["--tasks", "prose", "--backend", "x"], "backend"),
         (["--tasks", "prose", "--budget", "a,b"], "--budget"),
         (["--tasks", "prose", "--out", str(tmp_path / "t.txt")], ".csv"),
+        (["--tasks", "prose", "--out", str(runs["smelt"] / "config.json"), "--force"], "is an input"),
+        (["--tasks", "prose", "--out", str(data / "prose" / "test.jsonl"), "--force"], "is an input"),
     ):
         res = runner.invoke(app, base + extra)
         assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1
@@ -475,6 +477,10 @@ def test_calibrate_cli_reads_an_eval_table(tmp_path):
                          "points", "notes"]
     res = runner.invoke(app, ["calibrate", str(path), "--task", "nope"])
     assert res.exit_code == 2 and "no rows" in res.stderr
+    res = runner.invoke(app, ["calibrate", str(path), "--task", "mmlu_x", "--floor", "0.25",
+                              "--reference", "nope"])
+    assert res.exit_code == 2 and "no rows of architecture 'nope'" in res.stderr
+    assert "baseline, smelt" in res.stderr
     res = runner.invoke(app, ["calibrate", str(path), "--task", "mmlu_x", "--floor", "0.25",
                               "--x", "run"])
     assert res.exit_code == 2

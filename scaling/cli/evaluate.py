@@ -8,7 +8,15 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.cli._util import check_output_dir, check_output_file, emit_json, run_cli, stderr, stdout
+from scaling.cli._util import (
+    FORCE_HELP,
+    check_output_dir,
+    check_output_file,
+    emit_json,
+    run_cli,
+    stderr,
+    stdout,
+)
 from scaling.common.errors import UserError
 
 
@@ -138,6 +146,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(
             None, "--out", help="Also write the rows (.csv, .jsonl or .json)."
         ),
+        force: bool = typer.Option(False, "--force", help=FORCE_HELP),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object: {\"rows\": [...]}."),
     ) -> None:
         """Evaluate runs on local tasks through lm-eval, fully offline.
@@ -149,7 +158,7 @@ def register(app: typer.Typer) -> None:
         from scaling.evaluation.run import EvalSettings, evaluate_runs, parse_budgets, write_table
 
         if out is not None:
-            check_output_file(out, "--out file")
+            check_output_file(out, "--out file", force=force, inputs=[*runs, data])
             if out.suffix.lower() not in (".csv", ".jsonl", ".json"):
                 raise UserError(f"--out {out}: use a .csv, .jsonl or .json file name")
         if threads is not None:

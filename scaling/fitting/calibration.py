@@ -283,6 +283,10 @@ def calibrate_table(
                             "not a number")
         rows = rows.assign(**{col: num.astype(float)})
     ref, cand = rows[rows["arch"] == reference], rows[rows["arch"] == candidate]
+    for arch, part in ((reference, ref), (candidate, cand)):
+        if part.empty:
+            have = ", ".join(sorted(map(str, rows["arch"].unique())))
+            raise UserError(f"no rows of architecture {arch!r} for {task}/{metric}; architectures: {have}")
 
     def label(r):
         return f"{r.get('run', '')}:{r.get('budget_index', '')}"
