@@ -250,6 +250,13 @@ def test_export_overwrite_replaces_only_a_previous_export(runs, tmp_path):
     assert res.exit_code == 0, res.stderr
     assert (first, json.loads((out / "config.json").read_text())["smelt_scale"]["budget"]) == (0, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]  # no temporary left over
+    (out / "model.safetensors").unlink()
+    (out / "model.safetensors").mkdir()            # a folder of an export file's name: not an export's
+    (out / "model.safetensors" / "mine").write_text("x")
+    res = runner.invoke(app, ["export", str(run), "--out", str(out), "--overwrite"])
+    assert res.exit_code == 2 and (out / "model.safetensors" / "mine").exists()
+    res = runner.invoke(app, ["export", str(run), "--out", str(run / "hf")])   # read as a run by fit
+    assert res.exit_code == 2 and "inside the run folder" in res.stderr and not (run / "hf").exists()
 
 
 # ----- evaluation -------------------------------------------------------------------------

@@ -194,6 +194,11 @@ def check_export_target(out: Path, overwrite: bool) -> None:
     directory, a folder a user keeps other files in) is refused, naming what it holds, so that
     ``--overwrite`` can never delete data the tool did not write.
     """
+    for parent in out.absolute().parents:
+        # below a run folder the export's config.json would read as an unfinished run to fit/compare
+        run_files = ("final.json", "metrics.jsonl")
+        if (parent / "config.json").is_file() and any((parent / n).exists() for n in run_files):
+            raise UserError(f"--out {out} lies inside the run folder {parent}; choose a folder outside it")
     if not out.exists() and not out.is_symlink():
         return
     if out.is_symlink() or not out.is_dir():
@@ -201,13 +206,17 @@ def check_export_target(out: Path, overwrite: bool) -> None:
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
-    foreign = [e for e in entries if e not in EXPORT_FILES]
+    foreign = [e for e in entries if e not in EXPORT_FILES or not _plain_file(out / e)]
     if foreign or not _is_export_config(out / "config.json"):
         what = (f"holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}" if foreign
                 else "has no smelt_scale config.json")
         raise UserError(f"--out {out} is not a previous export (it {what}); choose a new or empty folder")
     if not overwrite:
         raise UserError(f"--out {out} holds a previous export; pass --overwrite to replace it")
+
+
+def _plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def _is_export_config(path: Path) -> bool:
@@ -276,7 +285,13 @@ def write_hf_folder(
             # point leaves one complete export under out or beside it, never none
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.replace(out, old / "export")
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old is not None and not out.exists():
+                os.replace(old / "export", out)  # the previous export back in place
+                old.rmdir()
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
