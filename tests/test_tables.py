@@ -298,3 +298,22 @@ def test_a_named_size_or_token_column_must_exist_not_be_derived():
     with pytest.raises(UserError, match="no token column 'tokens'"):
         canonicalize(raw.rename(columns={"D": "N"}).assign(N=[1e6, 2e6]), Columns(d="tokens"))
     assert canonicalize(raw, Columns())["N"].tolist() == pytest.approx([1e6, 2e6])
+
+
+def test_runs_linked_into_a_study_folder_are_read_once(tmp_path):
+    """Run folders linked in from elsewhere are runs of the study (once missed without a word: a
+    whole architecture vanished from a fit); a link cycle is walked once."""
+    from pathlib import Path
+
+    from scaling.fitting.tables import read_runs_dir
+
+    shipped = Path(__file__).resolve().parents[1] / "runs"
+    study = tmp_path / "study"
+    study.mkdir()
+    for run in sorted(shipped.glob("iso-d04-*")):
+        (study / run.name).symlink_to(run)
+    (study / "again").symlink_to(study)
+    df = read_runs_dir(study)
+    assert sorted(df["arch"].unique()) == ["baseline", "smelt"]
+    assert len(df) == sum(len(json.loads((r / "final.json").read_text())["points"])
+                          for r in shipped.glob("iso-d04-*"))

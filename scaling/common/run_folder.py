@@ -214,13 +214,28 @@ def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
 # ----- reading --------------------------------------------------------------------------------
 
 def find_run_folders(root: Path | str, marker: str | tuple[str, ...] = (CONFIG, FINAL)) -> list["RunFolder"]:
-    """Every run folder under ``root`` (searched recursively): a folder holding one of the
+    """Every run folder under ``root`` (searched recursively, following links to folders, each
+    folder once: a study often links runs in from elsewhere): a folder holding one of the
     ``marker`` files; sorted by path. UserError when ``root`` is not a folder."""
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"no such runs folder: {root}")
     markers = (marker,) if isinstance(marker, str) else marker
-    return [RunFolder(p) for p in sorted({f.parent for m in markers for f in root.rglob(m)})]
+    found, seen = [], set()
+    for here, dirs, files in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(here)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a link cycle, or a folder reached twice
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        if any(m in files for m in markers):
+            found.append(Path(here))
+    return [RunFolder(p) for p in sorted(found)]
 
 
 @dataclass(frozen=True)
