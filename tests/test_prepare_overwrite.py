@@ -160,3 +160,21 @@ def test_overwrite_deletes_only_names_the_tool_gives_its_files(prepared):
     assert res.exit_code == 0, res.output
     assert (out / "photos" / "p1.jpg").read_text() == "precious" and (out / "README.md").read_text() == "mine"
     load_shards(out)
+
+
+def test_one_preparation_per_output_folder_and_a_refusal_leaves_nothing(tmp_path):
+    """A second prepare-data on an output folder being prepared is refused (two once appended to the
+    same work files: a manifest with every validation document twice); a folder holding a user's
+    files is refused before anything is written into it."""
+    from scaling.training.loop.lock import exclusive
+
+    src = _inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    with exclusive(tmp_path / ".out.prepare-lock", "held by this test"):
+        _one_line(_prep(src, out, "--vocab-size", "300"), "is being prepared by another process")
+    assert not out.exists() or not any(out.iterdir())
+    assert _prep(src, out, "--vocab-size", "300").exit_code == 0      # free again once released
+    mine = tmp_path / "in"
+    before = _snapshot(mine)
+    _one_line(_prep(src, mine, "--vocab-size", "300"), "is not empty")
+    assert _snapshot(mine) == before and not (mine / ".prepare").exists()

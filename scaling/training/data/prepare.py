@@ -61,6 +61,7 @@ from scaling.training.data.shards import (
     npy_header,
     sha256_file,
 )
+from scaling.training.loop.lock import exclusive
 from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
 
 SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".json.gz", ".parquet",
@@ -473,9 +474,25 @@ def prepare(
     """
     out = Path(out)
     files = find_inputs(specs)
-    tick = _ticker(progress, sum(f.bytes for f in files))
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the folder of {out}: {exc.strerror or exc}") from None
+    # one preparation per output folder: two would append to the same work files
+    busy = f"output folder {out} is being prepared by another process; wait for it to end"
+    with exclusive(out.parent / f".{out.name}.prepare-lock", busy):
+        return _prepare_locked(specs, files, out, opts, overwrite, progress, after_shard)
+
+
+def _prepare_locked(specs: list[str], files: list[InputFile], out: Path, opts: PrepareOptions,
+                    overwrite: bool, progress: Callable[[str, int, int], None] | None,
+                    after_shard: Callable[[int], None] | None) -> dict:
+    tick = _ticker(progress, sum(f.bytes for f in files))
+    if out.is_dir() and not overwrite and not (out / MANIFEST).exists() and not (out / WORK).exists():
+        # a folder that holds no preparation: refused before any file is made or input hashed
+        _read_state(out, {})
     if overwrite and out.exists() and any(out.iterdir()):
         return _prepare_over(specs, files, out, opts, progress, after_shard)
     try:
@@ -838,7 +855,7 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
     tmp = out.parent / f".{out.name}.overwrite-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        manifest = prepare(specs, tmp, opts, overwrite=False, progress=progress, after_shard=after_shard)
+        manifest = _prepare_locked(specs, files, tmp, opts, False, progress, after_shard)  # out's lock held
         new = sorted(p.name for p in tmp.iterdir())
         clash = [n for n in new if (out / n).exists() and n not in owned]
         if clash:
