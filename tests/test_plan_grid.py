@@ -71,6 +71,7 @@ def test_tokens_budgets_and_lr_follow_the_rules():
     ({"d_models": (6, 6)}, "distinct"),
     ({"last_budget": {7: 0}}, "names no grid size"),
     ({"seed1_budgets": (5,)}, "out of range"),
+    ({"seed1_sizes": (8,)}, "second-seed size 8 is not in the grid"),
 ])
 def test_bad_grids_are_refused(kwargs, message):
     args = {"d_models": (6, 10), "budgets": (1e11, 1e12), **kwargs}

@@ -130,6 +130,14 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
             name=f"iso-d{d:02d}", config=cfg, flops_per_token=float(b.flops_per_token),
             active_params=int(b.active_params), lr=lr_rule(d), budget_indices=uses,
             tokens=tuple(int(math.floor(budgets[j] / b.flops_per_token)) for j in uses)))
+    for d in seed1_sizes:  # a size named for a second seed that gets none is a typo, not a choice
+        size = next((s for s in sizes if s.config.d_model == d), None)
+        if size is None:
+            raise UserError(f"grid: second-seed size {d} is not in the grid "
+                            f"({', '.join(map(str, d_models))})")
+        if not set(size.budget_indices) & set(seed1_budgets):
+            raise UserError(f"grid: second-seed size {d} trains at none of the second-seed budgets "
+                            f"{', '.join(str(j) for j in seed1_budgets)}")
     return GridPlan(shape=shape.name, budgets=budgets, sizes=tuple(sizes), lr_rule=lr_rule,
                     seed1_sizes=tuple(seed1_sizes), seed1_budgets=tuple(seed1_budgets))
 
