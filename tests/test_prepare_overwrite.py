@@ -134,6 +134,9 @@ def test_overwrite_never_deletes_indexed_shards_made_elsewhere(tmp_path):
         rng.integers(0, 300, 5000, dtype=np.uint16).tofile(out / name)
     before = _snapshot(out)
     res = runner.invoke(app, ["prepare-data", str(out), "--dtype", "uint16", "--vocab-size", "300",
+                              "--quiet", "--bos-id", "99999"])
+    _one_line(res, "--bos-id 99999 is not an id below the vocabulary size 300")
+    res = runner.invoke(app, ["prepare-data", str(out), "--dtype", "uint16", "--vocab-size", "300",
                               "--quiet"])
     assert res.exit_code == 0, res.output
     res = _prep(_inputs(tmp_path / "in"), out, "--vocab-size", "300", "--overwrite")

@@ -912,6 +912,9 @@ def index_existing(
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not 0 < vocab_size <= np.iinfo(DTYPES[dtype]).max + 1:
         raise UserError(f"vocabulary size {vocab_size} does not fit dtype {dtype}")
+    for name, v in (("--bos-id", bos_id), ("--eos-id", eos_id)):
+        if v is not None and not 0 <= v < vocab_size:  # what the shard reader will demand
+            raise UserError(f"{name} {v} is not an id below the vocabulary size {vocab_size}")
     if not folder.is_dir():
         raise UserError(f"shard folder {folder} does not exist")
     if (folder / MANIFEST).exists():
