@@ -422,6 +422,8 @@ def test_fits_and_plan_files_are_replaced_atomically_never_through_a_link(tmp_pa
     notes.write_text("important")
     link = tmp_path / "link.json"
     link.symlink_to(notes)
+    FitSet.load(fits).save(tmp_path / "new" / "sub" / "fits.json")   # a missing folder is made
+    assert FitSet.load(tmp_path / "new" / "sub" / "fits.json").to_dict() == FitSet.load(fits).to_dict()
     FitSet.load(fits).save(link)
     assert notes.read_text() == "important" and not link.is_symlink()
     assert FitSet.load(link).to_dict() == FitSet.load(fits).to_dict()

@@ -461,6 +461,7 @@ def _holdout(table, the_law, rule: str, settings: FitSettings, figure: Optional[
     def save() -> None:
         from scaling.common.serialize import to_json
 
+        out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out, (to_json(payload) + "\n").encode())  # never half-written
 
     def show() -> None:

@@ -131,6 +131,7 @@ def register(app: typer.Typer) -> None:
         for path, text in texts:
             parse_plan(tomllib.loads(text), path)  # what the sweep will read: refused before any write,
         for path, text in texts if not dry_run else ():  # and by a dry run alike
+            path.parent.mkdir(parents=True, exist_ok=True)  # its nearest existing folder was checked
             atomic_write_bytes(path, text.encode())  # never half-written
             written.append(str(path))
         if json_out:

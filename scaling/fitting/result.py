@@ -449,6 +449,7 @@ class FitSet:
         from scaling.common.serialize import to_json
 
         # never half-written; a link at path is replaced, not followed
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(Path(path), (to_json(self.to_dict()) + "\n").encode())
 
     @classmethod
