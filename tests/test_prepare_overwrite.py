@@ -169,7 +169,7 @@ def test_one_preparation_per_output_folder_and_a_refusal_leaves_nothing(tmp_path
     """A second prepare-data on an output folder being prepared is refused (two once appended to the
     same work files: a manifest with every validation document twice); a folder holding a user's
     files is refused before anything is written into it."""
-    from scaling.training.loop.lock import exclusive
+    from scaling.training.runlog import exclusive
 
     src = _inputs(tmp_path / "in")
     out = tmp_path / "out"

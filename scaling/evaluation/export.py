@@ -45,6 +45,7 @@ from typing import Any
 
 from scaling.accounting.config import ModelConfig
 from scaling.common.errors import UserError
+from scaling.common.run_folder import CONFIG, FINAL, METRICS
 
 NATIVE_HINT = "evaluate it with `smelt-scale eval --backend native`"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -196,8 +197,7 @@ def check_export_target(out: Path, overwrite: bool) -> None:
     """
     for parent in out.absolute().parents:
         # below a run folder the export's config.json would read as an unfinished run to fit/compare
-        run_files = ("final.json", "metrics.jsonl")
-        if (parent / "config.json").is_file() and any((parent / n).exists() for n in run_files):
+        if (parent / CONFIG).is_file() and any((parent / n).exists() for n in (FINAL, METRICS)):
             raise UserError(f"--out {out} lies inside the run folder {parent}; choose a folder outside it")
     if not out.exists() and not out.is_symlink():
         return

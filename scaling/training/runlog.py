@@ -3,18 +3,25 @@
 The folder's layout, file names and crash-safe writes are :mod:`scaling.common.run_folder`'s (the
 one owner, torch-free so that fitting and analysis read the same definitions); they are imported
 here because the training rooms write the folder through this module. What stays here needs torch
-(``environment``, ``save_weights``) or the package checkout (``code_version``).
+(``environment``, ``save_weights``) or the package checkout (``code_version``), and the exclusive
+``flock`` of a folder's writer (``exclusive``, ``holder``: the run lock and the data preparation's).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import platform
+import socket
 import subprocess
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from scaling.common import files
+from scaling.common.errors import UserError
 from scaling.common.run_folder import (  # noqa: F401  (the training rooms' access to the run folder)
     BUDGET_WEIGHTS_DIR,
     CHECKPOINTS,
@@ -83,3 +90,31 @@ def save_weights(path: Path | str, weights, metadata: dict[str, str] | None = No
     state = weights.state_dict() if hasattr(weights, "state_dict") else weights
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in state.items()}
     atomic_write_bytes(path, save(tensors, metadata=metadata or {}))
+
+
+def holder(path: Path) -> str:
+    """Who holds the lock file ``path``, as its holder wrote it (pid, host, since)."""
+    try:
+        info = json.loads(Path(path).read_text())
+        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the file ``path`` (created) for the ``with`` block; UserError
+    ``busy`` (with the holder named) when another process holds it. For folders other than runs
+    (a data preparation's output), whose contents must not include a lock file."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{busy} (held by {holder(path)})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                   "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)

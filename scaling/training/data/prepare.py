@@ -61,8 +61,7 @@ from scaling.training.data.shards import (
     npy_header,
     sha256_file,
 )
-from scaling.training.loop.lock import exclusive
-from scaling.training.runlog import atomic_write, atomic_write_bytes, write_json
+from scaling.training.runlog import atomic_write, atomic_write_bytes, exclusive, write_json
 
 SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".json.gz", ".parquet",
             ".txt", ".md", ".rst", ".py", ".text")

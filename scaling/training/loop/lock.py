@@ -14,25 +14,20 @@ Linux emulates them with POSIX byte-range locks, which NFSv4 servers honour acro
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
 
 from scaling.common.errors import UserError
 from scaling.common.run_folder import LOCK
+from scaling.training.runlog import holder
 
 
 def _holder(path: Path) -> str:
-    try:
-        info = json.loads(path.read_text())
-        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
+    return holder(path)
 
 
 def _refusal(run_dir: Path) -> UserError:
@@ -52,25 +47,6 @@ def check_free(run_dir: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         raise _refusal(Path(run_dir)) from None
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def exclusive(path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the file ``path`` (created) for the ``with`` block; UserError
-    ``busy`` (with the holder named) when another process holds it. For folders other than runs
-    (a data preparation's output), whose contents must not include a lock file."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{busy} (held by {_holder(path)})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                   "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
-        yield
     finally:
         os.close(fd)
 
