@@ -26,12 +26,8 @@ from scaling.common.run_folder import LOCK
 from scaling.training.runlog import holder
 
 
-def _holder(path: Path) -> str:
-    return holder(path)
-
-
 def _refusal(run_dir: Path) -> UserError:
-    return UserError(f"run folder {run_dir} is in use by {_holder(run_dir / LOCK)}; one training writes a "
+    return UserError(f"run folder {run_dir} is in use by {holder(run_dir / LOCK)}; one training writes a "
                      "run folder at a time (wait for it to end, or stop it, then --resume)")
 
 
