@@ -181,3 +181,14 @@ def test_one_preparation_per_output_folder_and_a_refusal_leaves_nothing(tmp_path
     before = _snapshot(mine)
     _one_line(_prep(src, mine, "--vocab-size", "300"), "is not empty")
     assert _snapshot(mine) == before and not (mine / ".prepare").exists()
+
+
+@pytest.mark.parametrize("flag", ["--source-field", "--id-field"])
+def test_a_named_field_no_record_holds_is_refused(tmp_path, flag):
+    """--source-field/--id-field naming a field no record has once fell back silently (no per-source
+    validation; hash ids, hence another split); the default id field may be absent."""
+    src = _inputs(tmp_path / "in")
+    _one_line(_prep(src, tmp_path / "out", "--vocab-size", "300", flag, "nope"),
+              f"{flag} 'nope': no record holds it")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    assert _prep(src, tmp_path / "ok", "--vocab-size", "300", flag, "id").exit_code == 0

@@ -250,6 +250,46 @@ def _jsonl_units(f: InputFile, offset: int, opts: PrepareOptions):
             yield docs, pos, pos - offset
 
 
+SAMPLE_RECORDS = 1000  # records per file read to check that a named field exists at all
+
+
+def _check_named_fields(files: list[InputFile], opts: PrepareOptions) -> None:
+    """A ``source_field`` (or an ``id_field`` other than the default "id") that no record holds is a
+    typo, not a choice: without it every document falls back to no source (no per-source
+    validation) or to its text's hash as id (another split). UserError when none of the first
+    ``SAMPLE_RECORDS`` records of any JSONL file, and no Parquet file's columns, name it."""
+    named = [(flag, f) for flag, f in (("--source-field", opts.source_field),
+                                       ("--id-field", None if opts.id_field == "id" else opts.id_field)) if f]
+    records = [f for f in files if f.kind != "text"]
+    if not named or not records:
+        return
+    seen: set[str] = set()
+    for f in records:
+        if f.kind == "parquet":
+            try:
+                import pyarrow.parquet as pq
+
+                seen.update(pq.ParquetFile(f.path).schema_arrow.names)
+            except Exception:  # unreadable: _parquet_units says so in one line
+                return
+            continue
+        opener = gzip.open if f.path.endswith(".gz") else open
+        try:
+            with opener(f.path, "rb") as fh:
+                for n, line in enumerate(fh):
+                    if n >= SAMPLE_RECORDS:
+                        break
+                    rec = json.loads(line) if line.strip() else None
+                    if isinstance(rec, dict):
+                        seen.update(rec)
+        except (OSError, EOFError, zlib.error, ValueError):  # _jsonl_units names the bad line
+            return
+    for flag, name in named:
+        if name not in seen:
+            raise UserError(f"{flag} {name!r}: no record holds it (first {SAMPLE_RECORDS} records of each "
+                            f"file checked; fields: {', '.join(sorted(map(str, seen))[:8])})")
+
+
 def _parquet_units(f: InputFile, offset: int, opts: PrepareOptions):
     try:
         import pyarrow.parquet as pq
@@ -489,6 +529,7 @@ def _prepare_locked(specs: list[str], files: list[InputFile], out: Path, opts: P
                     overwrite: bool, progress: Callable[[str, int, int], None] | None,
                     after_shard: Callable[[int], None] | None) -> dict:
     tick = _ticker(progress, sum(f.bytes for f in files))
+    _check_named_fields(files, opts)
     if out.is_dir() and not overwrite and not (out / MANIFEST).exists() and not (out / WORK).exists():
         # a folder that holds no preparation: refused before any file is made or input hashed
         _read_state(out, {})
