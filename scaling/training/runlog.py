@@ -101,20 +101,31 @@ def holder(path: Path) -> str:
         return "another process"
 
 
-@contextlib.contextmanager
-def exclusive(path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the file ``path`` (created) for the ``with`` block; UserError
-    ``busy`` (with the holder named) when another process holds it. For folders other than runs
-    (a data preparation's output), whose contents must not include a lock file."""
+def take_lock(path: Path) -> int | None:
+    """An exclusive ``flock`` on the file ``path`` (created), with this process written into it as
+    the holder: the open descriptor (closing it drops the lock), or None when another process
+    holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{busy} (held by {holder(path)})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                   "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    return fd
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, busy: str) -> Iterator[None]:
+    """Hold :func:`take_lock` on ``path`` for the ``with`` block; UserError ``busy`` (with the
+    holder named) when another process holds it. For folders other than runs (a data preparation's
+    output), whose contents must not include a lock file."""
+    fd = take_lock(path)
+    if fd is None:
+        raise UserError(f"{busy} (held by {holder(path)})")
+    try:
         yield
     finally:
         os.close(fd)

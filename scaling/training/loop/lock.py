@@ -15,15 +15,12 @@ Linux emulates them with POSIX byte-range locks, which NFSv4 servers honour acro
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-import socket
-import time
 from pathlib import Path
 
 from scaling.common.errors import UserError
 from scaling.common.run_folder import LOCK
-from scaling.training.runlog import holder
+from scaling.training.runlog import holder, take_lock
 
 
 def _refusal(run_dir: Path) -> UserError:
@@ -57,16 +54,9 @@ class RunLock:
     def acquire(self, run_dir: Path) -> None:
         """Take the lock (the folder must exist); UserError naming the holder when it is taken."""
         path = Path(run_dir) / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise _refusal(Path(run_dir)) from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        fd = take_lock(path)
+        if fd is None:
+            raise _refusal(Path(run_dir))
         self.fd, self.path = fd, path
 
     def release(self) -> None:

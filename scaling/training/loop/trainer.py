@@ -375,7 +375,8 @@ class Trainer:
             _create_run_dir(run_dir, overwrite, doomed, self.lock,
                             lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
             if not existed:
-                self.checkpointer.check_empty()
+                if overwrite:  # the old run's checkpoints are gone only now
+                    self.checkpointer.check_empty()
                 runlog.write_json(run_dir / runlog.CONFIG, meta)
 
         _agreed(dist, create)
