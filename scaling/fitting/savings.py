@@ -154,10 +154,10 @@ class FittedLaw:
                 raise UserError(f"{self.name}: bootstrap samples must be (K, {self.law.n_params}), "
                                 f"got {s.shape}")
             object.__setattr__(self, "samples", s if s.shape[0] else None)
-        if not isinstance(self.cost, TokenCost):
-            if not (np.isfinite(self.cost) and self.cost > 0):
-                raise UserError(f"{self.name}: FLOPs per parameter-token must be positive, got {self.cost}")
-            object.__setattr__(self, "cost", TokenCost(k=float(self.cost)))
+        try:  # TokenCost checks its terms: a number k must be finite and positive
+            object.__setattr__(self, "cost", TokenCost.of(self.cost))
+        except UserError as exc:
+            raise UserError(f"{self.name}: {exc}") from None
 
     @property
     def params(self) -> dict[str, float]:
