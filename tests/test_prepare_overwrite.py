@@ -192,3 +192,48 @@ def test_a_named_field_no_record_holds_is_refused(tmp_path, flag):
               f"{flag} 'nope': no record holds it")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     assert _prep(src, tmp_path / "ok", "--vocab-size", "300", flag, "id").exit_code == 0
+
+
+def test_records_without_a_named_field_are_counted_and_warned(tmp_path):
+    """A field that only some records hold fell back per record without a word; the manifest now
+    counts the records that lacked it, also across an interrupted and resumed preparation, and the
+    command warns with the planted counts."""
+    from scaling.training.data.prepare import PrepareOptions, fallback_warnings, prepare
+
+    src = tmp_path / "in" / "docs.jsonl"
+    src.parent.mkdir()
+    no_id, no_src = {3, 9, 17, 40, 41, 55, 58}, {0, 5, 9, 22, 33, 34, 35, 36, 50, 51, 59}
+    with open(src, "w") as fh:
+        for i in range(60):
+            rec = {"text": " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(30 + i % 11))}
+            if i not in no_id:
+                rec["id"] = f"d{i}"
+            if i not in no_src:
+                rec["src"] = "web" if i % 2 else None if i in (4, 8) else "code"
+            fh.write(json.dumps(rec) + "\n")
+    nulls = {4, 8}
+    res = _prep(src, tmp_path / "out", "--vocab-size", "300", "--source-field", "src", "--json")
+    assert res.exit_code == 0, res.output
+    fb = json.loads(res.stdout)["field_fallbacks"]
+    assert fb["records"] == 60
+    assert fb["id"]["records_without"] == len(no_id)
+    assert fb["source"]["records_without"] == len(no_src | nulls)
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 2 and f"{len(no_src | nulls)} of 60 records have no 'src'" in warned[0]
+    assert f"{len(no_id)} of 60 records have no 'id'" in warned[1]
+
+    def fail(n_shards):
+        raise RuntimeError("fault injected")
+
+    opts = PrepareOptions(source_field="src", vocab_size=300, val_fraction=0.2, shard_tokens=200,
+                          chunk_bytes=2_000)
+    with pytest.raises(RuntimeError, match="fault injected"):
+        prepare([str(src)], tmp_path / "resumed", opts, after_shard=fail)
+    m = prepare([str(src)], tmp_path / "resumed", opts)
+    assert m["field_fallbacks"] == fb
+    # every record with an id, and no source field asked for: nothing to say
+    full = _inputs(tmp_path / "full")
+    res = _prep(full, tmp_path / "out2", "--vocab-size", "300")
+    assert res.exit_code == 0 and "warning" not in res.stderr
+    assert fallback_warnings({"field_fallbacks": {"records": 5, "id": {"field": "id", "records_without": 5},
+                                                  "source": {"field": None, "records_without": None}}}) == []

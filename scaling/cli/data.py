@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout
+from scaling.cli._util import emit_json, run_cli, show_progress, stderr, stdout, warn
 from scaling.common.errors import UserError
 
 
@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
         files) are accepted too: pass their folder with --dtype and --vocab-size (and optionally
         --tokenizer to record it and measure bytes per token); a manifest.json is written beside them.
         """
-        from scaling.training.data.prepare import PrepareOptions, index_existing, prepare
+        from scaling.training.data.prepare import PrepareOptions, fallback_warnings, index_existing, prepare
 
         with _Bar(show_progress(json_out, quiet)) as bar:
             if dtype is not None:
@@ -137,8 +137,11 @@ def register(app: typer.Typer) -> None:
                 manifest = prepare(sources, out, opts, overwrite=overwrite, progress=bar)
                 folder = out
         s = _summary(manifest)
+        for w in fallback_warnings(manifest):
+            warn(w)
         if json_out:
-            emit_json({"out": str(folder), "manifest": str(folder / "manifest.json"), **s})
+            emit_json({"out": str(folder), "manifest": str(folder / "manifest.json"), **s,
+                       "field_fallbacks": manifest.get("field_fallbacks")})
             return
         bpt = s["val_bytes_per_token"]
         stdout.print(

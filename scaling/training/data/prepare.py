@@ -127,6 +127,8 @@ class _Doc:
     text: str
     id: str
     source: str | None
+    record: bool = False  # a JSONL object or Parquet row (a text file has no fields)
+    fell_back: tuple[str, ...] = ()  # of "id", "source": the record lacked that field (or it was null)
 
 
 # ----- inputs -----------------------------------------------------------------------------
@@ -195,11 +197,17 @@ def _record_doc(rec: Any, opts: PrepareOptions, where: str, source: str | None) 
         raise UserError(f"{where}: text field {opts.text_field!r} is {type(text).__name__}, not a string")
     if not text:
         return None
+    fell_back = []
     doc_id = rec.get(opts.id_field)
+    if doc_id is None:
+        fell_back.append("id")
     doc_id = str(doc_id) if doc_id is not None else hashlib.sha256(text.encode()).hexdigest()
-    if opts.source_field and rec.get(opts.source_field) is not None:
-        source = str(rec[opts.source_field])
-    return _Doc(text, doc_id, source)
+    if opts.source_field:
+        if rec.get(opts.source_field) is not None:
+            source = str(rec[opts.source_field])
+        else:
+            fell_back.append("source")
+    return _Doc(text, doc_id, source, True, tuple(fell_back))
 
 
 def _units(f: InputFile, offset: int, opts: PrepareOptions) -> Iterator[tuple[list[_Doc], int, int]]:
@@ -415,6 +423,9 @@ class _State:
     counts: dict = field(default_factory=lambda: {s: {"documents": 0, "bytes": 0, "tokens": 0}
                                                  for s in ("train", "val")})
     input_done: bool = False
+    # JSONL/Parquet documents, and those of them whose id_field / source_field was absent or null
+    records: int = 0
+    fallbacks: dict = field(default_factory=lambda: {"id": 0, "source": 0})
 
 
 def _fingerprint(files: list[InputFile], opts: PrepareOptions, sha: dict[str, str]) -> dict:
@@ -735,6 +746,10 @@ def _split_chunk(docs: list[_Doc], encs: list, opts: PrepareOptions, state: _Sta
         arr = _doc_tokens(e.ids, separators, dtype)
         c = state.counts[split]
         c["documents"] += 1
+        if d.record:
+            state.records += 1
+            for name in d.fell_back:
+                state.fallbacks[name] += 1
         nb = len(d.text.encode())
         c["bytes"] += nb
         c["tokens"] += len(arr)
@@ -826,12 +841,40 @@ def _manifest(opts: PrepareOptions, state: _State, files: list[InputFile], sha: 
         "val_bytes_per_token": val_bytes / val_doc_tokens if val_doc_tokens else None,
         "sources": [{"path": f.path, "source": f.source, "format": f.kind, "bytes": f.bytes,
                      "sha256": sha[f.path], "documents": n} for f, n in zip(files, state.doc_counts)],
+        "field_fallbacks": {
+            "records": state.records,
+            "id": {"field": opts.id_field, "records_without": state.fallbacks["id"], "used": "sha256(text)"},
+            "source": {"field": opts.source_field,
+                       "records_without": state.fallbacks["source"] if opts.source_field else None,
+                       "used": "the input's NAME= or none"},
+        },
         "split_rule": {"val_fraction": opts.val_fraction, "id": f"{opts.id_field!r} field, else sha256(text)",
                        "rule": "validation iff int(sha256(id)[:8 bytes]) / 2**64 < val_fraction",
                        "val_order": "sorted by (source, id)"},
         "created_by": {"tool": PREPARED_BY, "tokenizers": version("tokenizers")},
         "fingerprint": fp,
     }
+
+
+def fallback_warnings(manifest: dict) -> list[str]:
+    """Warnings for records whose named field was missing, from a manifest's ``field_fallbacks``.
+    A missing source field is always worth a line (those documents drop out of per-source
+    validation); a missing id only when some records had one or the field was named (``id``
+    absent everywhere is the documented default: the text's hash is the id)."""
+    fb = manifest.get("field_fallbacks")
+    if not isinstance(fb, dict) or not fb.get("records"):
+        return []
+    total, out = fb["records"], []
+    src = fb.get("source") or {}
+    if src.get("field") and src.get("records_without"):
+        out.append(f"{src['records_without']:,} of {total:,} records have no {src['field']!r} field: their "
+                   "source is the input's NAME= (or none)")
+    ident = fb.get("id") or {}
+    n = ident.get("records_without") or 0
+    if n and (n < total or ident.get("field") != "id"):
+        out.append(f"{n:,} of {total:,} records have no {ident.get('field')!r} field: their id, and so their "
+                   "split, is the SHA-256 of their text")
+    return out
 
 
 def _owned(out: Path) -> set[str]:
