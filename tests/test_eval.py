@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -511,3 +512,34 @@ def test_task_files_are_read_as_datasets_reads_them(tmp_path):
     (tmp_path / "prose" / "test.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(UserError, match="not a readable Parquet file"):
         resolve_task("prose", tmp_path)
+
+
+@pytest.mark.parametrize("task, split, record, message", [
+    ("hellaswag", "validation", {"label": 7}, "label 7 is not the index of one of its 4 endings"),
+    ("hellaswag", "validation", {"label": ""}, "label '' is not the index"),
+    ("hellaswag", "train", {"label": "\u00b2"}, "is not the index"),      # str.isdigit() is True for it
+    ("hellaswag", "validation", {"endings": ["only one"]}, "at least two strings"),
+    ("hellaswag", "test", {"label": ""}, None),                          # the Hub's unlabelled test split
+    ("hellaswag", "validation", {"label": "3"}, None),
+    ("piqa", "validation", {"label": 2}, "label 2 must be 0 (sol1) or 1 (sol2)"),
+    ("piqa", "validation", {"label": -1}, "must be 0"),
+    ("piqa", "test", {"label": -1}, None),
+    ("piqa", "train", {"label": 1}, None),
+])
+def test_gold_labels_outside_the_choices_are_refused(tmp_path, task, split, record, message):
+    """lm-eval scores a record whose gold label is not one of its choices as wrong (HellaSwag label 7
+    of 4 endings, PIQA -1 in a scored split): a silently lowered accuracy, refused here by value."""
+    from scaling.evaluation.tasks import resolve_task
+
+    base = {"hellaswag": {"ctx_a": "a", "ctx_b": "b", "activity_label": "x", "endings": list("wxyz"),
+                          "label": 0},
+            "piqa": {"goal": "g", "sol1": "s1", "sol2": "s2", "label": 0}}[task]
+    (tmp_path / task).mkdir()
+    lines = [json.dumps(base), json.dumps({**base, **record})]
+    (tmp_path / task / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    if message is None:
+        assert resolve_task(task, tmp_path).files[split]
+        return
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        resolve_task(task, tmp_path)
+    assert f"{split}.jsonl:2" in str(err.value)

@@ -197,9 +197,21 @@ def _records(path: Path):
             raise UserError(f"{path}:{i + 1} is not a JSON line: {exc.msg}") from None
 
 
-def _bad_values(name: str, rec: dict) -> str | None:
-    """Why a record's values break its task's template or scorer (the splits of these tasks that
-    lm-eval scores are labelled; HellaSwag's and PIQA's unlabelled test splits are not checked)."""
+def _bad_values(name: str, rec: dict, split: str) -> str | None:
+    """Why a record's values break its task's template or scorer. A gold label outside the choices
+    is no error to lm-eval: the record scores 0 (out of range it logs a warning, -1 not even that),
+    so it is refused here. HellaSwag's and
+    PIQA's test splits are unlabelled on the Hub (label "" and -1) and lm-eval's YAMLs never score
+    them (``test_split: null``): their labels are not checked."""
+    if name == "hellaswag":
+        endings = rec["endings"]
+        if len(endings) < 2 or not all(isinstance(e, str) for e in endings):
+            return "endings must be a list of at least two strings"
+        label = rec["label"]
+        if split != "test" and not (re.fullmatch(r"[0-9]+", str(label)) and int(label) < len(endings)):
+            return f"label {label!r} is not the index of one of its {len(endings)} endings"
+    if name == "piqa" and split != "test" and rec["label"] not in (0, 1):
+        return f"label {rec['label']!r} must be 0 (sol1) or 1 (sol2)"
     if name == "mbpp" and len(rec["test_list"]) < 3:
         return f"needs 3 tests in test_list, got {len(rec['test_list'])}"
     if name in ("arc_easy", "arc_challenge"):
@@ -219,7 +231,7 @@ def check_records(task: LocalTask) -> None:
     types (MBPP: at least three tests, as its prompt shows three); UserError naming the first bad
     record otherwise."""
     fields = FIELDS["mmlu" if MMLU.fullmatch(task.name) else task.name if task.name in FIELDS else "text"]
-    for files in task.files.values():
+    for split, files in task.files.items():
         for path in files:
             n = 0
             for where, rec in _records(path):
@@ -232,7 +244,7 @@ def check_records(task: LocalTask) -> None:
                         want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                         got = "missing" if key not in rec else f"{type(v).__name__} {str(v)[:30]!r}"
                         raise UserError(f"{where}: task {task.name} needs field {key!r} ({want}); {got}")
-                why = _bad_values(task.name, rec)
+                why = _bad_values(task.name, rec, split)
                 if why:
                     raise UserError(f"{where}: task {task.name}: {why}")
             if n == 0:
