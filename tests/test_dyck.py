@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scaling.analysis.dyck import (
     BRACKET_PAIRS,
     EOL,
+    OPEN_TO_CLOSE,
     SEP,
     DyckProblem,
     DyckTask,
@@ -68,6 +69,33 @@ def test_path_counts_are_catalan_and_ballot_numbers():
         assert n_paths(2 * n, 0) == math.comb(2 * n, n) // (n + 1)
     assert n_paths(3, 1) == 2  # from height 1 in 3 steps: UDD, DUD
     assert n_paths(2, 1) == 0 and n_paths(1, 2) == 0 and n_paths(0, 0) == 1
+
+
+def test_sampler_draws_the_words_the_exact_counts_draw():
+    """The sampler's closed-form step probability u (h+2) / (m (h+1)) is the very float of the
+    exact count ratio, so it draws, step for step, the words that sampling with the counts drew."""
+    for m in range(1, 300):
+        for h in range(m % 2, m + 1, 2):
+            u = (m - h) // 2
+            assert u * (h + 2) / (m * (h + 1)) == n_paths(m - 1, h + 1) / n_paths(m, h), (m, h)
+
+    def by_counts(rng, n_pairs, n_types):
+        out, stack, h, m = [], [], 0, 2 * n_pairs
+        for _ in range(m):
+            up = n_paths(m - 1, h + 1)
+            if rng.random() < up / (up + n_paths(m - 1, h - 1)):
+                stack.append(BRACKET_PAIRS[int(rng.integers(n_types))][0])
+                out.append(stack[-1])
+                h += 1
+            else:
+                out.append(OPEN_TO_CLOSE[stack.pop()])
+                h -= 1
+            m -= 1
+        return "".join(out)
+
+    for seed, (n, t) in enumerate([(1, 1), (5, 2), (40, 4), (257, 3)]):
+        rngs = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert random_balanced(rngs[0], n, t) == by_counts(rngs[1], n, t)
 
 
 @pytest.mark.parametrize("prefix, answer", [
