@@ -102,13 +102,10 @@ def test_manifest_fields_and_hashes(env):
         assert src["path"] == path and src["bytes"] == Path(path).stat().st_size
         assert src["sha256"] == sha256_file(path)
     assert sum(s["documents"] for s in m["sources"]) == len(docs)
-    # the validation split: by hash of the id (or of the text), with contiguous source ranges
+    # the validation split: by hash of the text (split_by="text"), with contiguous source ranges
     import hashlib
 
-    def doc_id(d):
-        return d.get("id") or hashlib.sha256(d["text"].encode()).hexdigest()
-
-    val = [d for d in docs if _hash_unit(doc_id(d)) < OPTS.val_fraction]
+    val = [d for d in docs if _hash_unit(hashlib.sha256(d["text"].encode()).hexdigest()) < OPTS.val_fraction]
     assert m["documents"]["val"] == len(val) > 0
     ranges = m["val_sources"]
     assert [r["name"] for r in ranges] == sorted({d["source"] for d in val})
@@ -126,10 +123,13 @@ def test_shards_decode_back_to_the_documents(env):
     def doc_id(d):
         return d.get("id") or hashlib.sha256(d["text"].encode()).hexdigest()
 
+    def held_out(d):
+        return _hash_unit(hashlib.sha256(d["text"].encode()).hexdigest()) < OPTS.val_fraction
+
     half = len(env["docs"]) // 2
     in_order = env["docs"][:half] + env["docs"][half:]
-    want_train = [d["text"] for d in in_order if _hash_unit(doc_id(d)) >= OPTS.val_fraction]
-    want_val = [d["text"] for d in sorted((d for d in in_order if _hash_unit(doc_id(d)) < OPTS.val_fraction),
+    want_train = [d["text"] for d in in_order if not held_out(d)]
+    want_val = [d["text"] for d in sorted((d for d in in_order if held_out(d)),
                                           key=lambda d: (d["source"], doc_id(d)))]
     for stream, want in ((data._train, want_train), (data._val, want_val)):
         ids = stream.read(0, len(stream)).astype(np.int64)

@@ -81,11 +81,15 @@ def register(app: typer.Typer) -> None:
         ),
         text_field: str = typer.Option("text", help="JSONL key / Parquet column holding the text."),
         id_field: str = typer.Option("id", help="Document id field; missing: the SHA-256 of the text."),
+        split_by: str = typer.Option(
+            "text", help="What the validation split hashes: text (exact duplicates share a split, whatever "
+            "their ids) or id (revisions of one document share a split)."
+        ),
         source_field: Optional[str] = typer.Option(
             None, help="Field naming each document's source (for per-source validation loss)."
         ),
         val_fraction: float = typer.Option(
-            0.01, help="Fraction of documents held out, chosen by a hash of the document id."
+            0.01, help="Fraction of documents held out, chosen by a hash of each text (see --split-by)."
         ),
         shard_tokens: int = typer.Option(1 << 24, help="Tokens per shard."),
         tokenizer_train_bytes: int = typer.Option(
@@ -129,7 +133,7 @@ def register(app: typer.Typer) -> None:
                 if tokenizer is None and vocab_size is None:
                     raise UserError("give --tokenizer tokenizer.json or --vocab-size N")
                 opts = PrepareOptions(
-                    text_field=text_field, id_field=id_field, source_field=source_field,
+                    text_field=text_field, id_field=id_field, source_field=source_field, split_by=split_by,
                     val_fraction=val_fraction, tokenizer=str(tokenizer) if tokenizer else None,
                     vocab_size=vocab_size, tokenizer_train_bytes=tokenizer_train_bytes,
                     bos_token=bos_token, eos_token=eos_token, shard_tokens=shard_tokens,

@@ -250,6 +250,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
 
 
 def _encode(tok, docs: Sequence[Document]) -> list[np.ndarray]:
+    # "<|bos|>" written in a document is text, not a document boundary (no built-in source holds one,
+    # so the corpus's tokens are those of the earlier encoding)
+    tok.encode_special_tokens = True
     encs = tok.encode_batch([d.text for d in docs], add_special_tokens=False)
     return [np.asarray(e.ids, dtype=np.uint16) for e in encs]
 

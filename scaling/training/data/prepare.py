@@ -9,15 +9,21 @@ file. Text must be UTF-8. A record's source is its ``source_field`` value when t
 present, else the name given to its input, else none.
 
 Document id and split. A document's id is its ``id_field`` value when present, else the
-SHA-256 of its text (so exact duplicates share a split and a reshuffled dump splits the same
-way). It is held out for validation iff ``sha256(id) / 2**64 < val_fraction`` (first 8 bytes),
-never by position, so the split does not depend on file order or on the other documents.
+SHA-256 of its text. It is held out for validation iff ``sha256(key) / 2**64 < val_fraction``
+(first 8 bytes), never by position, so the split does not depend on file order or on the other
+documents. The key (``split_by``) is by default the SHA-256 of the text, so exact duplicates
+share a split whatever their ids (dumps re-post the same text under new ids; split by id, 200
+such pairs put every validation document's copy in training); ``split_by="id"`` keys on the id
+instead, for corpora whose ids name revisions of one document. Documents without an id split the
+same way under both keys.
 
 Tokenizer. A Hugging Face ``tokenizer.json`` (copied into the output), or a byte-level BPE
 trained on the first ``tokenizer_train_bytes`` of the training split (the built-in corpus's
 trainer, :func:`scaling.training.data.corpus.train_tokenizer`, deterministic). Each document becomes
 ``[bos] + ids + [eos]`` (each separator only when defined: the trained BPE uses ``<|bos|>``;
-another tokenizer's separators are found by name, see ``_SEPARATORS``, or given).
+another tokenizer's separators are found by name, see ``_SEPARATORS``, or given). A special
+token's spelling inside a text (``</s>`` in HTML, ``<|endoftext|>`` in a scraped page) is encoded
+as text (``Tokenizer.encode_special_tokens``): only the separators the layout adds are separators.
 
 Output. Training documents in input order (files sorted by path) form the training stream,
 cut into shards of exactly ``shard_tokens`` tokens (the last one shorter). Validation
@@ -78,6 +84,7 @@ class PrepareOptions:
     """How to turn inputs into shards (everything that changes the output bytes).
 
     text_field / id_field / source_field   record fields (JSONL keys, Parquet columns)
+    split_by                "text" (default) or "id": what the validation split hashes
     val_fraction            target fraction of documents held out for validation
     tokenizer               path of a Hugging Face tokenizer.json; None: train a byte-level BPE
     vocab_size              vocabulary of the trained BPE (with tokenizer=None)
@@ -90,6 +97,7 @@ class PrepareOptions:
     text_field: str = "text"
     id_field: str = "id"
     source_field: str | None = None
+    split_by: str = "text"
     val_fraction: float = 0.01
     tokenizer: str | None = None
     vocab_size: int | None = None
@@ -111,6 +119,8 @@ class PrepareOptions:
             raise UserError("shard_tokens, chunk_bytes and tokenizer_train_bytes must be >= 1")
         if not self.text_field:
             raise UserError("the text field must not be empty")
+        if self.split_by not in ("text", "id"):
+            raise UserError(f"split_by must be 'text' or 'id', got {self.split_by!r}")
 
 
 @dataclass(frozen=True)
@@ -258,6 +268,9 @@ def _jsonl_units(f: InputFile, offset: int, opts: PrepareOptions):
             yield docs, pos, pos - offset
 
 
+# How a special token's spelling inside a document is encoded (recorded in the fingerprint and the
+# manifest: earlier versions made it the special token, a false document boundary)
+SPECIALS_IN_TEXT = "encoded as text"
 SAMPLE_RECORDS = 1000  # records per file read to check that a named field exists at all
 
 
@@ -434,7 +447,7 @@ def _fingerprint(files: list[InputFile], opts: PrepareOptions, sha: dict[str, st
         o["tokenizer"] = sha256_file(opts.tokenizer)
     o.pop("chunk_bytes")  # does not change the output
     return {"options": o, "inputs": [[f.path, f.source, f.bytes, sha[f.path]] for f in files],
-            "format_version": FORMAT_VERSION}
+            "format_version": FORMAT_VERSION, "special_tokens_in_text": SPECIALS_IN_TEXT}
 
 
 def _differs(old: dict | None, new: dict) -> str:
@@ -446,6 +459,8 @@ def _differs(old: dict | None, new: dict) -> str:
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     if keys:
         return f"other options ({', '.join(keys)})"
+    if old.get("special_tokens_in_text") != new.get("special_tokens_in_text"):
+        return "an earlier version of this tool (it encoded special tokens written in a text as separators)"
     return "other inputs"
 
 
@@ -555,6 +570,7 @@ def _prepare_locked(specs: list[str], files: list[InputFile], out: Path, opts: P
     if (out / MANIFEST).exists():
         return _finished(out, fp)
     state, tok = _tokenizer(out, files, opts, _read_state(out, fp), fp, tick)
+    tok.encode_special_tokens = True   # see SPECIALS_IN_TEXT
     vocab = tok.get_vocab_size(with_added_tokens=True)
     work = _restore(out, state, DTYPES[dtype_for_vocab(vocab)])
     bos, eos = _separators(tok, opts)
@@ -742,7 +758,11 @@ def _split_chunk(docs: list[_Doc], encs: list, opts: PrepareOptions, state: _Sta
     train_parts, val_parts, val_lines = [], [], []
     val_off = state.val_bytes
     for d, e in zip(docs, encs):
-        split = "val" if _hash_unit(d.id) < opts.val_fraction else "train"
+        raw = d.text.encode()
+        text_sha = hashlib.sha256(raw).hexdigest()
+        # a document without an id has id == text_sha: the same split under either key
+        split = "val" if _hash_unit(text_sha if opts.split_by == "text" else d.id) < opts.val_fraction \
+            else "train"
         arr = _doc_tokens(e.ids, separators, dtype)
         c = state.counts[split]
         c["documents"] += 1
@@ -750,14 +770,14 @@ def _split_chunk(docs: list[_Doc], encs: list, opts: PrepareOptions, state: _Sta
             state.records += 1
             for name in d.fell_back:
                 state.fallbacks[name] += 1
-        nb = len(d.text.encode())
+        nb = len(raw)
         c["bytes"] += nb
         c["tokens"] += len(arr)
         if split == "train":
             train_parts.append(arr)
             continue
         val_lines.append(json.dumps({"source": d.source, "id": d.id,
-                                     "text_sha": hashlib.sha256(d.text.encode()).hexdigest(),
+                                     "text_sha": text_sha,
                                      "offset": val_off, "tokens": len(arr), "bytes": nb,
                                      "doc_tokens": len(e.ids)}) + "\n")
         val_parts.append(arr)
@@ -829,6 +849,7 @@ def _manifest(opts: PrepareOptions, state: _State, files: list[InputFile], sha: 
         "bos_id": bos,
         "eos_id": eos,
         "document_layout": "[bos] + ids + [eos] per document (each separator only if its id is not null)",
+        "special_tokens_in_text": SPECIALS_IN_TEXT,
         "tokenizer": {"path": TOKENIZER, "sha256": state.tokenizer_sha256, "vocab_size": vocab,
                       "kind": "trained byte-level BPE" if opts.tokenizer is None else "given",
                       "given_path": opts.tokenizer},
@@ -849,7 +870,8 @@ def _manifest(opts: PrepareOptions, state: _State, files: list[InputFile], sha: 
                        "used": "the input's NAME= or none"},
         },
         "split_rule": {"val_fraction": opts.val_fraction, "id": f"{opts.id_field!r} field, else sha256(text)",
-                       "rule": "validation iff int(sha256(id)[:8 bytes]) / 2**64 < val_fraction",
+                       "key": "sha256(text) (hex)" if opts.split_by == "text" else "id",
+                       "rule": "validation iff int(sha256(key)[:8 bytes]) / 2**64 < val_fraction",
                        "val_order": "sorted by (source, id)"},
         "created_by": {"tool": PREPARED_BY, "tokenizers": version("tokenizers")},
         "fingerprint": fp,
