@@ -12,11 +12,14 @@ from scaling.cli._util import FORCE_HELP, check_output_file, finish, run_cli, st
 from scaling.common.errors import UserError
 from scaling.fitting.compare import (
     CLUSTERS,
+    FEW_CLUSTERS,
+    LEVEL,
     CompareResult,
     PairStats,
     at_least_tokens,
     compare,
     describe_dropped,
+    interval_text,
     length_buckets,
     with_validation_ids,
 )
@@ -28,17 +31,19 @@ def _row(s: PairStats) -> list[str]:
     iid = "—" if s.se_iid is None else f"{s.se_iid:.4f}"
     p = "—" if s.sign_p is None else f"{s.sign_p:.3g}"
     tokens = "—" if s.tokens is None else f"{s.tokens / 1e6:.3g}M"
-    return [s.label, tokens, f"{s.mean:+.4f}", se, iid, str(s.n_pairs), str(s.n_clusters),
+    ci = "—" if s.ci_lo is None else interval_text(s)
+    return [s.label, tokens, f"{s.mean:+.4f}", se, ci, iid, str(s.n_pairs), str(s.n_clusters),
             f"{s.n_candidate_better}/{s.n_pairs}", p]
 
 
 def print_result(res: CompareResult, show_cells: bool) -> None:
     stdout.print(f"[bold]{res.candidate} − {res.reference}[/bold] validation loss at matched (tier, budget, "
                  f"seed), nats/token; negative = {res.candidate} better. s.e. clustered by "
-                 f"[bold]{res.cluster}[/bold] (CR1); sign test exact binomial over pairs.", highlight=False)
+                 f"[bold]{res.cluster}[/bold] (CR1); {LEVEL:.0%} interval mean ± t(G−1)·s.e. over G "
+                 "clusters; sign test exact binomial over pairs.", highlight=False)
     table = Table(title_justify="left")
-    for c in ("", "tokens", "mean", "s.e.", "s.e. iid", "pairs", "clusters", f"{res.candidate} better",
-              "sign p"):
+    for c in ("", "tokens", "mean", "s.e.", f"{LEVEL:.0%} CI (t, df)", "s.e. iid", "pairs", "clusters",
+              f"{res.candidate} better", "sign p"):
         table.add_column(c, justify="left" if not c else "right", no_wrap=True)
     table.add_row(*_row(res.overall), end_section=True)
     for i, s in enumerate(res.by_tier):
@@ -49,9 +54,15 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
         for s in res.cells:
             table.add_row(*_row(s))
     stdout.print(table)
+    rows = (res.overall, *res.by_tier, *res.by_budget, *(res.cells if show_cells else ()))
+    if any(s.few_clusters for s in rows):
+        stdout.print(f"* interval from fewer than {FEW_CLUSTERS} clusters (t with 1 to {FEW_CLUSTERS - 2} "
+                     "degrees of freedom): wide, and only as good as the cluster sums are near normal; "
+                     "— : fewer than 2 clusters, no s.e. and no interval.", highlight=False)
     for name, s in res.by_source.items():
-        stdout.print(f"source {name}: {s.mean:+.4f} ± {s.se if s.se is not None else float('nan'):.4f} "
-                     f"({s.n_pairs} pairs)", highlight=False)
+        se = "no s.e." if s.se is None else f"s.e. {s.se:.4f}"
+        stdout.print(f"source {name}: {s.mean:+.4f}, {se}, {LEVEL:.0%} CI {interval_text(s)} "
+                     f"({s.n_pairs} pairs, {s.n_clusters} clusters)", highlight=False)
     if res.by_length:
         lt = Table(title="length buckets (final weights of the run pairs with analysis/lengths.json)",
                    title_justify="left")
@@ -66,7 +77,7 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
     spread = "—" if res.seed_spread is None else f"{res.seed_spread:.4f}"
     stdout.print(f"{res.candidate} better in {res.n_cells_candidate_better} of {len(res.cells)} "
                  f"(tier, budget) cells (cell mean over seeds); seeds of one config differ by {spread} nats "
-                 "on average "                 f"({res.n_seeds} seeds).", highlight=False)
+                 f"on average ({res.n_seeds} seeds).", highlight=False)
     for n in res.notes:
         stdout.print(f"note: {n}", highlight=False)
     if res.dropped:
@@ -118,8 +129,10 @@ def register(app: typer.Typer) -> None:
             points = at_least_tokens(points, min_tokens)
             if points.empty:
                 raise UserError(f"no budget of at least {min_tokens:g} tokens in {runs}")
-        lengths = length_buckets(runs, points, reference, candidate, warn=warn)
-        res = compare(points, reference, candidate, cluster=cluster, lengths=lengths)
+        length_notes: list[str] = []   # pairs whose buckets are left out: named in the notes
+        lengths = length_buckets(runs, points, reference, candidate, notes=length_notes)
+        res = compare(points, reference, candidate, cluster=cluster, lengths=lengths,
+                      length_notes=length_notes)
 
         def draw() -> None:
             from scaling import plots

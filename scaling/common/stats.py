@@ -38,3 +38,40 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95, axis: int | No
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, as documented
             lo, hi = np.nanquantile(x, q, axis=axis)
     return lo, hi
+
+
+def weighted_paired_mean(diff, weights) -> tuple[float | None, float | None]:
+    """Weight-averaged paired difference and its ratio-estimator standard error.
+
+    ``diff``: per-unit differences d_i (e.g. per-sequence mean losses of two models on the same
+    sequence); ``weights``: w_i > 0 (the sequence's token count). With W = sum_i w_i and n units,
+
+        m    = sum_i w_i d_i / W                                   (the token-weighted mean)
+        se^2 = n / (n - 1) * sum_i w_i^2 (d_i - m)^2 / W^2
+
+    m is the ratio of two sample totals, sum w_i d_i over sum w_i; se is the linearised
+    (Taylor) variance of a ratio estimator with the n/(n-1) small-sample factor (Cochran 1977,
+    "Sampling Techniques", 3rd ed., ch. 6: v(R) = sum (y_i - R x_i)^2 / (n (n-1) xbar^2) with
+    y_i = w_i d_i, x_i = w_i). With equal weights it is the plain sd(d)/sqrt(n). When the d_i
+    are per-sequence losses weighted by their tokens, m equals the difference of the two
+    token-weighted bucket losses, so the s.e. belongs to that difference (an unweighted
+    sd(d)/sqrt(n) would belong to the unweighted mean instead).
+
+    Returns (m, se): (None, None) without units or with a total weight of 0; se None for one unit.
+    ValueError when the two have different lengths or a weight is negative or not finite.
+    """
+    d = np.asarray(diff, dtype=float).ravel()
+    w = np.asarray(weights, dtype=float).ravel()
+    if d.shape != w.shape:
+        raise ValueError(f"{d.size} differences but {w.size} weights")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("weights must be finite and non-negative")
+    total = float(w.sum())
+    if d.size == 0 or total <= 0:
+        return None, None
+    m = float((w * d).sum() / total)
+    n = d.size
+    if n < 2:
+        return m, None
+    se = float(np.sqrt((w ** 2 * (d - m) ** 2).sum() * n / (n - 1)) / total)
+    return m, se

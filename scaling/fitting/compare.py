@@ -26,6 +26,13 @@ Liang & Zeger 1986) standard error of a mean is
 With one pair per cluster it is the plain s.e. sd(d)/sqrt(n); ``se_iid`` is always reported beside
 it. Fewer than 2 clusters: no s.e.
 
+95% interval, every row: dbar -/+ t_{0.975}(G - 1) * se, Student's t with G - 1 degrees of freedom
+(Cameron & Miller 2015, section VI.C: with few clusters CR1 Wald tests use t(G - 1) critical values,
+not the normal's). Below 2 clusters a row has no interval; with 2 to 4 clusters (``FEW_CLUSTERS``)
+the interval is printed but flagged: t(1) = 12.7, t(3) = 3.18, and it still leans on the cluster
+sums being near normal (the notes name those rows). With ``cluster="none"`` G is the number of
+pairs.
+
 Sign test: the number of pairs with d < 0 against Binomial(n, 1/2), exact two-sided p-value
 (ties, d == 0, are dropped). It treats pairs as independent, which the clustering above says they
 are not: read it as a description, not as a test at the stated level.
@@ -34,9 +41,18 @@ Seed spread: the mean over (tier, architecture, budget) of max - min loss across
 of run-to-run noise the paired differences are measured against.
 
 Per source: points carrying ``val_loss/<source>`` (logged when the corpus has several sources) give
-the same statistics per source. Per length bucket: ``analysis/lengths.json`` of both runs of a pair
-(``smelt-scale analyze lengths``) gives the per-bucket difference, its s.e. over the paired
-evaluation sequences, at that run's final weights.
+the same statistics per source; a source no pair carries on both sides is left out and noted.
+
+Per length bucket: ``analysis/lengths.json`` of both runs of a (tier, seed) run pair
+(``smelt-scale analyze lengths``, at each run's final weights) gives per bucket the difference of
+the token-weighted bucket losses, which is the token-weighted mean of the per-sequence differences
+d_i with weights w_i = the sequence's tokens, and its ratio-estimator s.e. over the paired
+sequences, sqrt(n / (n - 1) * sum w_i^2 (d_i - dbar_w)^2) / sum w_i
+(:func:`scaling.common.stats.weighted_paired_mean`, the formula ``analyze lengths`` uses for its
+gain). The two sides must have been evaluated on the same sequences (the same bucket definitions
+and, per bucket, the same per-sequence token counts); a run pair that was not, or that the
+comparison left out (no matched point), contributes no bucket and is named in the notes. Run
+folders are found by their own path (``run_dir``), not by the run name final.json records.
 """
 
 from __future__ import annotations
@@ -49,17 +65,23 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
+from scipy.stats import t as student_t
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
 from scaling.common.run_folder import ANALYSIS_DIR, CONFIG
+from scaling.common.stats import weighted_paired_mean
+from scaling.fitting.tables import RUN_DIR, SOURCE_LOSS_PREFIX
 
 CLUSTERS = ("run", "seed", "none")
-SOURCE_PREFIX = "val_loss/"
+SOURCE_PREFIX = SOURCE_LOSS_PREFIX
+LEVEL = 0.95         # the level of every row's t(G - 1) interval
+FEW_CLUSTERS = 5     # below this many clusters an interval is flagged (G - 1 <= 3 degrees of freedom)
 _KEYS = ("tier", "budget_index", "seed")
 TOKENS_RTOL = 0.01   # a pair's token counts agree within 1% (whole batches of one run's rounding)
 FLOPS_RTOL = 0.02    # ... and their training FLOPs within 2% (twins match FLOPs/token within 1%)
 VAL_SET = "val_set"  # column: the identity of a point's validation data (validation_id)
+VAL_SET_PROBLEM = "val_set_problem"  # column: why a point's validation data could not be identified
 
 
 @dataclass(frozen=True)
@@ -75,12 +97,21 @@ class PairStats:
     n_candidate_better: int
     sign_p: float | None
     tokens: float | None = None   # mean tokens per pair (a budget's size), when known
+    df: int | None = None          # degrees of freedom of the interval, G - 1 (None: no s.e.)
+    ci_lo: float | None = None     # LEVEL interval mean -/+ t(G - 1) se (module docstring)
+    ci_hi: float | None = None
+
+    @property
+    def few_clusters(self) -> bool:
+        """True when the row has an interval from fewer than ``FEW_CLUSTERS`` clusters."""
+        return self.se is not None and self.n_clusters < FEW_CLUSTERS
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "mean": self.mean, "se": self.se, "n_pairs": self.n_pairs,
                 "se_iid": self.se_iid, "n_clusters": self.n_clusters,
                 "n_candidate_better": self.n_candidate_better, "sign_test_p": self.sign_p,
-                "tokens": self.tokens}
+                "tokens": self.tokens, "df": self.df, "ci_level": LEVEL, "ci_lo": self.ci_lo,
+                "ci_hi": self.ci_hi, "few_clusters": self.few_clusters}
 
 
 @dataclass(frozen=True)
@@ -131,15 +162,35 @@ class CompareResult:
         def line(s: PairStats) -> str:
             se = "   -  " if s.se is None else f"{s.se:.4f}"
             p = "-" if s.sign_p is None else f"{s.sign_p:.3g}"
-            return (f"{s.label:>24} {s.mean:+.4f} {se} {s.n_pairs:>5} {s.n_clusters:>4} "
-                    f"{s.n_candidate_better:>4} {p:>7}")
-        head = f"{'':>24} {'mean':>7} {'se':>6} {'pairs':>5} {'clus':>4} {'cand<':>4} {'sign p':>7}"
+            return (f"{s.label:>24} {s.mean:+.4f} {se} {interval_text(s):>24} {s.n_pairs:>5} "
+                    f"{s.n_clusters:>4} {s.n_candidate_better:>4} {p:>7}")
+        head = (f"{'':>24} {'mean':>7} {'se':>6} {f'{LEVEL:.0%} CI, t(G-1)':>24} {'pairs':>5} {'clus':>4} "
+                f"{'cand<':>4} {'sign p':>7}")
         out = [f"{self.candidate} - {self.reference} validation loss (nats/token), s.e. clustered by "
                f"{self.cluster}", head, line(self.overall)]
         out += [line(s) for s in (*self.by_tier, *self.by_budget)]
         out.append(f"{self.candidate} better in {self.n_cells_candidate_better} of {len(self.cells)} cells")
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
+
+
+def interval_text(s: PairStats) -> str:
+    """The row's interval as printed: ``[lo, hi] df k``, ``*`` after it when from few clusters
+    (fewer than FEW_CLUSTERS), ``-`` when the row has none (fewer than 2 clusters)."""
+    if s.ci_lo is None or s.ci_hi is None:
+        return "-"
+    return f"[{s.ci_lo:+.4f}, {s.ci_hi:+.4f}] df {s.df}" + ("*" if s.few_clusters else "")
+
+
+def t_interval(mean: float, se: float | None, n_clusters: int, level: float = LEVEL
+               ) -> tuple[int | None, float | None, float | None]:
+    """(df, lo, hi) of mean -/+ t_{(1+level)/2}(G - 1) se (module docstring); Nones below 2 clusters
+    or without an s.e."""
+    if se is None or n_clusters < 2 or not math.isfinite(mean):
+        return None, None, None
+    df = n_clusters - 1
+    q = float(student_t.ppf((1.0 + level) / 2.0, df))
+    return df, mean - q * se, mean + q * se
 
 
 def cluster_se(d: np.ndarray, clusters: np.ndarray) -> float | None:
@@ -166,7 +217,9 @@ def pair_stats(pairs: pd.DataFrame, label: str, cluster: str, column: str = "dif
     better, worse = int((d < 0).sum()), int((d > 0).sum())
     p = float(binomtest(better, better + worse, 0.5).pvalue) if better + worse else None
     tokens = float(sub["tokens"].mean()) if "tokens" in sub and sub["tokens"].notna().any() else None
-    return PairStats(label, n, float(d.mean()), cluster_se(d, keys), se_iid, n_clusters, better, p, tokens)
+    mean, se = float(d.mean()), cluster_se(d, keys)
+    df, lo, hi = t_interval(mean, se, n_clusters)
+    return PairStats(label, n, mean, se, se_iid, n_clusters, better, p, tokens, df, lo, hi)
 
 
 def _cluster_keys(pairs: pd.DataFrame, cluster: str) -> np.ndarray:
@@ -210,7 +263,7 @@ def match_pairs(points: pd.DataFrame, reference: str, candidate: str
     ``TOKENS_RTOL``), FLOPs that differ by more than ``FLOPS_RTOL``, or other validation data.
     """
     sources = [c for c in points.columns if str(c).startswith(SOURCE_PREFIX)]
-    cols = ["loss", "D", *[c for c in ("flops", VAL_SET, "run") if c in points.columns], *sources]
+    cols = ["loss", "D", *[c for c in ("flops", VAL_SET, "run", RUN_DIR) if c in points.columns], *sources]
 
     def side(g: str) -> pd.DataFrame:
         sub = points[points["arch"].astype(str) == g]
@@ -262,8 +315,9 @@ def match_pairs(points: pd.DataFrame, reference: str, candidate: str
                                         f"(within {TOKENS_RTOL:.0%})")
             rec = {"arch": g, "tier": str(r["tier"]), "seed": r["seed"],
                    "budget_index": int(r["budget_index"]), "D": float(r["D"]), "reason": why}
-            if "run" in r:
-                rec["run"] = str(r["run"])
+            for c in ("run", RUN_DIR):
+                if c in r:
+                    rec[c] = str(r[c])
             dropped.append(rec)
     j = j.rename(columns={"budget_index_ref": "budget_index"})
     return j.drop(columns=["_gap", "_row_ref", "_row_cand", "budget_index_cand"]), dropped
@@ -350,35 +404,101 @@ def seed_spread(points: pd.DataFrame, archs: Sequence[str]) -> tuple[float | Non
 
 
 def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = "smelt", *,
-            cluster: str = "run", lengths: Sequence[Mapping[str, Any]] = ()) -> CompareResult:
+            cluster: str = "run", lengths: Sequence[Mapping[str, Any]] = (),
+            length_notes: Sequence[str] = ()) -> CompareResult:
     """Paired comparison of ``candidate`` against ``reference`` (module docstring).
 
-    ``lengths``: per-pair length-bucket records from :func:`length_buckets` (optional).
+    ``lengths``: per-pair length-bucket records from :func:`length_buckets` (optional); only
+    those of (tier, seed) run pairs that the comparison keeps are reported, the others are named in
+    the notes. ``length_notes``: what :func:`length_buckets` left out, passed on to the notes.
     """
     if cluster not in CLUSTERS:
         raise UserError(f"unknown clustering {cluster!r}; choose one of: {', '.join(CLUSTERS)}")
     dropped: list[dict[str, Any]] = []
     pairs = paired_points(points, reference, candidate, dropped)
     notes = [describe_dropped(dropped)] if dropped else []
+    notes += _unchecked_validation(points, (reference, candidate))
     by_tier = tuple(pair_stats(g, str(t), cluster) for t, g in pairs.groupby("tier", sort=False))
     by_tier = tuple(sorted(by_tier, key=lambda s: _tier_size(points, s.label)))
     by_budget = tuple(pair_stats(g, label, cluster) for label, g in _budget_groups(pairs))
     cells = tuple(pair_stats(g, f"{t} budget {int(b)}", cluster)
                   for (t, b), g in pairs.groupby(["tier", "budget_index"], sort=False))
     overall = pair_stats(pairs, "overall", cluster)
-    if overall.n_clusters < 5 and cluster != "none":
+    if overall.n_clusters < FEW_CLUSTERS and cluster != "none":
         notes.append(f"only {overall.n_clusters} clusters: the clustered s.e. is itself very uncertain")
     sources = [c[len("diff/"):] for c in pairs.columns if c.startswith("diff/")]
-    by_source = {s: pair_stats(pairs, s, cluster, column="diff/" + s) for s in sources}
+    by_source = {}
+    for src in sources:
+        st = pair_stats(pairs, src, cluster, column="diff/" + src)
+        if st.n_pairs == 0:   # logged on one side only, or null on every pair: nothing to compare
+            notes.append(f"source {src}: no pair has a finite {SOURCE_PREFIX}{src} on both sides; left out")
+            continue
+        if st.n_pairs < overall.n_pairs:
+            notes.append(f"source {src}: only {st.n_pairs} of {overall.n_pairs} pairs have a finite "
+                         f"{SOURCE_PREFIX}{src} on both sides")
+        by_source[src] = st
     if not sources:
         notes.append(f"no per-source loss: the runs record no {SOURCE_PREFIX}<source> values")
-    if not lengths:
-        notes.append("no per-length-bucket loss: no run pair holds analysis/lengths.json for both sides")
+    notes += _interval_notes((overall, *by_tier, *by_budget, *by_source.values()), cells)
+    kept, length_left = _lengths_of_pairs(pairs, lengths)
+    notes += [*length_notes, *length_left]
+    if not kept:
+        notes.append("no per-length-bucket loss: no run pair in the comparison has usable "
+                     "analysis/lengths.json on both sides" if lengths or length_notes else
+                     "no per-length-bucket loss: no run pair holds analysis/lengths.json for both sides")
     spread, n_seeds = seed_spread(points, (reference, candidate))
     return CompareResult(reference=reference, candidate=candidate, cluster=cluster, overall=overall,
                          by_tier=by_tier, by_budget=by_budget, cells=cells, pairs=pairs,
                          seed_spread=spread, n_seeds=n_seeds, by_source=by_source,
-                         by_length=tuple(lengths), notes=tuple(notes), dropped=tuple(dropped))
+                         by_length=tuple(kept), notes=tuple(notes), dropped=tuple(dropped))
+
+
+def _interval_notes(rows: Sequence[PairStats], cells: Sequence[PairStats]) -> list[str]:
+    """Notes naming the rows without an interval (< 2 clusters) and those whose interval rests on
+    few clusters (2 to FEW_CLUSTERS - 1: t(G - 1) with 1 to 3 degrees of freedom)."""
+    out = []
+    none = [s.label for s in rows if s.se is None]
+    few = [f"{s.label} ({s.n_clusters})" for s in rows if s.few_clusters]
+    if none:
+        out.append(f"no s.e. and no {LEVEL:.0%} interval (fewer than 2 clusters): {', '.join(none)}")
+    if few:
+        out.append(f"{LEVEL:.0%} intervals from few clusters (t with G - 1 <= {FEW_CLUSTERS - 2} degrees of "
+                   f"freedom; wide, and they lean on near-normal cluster sums): {', '.join(few)}")
+    n_few = sum(c.se is None or c.few_clusters for c in cells)
+    if n_few:
+        out.append(f"{n_few} of {len(cells)} (tier, budget) cells have fewer than {FEW_CLUSTERS} clusters: "
+                   "their intervals are wide or absent")
+    return out
+
+
+def _unchecked_validation(points: pd.DataFrame, archs: Sequence[str]) -> list[str]:
+    """A note naming the runs whose validation data could not be identified (:func:`with_validation_ids`):
+    their pairs were made without the validation-data check."""
+    if VAL_SET_PROBLEM not in points.columns:
+        return []
+    sub = points[points["arch"].astype(str).isin(archs) & points[VAL_SET_PROBLEM].notna()]
+    col = RUN_DIR if RUN_DIR in sub.columns else "run"
+    runs = sub.drop_duplicates(col)
+    if runs.empty:
+        return []
+    named = [f"{r[col]} ({r[VAL_SET_PROBLEM]})" for r in runs.to_dict("records")[:5]]
+    more = f" and {len(runs) - 5} more" if len(runs) > 5 else ""
+    return [f"validation data not checked for {len(runs)} run{'s' if len(runs) > 1 else ''}: "
+            f"{'; '.join(named)}{more}"]
+
+
+def _lengths_of_pairs(pairs: pd.DataFrame, lengths: Sequence[Mapping[str, Any]]
+                      ) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The length-bucket records of the (tier, seed) run pairs that have a matched point, and a
+    note naming the run pairs whose buckets were left out because the comparison left them out."""
+    kept_keys = set(zip(pairs["tier"].astype(str), pairs["seed"].astype(str)))
+    kept = [b for b in lengths if (str(b["tier"]), str(b["seed"])) in kept_keys]
+    gone = sorted({(str(b["tier"]), str(b["seed"])) for b in lengths} - kept_keys)
+    if not gone:
+        return kept, []
+    names = ", ".join(f"{t} seed {sd}" for t, sd in gone)
+    return kept, [f"length buckets left out for {len(gone)} run pair{'s' if len(gone) > 1 else ''} the "
+                  f"comparison left out (no matched point): {names}"]
 
 
 def _clusters(values: np.ndarray, rtol: float = 0.05) -> np.ndarray:
@@ -420,65 +540,124 @@ def _tier_size(points: pd.DataFrame, tier: str) -> float:
 
 
 # -- validation identity (I/O edge: reads each run's config.json) ---------------------------------
+def _run_folder_column(points: pd.DataFrame) -> str | None:
+    """The column naming each point's run folder under the runs directory: ``run_dir`` from
+    :func:`scaling.fitting.tables.read_runs_dir`, else ``run`` (a table built elsewhere)."""
+    return RUN_DIR if RUN_DIR in points.columns else "run" if "run" in points.columns else None
+
+
 def with_validation_ids(root: Path, points: pd.DataFrame) -> pd.DataFrame:
-    """``points`` with a ``val_set`` column: :func:`validation_id` of each run's config.json under
-    ``root`` (None where the run has no readable config)."""
-    if "run" not in points.columns:
+    """``points`` with a ``val_set`` column: :func:`validation_id` of each run's config.json, read
+    from the run's folder ``root / run_dir``; and a ``val_set_problem`` column saying why a run has
+    none (config.json missing or unreadable, or recording no validation data), which
+    :func:`compare` names in its notes: such a run is paired without the check."""
+    col = _run_folder_column(points)
+    if col is None:
         return points
     ids: dict[str, str | None] = {}
-    for run in points["run"].astype(str).unique():
+    problems: dict[str, str | None] = {}
+    for run in points[col].astype(str).unique():
         try:
             ids[run] = validation_id(read_json(root / run / CONFIG, "run config"))
-        except (OSError, ValueError, UserError):
+            problems[run] = None if ids[run] is not None else f"its {CONFIG} records no validation data"
+        except (OSError, ValueError, UserError) as exc:
             ids[run] = None
-    return points.assign(**{VAL_SET: points["run"].astype(str).map(ids)})
+            why = " ".join(str(exc).split())[:160]
+            problems[run] = f"no readable {CONFIG}: {why}"
+    key = points[col].astype(str)
+    return points.assign(**{VAL_SET: key.map(ids), VAL_SET_PROBLEM: key.map(problems)})
 
 
 # -- length buckets (I/O edge: reads the analyses that `smelt-scale analyze lengths` saved) ------------
 def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: str, *,
-                   warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+                   warn: Callable[[str], None] | None = None,
+                   notes: list[str] | None = None) -> list[dict[str, Any]]:
     """Per-bucket candidate - reference loss for every run pair with ``analysis/lengths.json`` on both sides.
 
-    Each record: run pair (tier, seed), bucket kind (``length`` of the document or token
-    ``position``), [lo, hi), difference of the bucket losses, its s.e. over the paired
-    evaluation sequences (sd / sqrt(n) of per-sequence differences), sequences and tokens.
+    Each run's file is read from its own folder (``root / run_dir``). Each record: run pair (tier,
+    seed), bucket kind (``length`` of the document or token ``position``), [lo, hi), ``diff`` (the
+    difference of the token-weighted bucket losses) and ``se`` (its ratio-estimator s.e. over the
+    paired sequences; module docstring; None without per-sequence losses or with one sequence),
+    sequences and tokens. A run pair whose two files were not computed on the same sequences (other
+    bucket definitions, or other per-sequence token counts), or whose file on one side is missing,
+    unreadable or malformed, contributes no record: the reason goes to ``notes`` when given, else to
+    ``warn``.
     """
-    runs = points.drop_duplicates("run")[["run", "arch", "tier", "seed"]]
+    def say(msg: str) -> None:
+        if notes is not None:
+            notes.append(msg)
+        elif warn is not None:
+            warn(msg)
+
+    col = _run_folder_column(points)
+    if col is None:
+        return []
+    runs = points.drop_duplicates(col)[[col, "arch", "tier", "seed"]]
     by_key: dict[tuple[str, str], dict[str, Path]] = {}
-    for r in runs.itertuples(index=False):
-        f = root / str(r.run) / ANALYSIS_DIR / "lengths.json"
+    for r in runs.to_dict("records"):
+        f = root / str(r[col]) / ANALYSIS_DIR / "lengths.json"
         if f.exists():
-            by_key.setdefault((str(r.tier), str(r.seed)), {})[str(r.arch)] = f
+            by_key.setdefault((str(r["tier"]), str(r["seed"])), {})[str(r["arch"])] = f
     out: list[dict[str, Any]] = []
     for (tier, seed), files in sorted(by_key.items()):
+        if reference not in files and candidate not in files:
+            continue
         if reference not in files or candidate not in files:
+            have = reference if reference in files else candidate
+            say(f"length buckets of {tier} seed {seed} left out: only its {have} run has "
+                "analysis/lengths.json")
             continue
         try:
-            ref, cand = (read_json(files[g])["result"]["buckets"]
-                         for g in (reference, candidate))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            if warn is not None:
-                warn(f"skipping the length buckets of {tier} seed {seed}: unreadable ({exc})")
+            ref, cand = (read_json(files[g])["result"]["buckets"] for g in (reference, candidate))
+            recs, problem = _bucket_diffs(tier, seed, ref, cand)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError) as exc:  # user data
+            say(f"length buckets of {tier} seed {seed} left out: unreadable or malformed "
+                f"analysis/lengths.json ({' '.join(str(exc).split())[:160]})")
             continue
-        try:
-            out.extend(_bucket_diffs(tier, seed, ref, cand))
-        except (AttributeError, TypeError, ValueError) as exc:  # the files are user data
-            if warn is not None:
-                warn(f"skipping the length buckets of {tier} seed {seed}: malformed ({exc})")
+        if problem is not None:
+            say(f"length buckets of {tier} seed {seed} left out: {problem}")
+            continue
+        out.extend(recs)
     return out
 
 
-def _bucket_diffs(tier: str, seed: str, ref: list, cand: list) -> list[dict[str, Any]]:
+def _bucket_key(b: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return b["by"], b["lo"], b["hi"]
+
+
+def _same_sequences(br: Mapping[str, Any], bc: Mapping[str, Any]) -> bool:
+    """Both sides of one bucket hold the same sequences: the same per-sequence token counts where
+    both record them, else the same numbers of sequences and tokens (the most that can be checked)."""
+    tr, tc = br.get("seq_tokens") or [], bc.get("seq_tokens") or []
+    if tr and tc:
+        return [int(x) for x in tr] == [int(x) for x in tc]
+    return (int(br.get("n_sequences", 0)), int(br.get("n_tokens", 0))) == (
+        int(bc.get("n_sequences", 0)), int(bc.get("n_tokens", 0)))
+
+
+def _bucket_diffs(tier: str, seed: str, ref: list, cand: list) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of one run pair's buckets (:func:`length_buckets`), or none and the reason the
+    two sides are not comparable."""
+    if [_bucket_key(b) for b in ref] != [_bucket_key(b) for b in cand]:
+        return [], "the two runs' lengths.json hold different buckets (other context or options)"
     out = []
     for br, bc in zip(ref, cand):
-        if (br.get("by"), br.get("lo"), br.get("hi")) != (bc.get("by"), bc.get("lo"), bc.get("hi")):
-            continue
+        if not _same_sequences(br, bc):
+            return [], (f"bucket {br['by']} [{br['lo']}, {br['hi']}) was evaluated on other sequences on "
+                        "the two sides (different data or options of analyze lengths)")
+        if br.get("loss") is None and bc.get("loss") is None:
+            continue   # an empty bucket on both sides: no tokens, nothing to compare
         if br.get("loss") is None or bc.get("loss") is None:
+            return [], f"bucket {br['by']} [{br['lo']}, {br['hi']}) has a loss on one side only"
+        w = np.asarray(br.get("seq_tokens") or [], float)
+        sr, sc = (np.asarray(b.get("seq_loss") or [], float) for b in (br, bc))
+        if w.size and sr.size == w.size and sc.size == w.size:
+            diff, se = weighted_paired_mean(sc - sr, w)   # module docstring: one formula, shared
+        else:   # no per-sequence losses: the bucket losses' difference, without an s.e.
+            diff, se = float(bc["loss"]) - float(br["loss"]), None
+        if diff is None:
             continue
-        sr, sc = np.asarray(br.get("seq_loss", []), float), np.asarray(bc.get("seq_loss", []), float)
-        se = (float(np.std(sc - sr, ddof=1) / math.sqrt(sr.size))
-              if sr.size == sc.size and sr.size > 1 else None)
         out.append({"tier": tier, "seed": seed, "by": br["by"], "lo": br["lo"], "hi": br["hi"],
-                    "diff": float(bc["loss"]) - float(br["loss"]), "se": se,
+                    "diff": diff, "se": se,
                     "n_sequences": int(br.get("n_sequences", 0)), "n_tokens": int(br.get("n_tokens", 0))})
-    return out
+    return out, None

@@ -20,6 +20,12 @@ them (an older file with fewer or more keys reads as before). Folders without ``
 (unfinished) and folders whose ``final.json`` cannot be read are left out, each named with the
 reason in the returned ``skipped`` list (also logged at INFO, logger ``scaling.fitting.tables``).
 The trainer's ``metrics.jsonl`` is not read here.
+Each point of a runs directory also carries ``run_dir`` (:data:`RUN_DIR`): its run folder's path
+relative to the directory, where its ``config.json`` and ``analysis/`` lie. It is kept apart from
+``run`` (the name final.json records, which stays the run id) because the two differ when run
+folders are nested (``runs/<sweep>/<run>``), renamed or linked in under another name. The numbers
+a point holds (loss, D, N, flops and every ``val_loss/<source>``) must be numbers or null: a run
+holding anything else is unreadable and named.
 
 Tables a user brings (:func:`load_table`), and the traps this module guards against:
 
@@ -59,7 +65,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
-from scaling.common.files import check_regular_file, read_json, read_jsonl
+from scaling.common.files import bad_number, check_regular_file, read_json, read_jsonl
 from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
 from scaling.fitting.laws import TokenCost
@@ -79,6 +85,9 @@ PLAUSIBLE_K = (0.5, 100.0)
 log = logging.getLogger(__name__)
 # Source columns guessed when not named (Columns): the trainer's point fields for compute, group, run.
 GUESS_C, GUESS_GROUP, GUESS_RUN = Point.key("flops"), Point.key("arch"), Point.key("run")
+# Column of read_runs_dir: the run folder's path relative to the runs directory (see module doc).
+RUN_DIR = "run_dir"
+SOURCE_LOSS_PREFIX = "val_loss/"   # per-source validation losses a point may carry (val_loss/<source>)
 
 
 DEFAULT_N, DEFAULT_D = Point.key("N"), Point.key("D")  # the columns of Columns(n=None, d=None)
@@ -255,7 +264,9 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
 
     A run folder is any folder holding ``config.json`` or ``final.json``. Unfinished runs (no
     final.json) and unreadable ones are left out, each as a :class:`SkippedRun` (passed to ``warn``,
-    and returned with ``return_skipped``). No points at all is an error.
+    and returned with ``return_skipped``). No points at all is an error. Each row carries
+    ``run_dir`` (:data:`RUN_DIR`), the run folder's path relative to ``root`` ("." for ``root``
+    itself), beside ``run``, the name final.json records (module doc).
     """
     folders = find_run_folders(root)
     rows: list[dict] = []
@@ -274,10 +285,14 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
             if not pts:
                 raise UserError("no points")
             for p in pts:
-                for key in ("loss", "D", "N", "flops"):
+                # per-source losses are compared like the loss itself: a string there is corruption
+                sources = sorted(k for k in p if str(k).startswith(SOURCE_LOSS_PREFIX))
+                keys = ("loss", "D", "N", "flops", *sources)
+                key = bad_number(p, keys)
+                if key is not None:
+                    raise UserError(f"{key} {str(p[key])[:30]!r} is not a number")
+                for key in keys:
                     v = p.get(key)
-                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                        raise UserError(f"{key} {str(v)[:30]!r} is not a number")
                     if isinstance(v, int) and abs(v) > sys.float_info.max:
                         raise UserError(f"{key} {str(v)[:30]}... is beyond any float")
         except UserError as exc:
@@ -292,7 +307,8 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
                        if not np.isfinite(loss) else f"loss {loss} is not positive")
                 skipped.append(SkippedRun(f"{name} (D={p.get('D')})", f"{why}; that point is left out"))
                 continue
-            rows.append({GUESS_RUN: name, **p})
+            # the folder's own path last: final.json's "run" must not stand in for where the run lies
+            rows.append({GUESS_RUN: name, **p, RUN_DIR: str(run.path.relative_to(root))})
     if warn is not None:
         for s in skipped:
             warn(str(s))

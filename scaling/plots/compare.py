@@ -28,8 +28,9 @@ def compare(result: Any) -> Figure:
     """Paired candidate - reference validation loss (nats/token) at matched (tier, budget, seed).
 
     Left: every pair against its budget in tokens, one shade per tier (seeds as markers), the
-    cell means joined per tier. Right: mean ± 1 clustered s.e. overall, per tier and per budget.
-    Below zero the candidate is better.
+    cell means joined per tier. Right: mean ± 1 clustered s.e. overall, per tier and per budget;
+    open markers where the s.e. comes from fewer than 5 clusters or is absent (fewer than 2), whose
+    95% interval (in the table) is t(G - 1) wide. Below zero the candidate is better.
     """
     pairs = result.pairs
     c_cand = ARCH_COLOURS.get(result.candidate, EXTRA[0])
@@ -69,9 +70,13 @@ def compare(result: Any) -> Figure:
     for yi, r in zip(y, rows):
         colour = "k" if r is result.overall else colours.get(r.label, "0.4")
         err = 0.0 if r.se is None else r.se
-        ax2.errorbar([r.mean], [yi], xerr=[err], fmt="o", ms=4, color=colour, capsize=2, lw=1)
+        # open markers: an s.e. from fewer than FEW_CLUSTERS clusters (or none), itself very uncertain
+        shaky = r.se is None or getattr(r, "few_clusters", False)
+        ax2.errorbar([r.mean], [yi], xerr=[err], fmt="o", ms=4, color=colour, capsize=2, lw=1,
+                     mfc="white" if shaky else colour)
     ax2.axvline(0, color="0.2", lw=0.8)
     ax2.set_yticks(y, labels, fontsize=7)
     ax2.set_xlabel("mean difference ± 1 s.e. (nats/token)")
-    ax2.set_title(f"mean ± 1 s.e. (not a 95% interval), s.e. clustered by {result.cluster}", fontsize=8)
+    ax2.set_title(f"mean ± 1 s.e. (not a 95% interval), s.e. clustered by {result.cluster}\n"
+                  "open: fewer than 5 clusters (no s.e. without a bar)", fontsize=8)
     return fig
