@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -39,10 +40,12 @@ def cache(tmp_path_factory):
         yield path
 
 
-def write_run(runs_dir, name, arch, seed=0, weights=True):
+def write_run(runs_dir, name, arch, seed=0, weights=True, seq_len=None):
     """A run folder as the trainer writes it (config.json keys model/data_spec/data, safetensors)."""
     corpus = load_corpus(SPEC)
     cfg = get_config("proxy-tiny", arch)
+    if seq_len is not None:
+        cfg = dataclasses.replace(cfg, seq_len=seq_len)
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True)
     meta = {"run": name, "tier": "proxy-tiny", "arch": arch, "model": cfg.to_dict(),
@@ -121,6 +124,66 @@ def test_eval_data_snapshot_replaces_the_corpus(cli, runs, tmp_path, monkeypatch
     got = an.loss_by_length(run, n_windows=2)
     assert got.buckets == ref.buckets
     assert not (tmp_path / "empty-cache").exists()
+
+
+@pytest.mark.parametrize("missing", ["val.npy", "tokenizer.json", "val_offsets.npy", "val_names.json",
+                                     "train.npy", "provenance.json", "spec", "sha256"])
+def test_a_damaged_snapshot_is_an_error_and_is_kept(cli, runs, tmp_path, missing):
+    """Before the fix snapshot-data reported success over such a snapshot (it stopped at provenance.json),
+    sink ran without tokenizer.json, and a provenance.json without 'spec' was a KeyError traceback."""
+    run = tmp_path / "damaged"
+    shutil.copytree(runs["smelt"], run)
+    assert cli("snapshot-data", run).exit_code == 0
+    snap = run / an.EVAL_DATA
+    prov = json.loads((snap / "provenance.json").read_text())
+    if missing == "spec":
+        del prov["spec"]
+    elif missing == "sha256":
+        del prov["tokenizer"]["sha256"]
+    if missing in ("spec", "sha256"):
+        (snap / "provenance.json").write_text(json.dumps(prov))
+    else:
+        (snap / missing).unlink()
+    before = sorted((p.name, p.stat().st_size) for p in snap.iterdir())
+    for args in (("snapshot-data", run), ("sink", run, "--sequences", 1, "--no-save")):
+        res = cli(*args)
+        assert res.exit_code == 2, (args, res.stdout, res.stderr)
+        assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and res.stdout == ""
+        assert missing in res.stderr and "damaged" in res.stderr and "snapshot-data" in res.stderr
+    assert sorted((p.name, p.stat().st_size) for p in snap.iterdir()) == before  # nothing deleted
+
+
+def test_a_snapshot_with_another_tokenizer_file_is_an_error(runs, tmp_path):
+    run = tmp_path / "swapped"
+    shutil.copytree(runs["smelt"], run)
+    an.save_eval_data(run)
+    with open(run / an.EVAL_DATA / "tokenizer.json", "a") as fh:
+        fh.write(" ")
+    with pytest.raises(UserError, match="tokenizer.json has SHA-256"):
+        an.save_eval_data(run)
+
+
+def test_cli_lengths_of_runs_with_different_contexts(cli, runs, tmp_path):
+    """Each number under its own bucket: one pair of tables per context (before the fix the T = 128 run's
+    [0, 4) position loss sat in the T = 64 row 0-1 and both tables said context 64)."""
+    wide = write_run(tmp_path, "tiny-baseline-128", "baseline", seed=4, seq_len=128)
+    args = ("lengths", runs["baseline"], wide, "--windows", 2, "--no-save", "--no-gain")
+    doc = json.loads(cli(*args, "--json").stdout)
+    res = cli(*args)
+    assert res.exit_code == 0, res.stderr
+    tables = res.stdout.split("Validation loss (nats/token) by ")[1:]
+    assert [t.split("\n")[0].rsplit(" ", 1)[1] for t in tables] == ["64", "64", "128", "128"]
+    for r in doc["runs"]:
+        for b in r["buckets"]:
+            if b["loss"] is None:
+                continue
+            label = an.LossBucket(b["by"], b["lo"], b["hi"], 0, 0, None).label
+            table = tables[(0 if r["seq_len"] == 64 else 2) + (b["by"] == "position")]
+            row = next(line for line in table.splitlines()
+                       if line.count("│") > 1 and line.split("│")[1].strip() == label)
+            assert f"{b['loss']:.4f}" in row
+    res = cli(*args, "--plot", tmp_path / "mixed.png")
+    assert res.exit_code == 2 and "one context" in res.stderr and res.stderr.count("\n") == 1
 
 
 def test_pair_runs(loaded):

@@ -163,6 +163,36 @@ def test_icl_trials_are_seeded_and_nested():
         assert da[:2] == db  # k-shot demonstrations are the first k
 
 
+@pytest.mark.parametrize("task", [DyckTask(), DyckTask(1, 1, 2), DyckTask(2, 1, 3)],
+                         ids=["default", "one-type", "two-types"])
+def test_no_trial_shows_its_query_among_its_demonstrations(task):
+    """Before the fix the default task put 40 of 200 queries verbatim among their 32 demonstrations."""
+    for seed in range(4):
+        full = icl_trials(task, 200, 32, seed)
+        for k in (1, 2, 4, 8, 16, 32):
+            nested = icl_trials(task, 200, k, seed) if k in (1, 8) else [(d[:k], q) for d, q in full]
+            for (demos, query), (dfull, qfull) in zip(nested, full):
+                assert query == qfull and demos == dfull[:k]  # still nested across k
+                assert len(demos) == k and all(d.prompt != query.prompt for d in demos)
+
+
+def test_demonstrations_are_the_stream_less_the_query():
+    """Planted: the demonstrations are the first draws of default_rng([seed, 1, i]) whose prompt differs
+    from the query's, in order (so one-type tasks, where "(" is most draws, still fill k)."""
+    task = DyckTask(1, 1, 2)
+    for i, (demos, query) in enumerate(icl_trials(task, 30, 6, seed=7)):
+        rng = np.random.default_rng([7, 1, i])
+        stream = [task.sample(rng) for _ in range(200)]
+        assert demos == [d for d in stream if d.prompt != query.prompt][:6]
+        assert query == task.sample(np.random.default_rng([7, 0, i]))
+
+
+def test_a_task_with_one_prompt_cannot_hide_the_query():
+    with pytest.raises(UserError, match="no other prompt"):
+        icl_trials(DyckTask(1, 1, 1), 1, 1, seed=0)
+    assert icl_trials(DyckTask(1, 1, 1), 3, 0, seed=0)[0][0] == []  # zero shots need no demonstration
+
+
 def test_shot_counts():
     assert shot_counts([4, 0, 4, 2]) == [0, 2, 4]
     with pytest.raises(UserError):

@@ -182,6 +182,9 @@ def extract_completion(generated: str) -> str:
     return generated.split(EOL, 1)[0]
 
 
+MAX_REDRAWS = 10_000  # per demonstration; only a task with (almost) one prompt needs many
+
+
 def icl_trials(task: DyckTask, n_trials: int, max_shots: int, seed: int
                ) -> list[tuple[list[DyckProblem], DyckProblem]]:
     """``n_trials`` (demonstrations, query) pairs with ``max_shots`` demonstrations each.
@@ -190,12 +193,31 @@ def icl_trials(task: DyckTask, n_trials: int, max_shots: int, seed: int
     ``default_rng([seed, 1, i])``, so every k uses the same queries and the k-shot
     demonstrations are the first k of the ``max_shots`` ones (nested designs: differences
     between k are not differences between query sets).
+
+    No demonstration has the query's prompt: a draw equal to it is discarded and the next one
+    from the same generator taken, so the demonstrations are the first ``max_shots`` draws of
+    that stream that differ from the query. Otherwise the query's answer sits verbatim in its
+    own prompt (with the default task and 200 trials, 40 queries at k = 32) and copying it would
+    count as in-context learning. The rule depends on the query and the stream only, not on
+    ``max_shots``, so the nesting above holds. Demonstrations may still repeat one another.
+    UserError for a task whose only prompt is the query's (one bracket type, one pair).
     """
     trials = []
     for i in range(n_trials):
         query = task.sample(np.random.default_rng([seed, 0, i]))
         drng = np.random.default_rng([seed, 1, i])
-        trials.append(([task.sample(drng) for _ in range(max_shots)], query))
+        demos = []
+        for _ in range(max_shots):
+            for _ in range(MAX_REDRAWS):
+                demo = task.sample(drng)
+                if demo.prompt != query.prompt:
+                    break
+            else:
+                raise UserError(f"cannot draw a demonstration unlike the query {query.prompt!r}: the task "
+                                f"({task.n_types} bracket types, {task.min_pairs}-{task.max_pairs} pairs) "
+                                "has (almost) no other prompt; allow more pairs or bracket types")
+            demos.append(demo)
+        trials.append((demos, query))
     return trials
 
 

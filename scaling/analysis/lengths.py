@@ -4,8 +4,9 @@ Baseline per bucket from paired per-sequence losses. Losses in nats per token.""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Callable
+from statistics import NormalDist
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ import torch
 from scaling.analysis.results import Result
 from scaling.analysis.runs import LoadedRun, batched
 from scaling.common.errors import UserError
+from scaling.common.stats import weighted_paired_mean
 from scaling.training.model.transformer import MoETransformer
 
 
@@ -81,17 +83,44 @@ class GainBucket:
 class LengthGain(Result, kinds=("lengths_gain",)):
     """The gain of one SMELT run over one Baseline run per bucket, and the ratio of the gain on
     long documents (length >= T/8, the paper's 512-4096 at T = 4096) to that on short ones
-    (the paper: about 1.52x). None where a side has no tokens."""
+    (the paper: about 1.52x).
+
+    long_gain, short_gain     pooled gains G = sum_b n_b g_b / sum_b n_b over the length buckets
+                              b of each side (n_b tokens, g_b the bucket's gain); None where a
+                              side has no tokens
+    long_gain_se, short_gain_se   their standard errors, sqrt(sum_b (n_b / N)^2 se_b^2) with
+                              N = sum_b n_b: the buckets hold disjoint documents, so their gains
+                              are independent (a stratified estimate with the token totals held
+                              fixed); None where a bucket with tokens has no se (one document)
+    long_short_ratio          long_gain / short_gain, only where its interval is bounded (below),
+                              else None
+    ratio_low, ratio_high     Fieller's ``ratio_level`` interval for that ratio (see
+                              :func:`fieller_interval`); None with the reason in ``ratio_note``
+
+    The long/short fields are derived from ``buckets`` and ``long_from`` whenever a result is
+    built, so results saved before the interval existed read back with it (their old point
+    ratio, printed without uncertainty, is dropped where it cannot be supported).
+    """
 
     baseline: str
     smelt: str
     buckets: tuple[GainBucket, ...]
-    long_gain: float | None
-    short_gain: float | None
-    long_short_ratio: float | None
-    long_from: int
+    long_gain: float | None = None
+    short_gain: float | None = None
+    long_short_ratio: float | None = None
+    long_from: int = 1
+    long_gain_se: float | None = None
+    short_gain_se: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    ratio_level: float = 0.95
+    ratio_note: str | None = None
 
     kind = "lengths_gain"
+
+    def __post_init__(self) -> None:
+        for key, value in _long_short(self.buckets, self.long_from, self.ratio_level).items():
+            object.__setattr__(self, key, value)  # derived, never trusted from a file
 
     def to_frame(self):
         import pandas as pd
@@ -99,19 +128,82 @@ class LengthGain(Result, kinds=("lengths_gain",)):
         return pd.DataFrame([{"baseline": self.baseline, "smelt": self.smelt, **dataclasses.asdict(g)}
                              for g in self.buckets])
 
+    def ratio_text(self) -> str:
+        """The long/short ratio with its interval, or "-" and why there is none."""
+        if self.long_short_ratio is None:
+            return f"- ({self.ratio_note})"
+        return (f"{self.long_short_ratio:.2f}x [{self.ratio_low:.2f}, {self.ratio_high:.2f}] "
+                f"({100 * self.ratio_level:.0f}% Fieller interval)")
+
     def summary(self) -> str:
-        def fmt(x):
-            return "-" if x is None else f"{x:+.4f}"
+        def fmt(x, se=None):
+            return "-" if x is None else f"{x:+.4f}" + ("" if se is None else f" +- {se:.4f}")
 
         lines = [f"gain of {self.smelt} (smelt) over {self.baseline} (baseline), "
                  "L_base - L_smelt in nats/token"]
         for g in self.buckets:
-            se = "" if g.gain_se is None else f" +- {g.gain_se:.4f}"
-            lines.append(f"  {g.by:8s} {_label(g.lo, g.hi):>12s}: {fmt(g.gain)}{se}")
-        ratio = "-" if self.long_short_ratio is None else f"{self.long_short_ratio:.2f}x"
-        lines.append(f"  documents >= {self.long_from} tokens: {fmt(self.long_gain)}; shorter: "
-                     f"{fmt(self.short_gain)}; long/short {ratio} (paper: about 1.52x)")
+            lines.append(f"  {g.by:8s} {_label(g.lo, g.hi):>12s}: {fmt(g.gain, g.gain_se)}")
+        lines.append(f"  documents >= {self.long_from} tokens: {fmt(self.long_gain, self.long_gain_se)}; "
+                     f"shorter: {fmt(self.short_gain, self.short_gain_se)}; long/short {self.ratio_text()} "
+                     "(paper: about 1.52x)")
         return "\n".join(lines)
+
+
+def fieller_interval(a: float, se_a: float, b: float, se_b: float, level: float = 0.95,
+                     cov: float = 0.0) -> tuple[float, float] | None:
+    """Fieller's confidence interval for the ratio rho = a / b of two normal estimates.
+
+    The interval is the set of rho with (a - rho b)^2 <= z^2 (v_a - 2 rho c + rho^2 v_b)
+    (v = se^2, c = cov(a, b), z the two-sided normal quantile of ``level``), i.e. the roots of
+    (b^2 - z^2 v_b) rho^2 - 2 (a b - z^2 c) rho + (a^2 - z^2 v_a) = 0:
+    rho = [(a b - z^2 c) -+ sqrt(D)] / (b^2 - z^2 v_b),
+    D = (a b - z^2 c)^2 - (b^2 - z^2 v_b)(a^2 - z^2 v_a).
+    It is a bounded interval iff b^2 > z^2 v_b, i.e. iff the ``level`` interval b +- z se_b
+    excludes 0; otherwise the set is unbounded (the whole line or two half-lines) and this
+    returns None. Source: E. C. Fieller, "Some problems in interval estimation", J. R. Stat.
+    Soc. B 16 (1954) 175-185; V. H. Franz, "Ratios: a short guide to confidence limits and
+    proper use", arXiv:0710.2024 (2007), eq. 4.
+    """
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    q = b * b - z * z * se_b * se_b
+    if q <= 0:
+        return None
+    m = a * b - z * z * cov
+    disc = m * m - q * (a * a - z * z * se_a * se_a)
+    root = math.sqrt(max(disc, 0.0))  # disc >= 0 whenever q > 0 (it is z^2 (a^2 v_b + v_a q) for c = 0)
+    return (m - root) / q, (m + root) / q
+
+
+def _long_short(buckets: tuple[GainBucket, ...], long_from: int, level: float) -> dict:
+    """The pooled long and short gains, their standard errors and the Fieller interval of their
+    ratio (the formulas are in :class:`LengthGain` and :func:`fieller_interval`)."""
+    out: dict = {}
+    for side, members in (("long", [g for g in buckets if g.by == "length" and g.lo >= long_from]),
+                          ("short", [g for g in buckets if g.by == "length" and g.lo < long_from])):
+        members = [g for g in members if g.n_tokens and g.gain is not None]
+        n = sum(g.n_tokens for g in members)
+        gain = sum(g.n_tokens * g.gain for g in members) / n if n else None
+        se = None
+        if n and all(g.gain_se is not None for g in members):
+            se = math.sqrt(sum((g.n_tokens / n) ** 2 * g.gain_se ** 2 for g in members))
+        out[f"{side}_gain"], out[f"{side}_gain_se"] = gain, se
+    a, sa, b, sb = out["long_gain"], out["long_gain_se"], out["short_gain"], out["short_gain_se"]
+    ratio = lo = hi = note = None
+    if a is None or b is None:
+        note = f"no {'long' if a is None else 'short'} documents"
+    elif sa is None or sb is None:
+        note = (f"the {'long' if sa is None else 'short'}-document gain has no standard error: "
+                "one of its buckets holds a single document")
+    else:
+        interval = fieller_interval(a, sa, b, sb, level)
+        if interval is None:
+            note = (f"the short-document gain's {100 * level:.0f}% interval "
+                    f"{b:+.4f} +- {NormalDist().inv_cdf(0.5 + level / 2) * sb:.4f} includes 0: "
+                    "the ratio is unbounded")
+        else:
+            ratio, (lo, hi) = a / b, interval
+    out.update(long_short_ratio=ratio, ratio_low=lo, ratio_high=hi, ratio_note=note)
+    return out
 
 
 @dataclass(frozen=True)
@@ -214,21 +306,17 @@ def loss_by_length(run: LoadedRun, n_windows: int = 64, max_documents: int | Non
 
 
 def _paired_gain(b: LossBucket, s: LossBucket) -> tuple[float | None, float | None]:
-    """Token-weighted mean of the per-sequence differences L_b - L_s and its ratio-estimator SE."""
+    """Token-weighted mean of the per-sequence differences L_b - L_s and its ratio-estimator SE
+    (:func:`scaling.common.stats.weighted_paired_mean`, the formula ``compare`` uses per bucket)."""
     if not b.n_tokens or len(b.seq_loss) != len(s.seq_loss) or b.seq_tokens != s.seq_tokens:
         return None, None
-    w = np.asarray(b.seq_tokens, dtype=float)
-    d = np.asarray(b.seq_loss) - np.asarray(s.seq_loss)
-    gain = float((w * d).sum() / w.sum())
-    n = len(w)
-    if n < 2:
-        return gain, None
-    se = float(np.sqrt((w ** 2 * (d - gain) ** 2).sum() * n / (n - 1)) / w.sum())
-    return gain, se
+    return weighted_paired_mean(np.asarray(b.seq_loss) - np.asarray(s.seq_loss), b.seq_tokens)
 
 
 def length_gain(baseline: LengthsResult, smelt: LengthsResult) -> LengthGain:
-    """SMELT-over-Baseline gain per bucket; the two results must come from the same sequences."""
+    """SMELT-over-Baseline gain per bucket (:func:`_paired_gain`), and the pooled long and short
+    gains with the Fieller interval of their ratio (:class:`LengthGain`); the two results must come
+    from the same sequences."""
     if baseline.arch != "baseline" or smelt.arch != "smelt":
         raise UserError(f"a gain needs a baseline and a smelt run; got {baseline.run} ({baseline.arch}) "
                         f"and {smelt.run} ({smelt.arch})")
@@ -245,17 +333,4 @@ def length_gain(baseline: LengthsResult, smelt: LengthsResult) -> LengthGain:
         rel = gain / b.loss if gain is not None and b.loss else None
         out.append(GainBucket(b.by, b.lo, b.hi, b.n_tokens, b.loss, s.loss, gain, se, rel))
 
-    long_from = max(1, baseline.seq_len // 8)
-
-    def pooled(pred: Callable[[LossBucket], bool]) -> float | None:
-        parts = [(b, s) for b, s in zip(baseline.buckets, smelt.buckets) if b.by == "length" and pred(b)]
-        w = sum(b.n_tokens for b, _ in parts)
-        if not w:
-            return None
-        return sum(b.n_tokens * (b.loss - s.loss) for b, s in parts if b.n_tokens) / w
-
-    long_g = pooled(lambda b: b.lo >= long_from)
-    short_g = pooled(lambda b: b.lo < long_from)
-    ratio = long_g / short_g if long_g is not None and short_g else None
-    return LengthGain(baseline.run, smelt.run, tuple(out), long_g, short_g, ratio, long_from)
-
+    return LengthGain(baseline.run, smelt.run, tuple(out), long_from=max(1, baseline.seq_len // 8))

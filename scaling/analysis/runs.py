@@ -86,8 +86,10 @@ class LoadedRun:
         spec, provenance = _data_spec(self.meta, self.path)
         want = (provenance.get("tokenizer") or {}).get("sha256")
         snapshot = self.path / EVAL_DATA
-        if (snapshot / "provenance.json").is_file():
-            corpus = Corpus(snapshot)
+        if snapshot.exists():
+            # a folder that is there was meant as the snapshot: a damaged one is an error, never a
+            # silent fallback to a corpus built here (whose text may differ; see save_eval_data)
+            corpus = open_snapshot(snapshot)
             have = corpus.provenance["tokenizer"]["sha256"]
             if want and want != have:
                 raise UserError(f"{snapshot} holds tokenizer {have[:12]}, not the run's {want[:12]}")
@@ -163,16 +165,58 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
     return LoadedRun(path, meta, config, model)
 
 
+def snapshot_problems(folder: Path) -> list[str]:
+    """What is wrong with an ``eval_data/`` snapshot: missing files (every one of
+    ``run_folder.EVAL_DATA_FILES``), a provenance.json without ``spec`` (an object) or
+    ``tokenizer.sha256``, and a tokenizer.json whose SHA-256 is not the recorded one; [] when whole."""
+    import hashlib
+
+    if not folder.is_dir():
+        return [f"{folder} is not a folder"]
+    problems = [f"{name} is missing" for name in EVAL_DATA_FILES if not (folder / name).is_file()]
+    if (folder / "provenance.json").is_file():
+        prov = read_config(folder / "provenance.json", "eval_data provenance")
+        sha = prov.get("tokenizer", {}).get("sha256") if isinstance(prov.get("tokenizer"), dict) else None
+        if not isinstance(prov.get("spec"), dict):
+            problems.append("provenance.json has no data spec (key 'spec')")
+        if not isinstance(sha, str):
+            problems.append("provenance.json has no tokenizer hash (key 'tokenizer.sha256')")
+        elif (folder / "tokenizer.json").is_file():
+            have = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+            if have != sha:
+                problems.append(f"tokenizer.json has SHA-256 {have[:12]}, not the recorded {sha[:12]}")
+    return problems
+
+
+def open_snapshot(folder: Path) -> Corpus:
+    """The ``eval_data/`` snapshot as a Corpus; UserError (one line) naming what is missing or
+    unreadable, and what to do (nothing here deletes a user's files)."""
+    problems = snapshot_problems(folder)
+    fix = (f"restore it from where the run came from, or move {folder} aside and rebuild it with "
+           "`smelt-scale analyze snapshot-data` (it needs the run's corpus on this machine)")
+    if problems:
+        raise UserError(f"the evaluation-data snapshot {folder} is damaged: {'; '.join(problems)}; {fix}")
+    try:
+        return Corpus(folder)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # e.g. a truncated .npy
+        raise UserError(f"cannot read the evaluation-data snapshot {folder}: {exc}; {fix}") from None
+
+
 def save_eval_data(run_dir: Path | str) -> Path:
     """Snapshot the evaluation data of a run into ``<run_dir>/eval_data/`` (~0.5 MB for the
     default corpus): the tokenizer, the validation split and the provenance of its corpus, plus
     an empty ``train.npy`` so the folder opens as a ``scaling.training.data.corpus.Corpus`` (training batches
     from it raise UserError). A run shipped with it (and its weights) is analysed on any machine
-    without rebuilding the corpus, even where the Python standard library differs."""
+    without rebuilding the corpus, even where the Python standard library differs.
+
+    An existing ``eval_data/`` is kept: returned when whole (every file, the provenance keys and
+    the run's tokenizer; :func:`open_snapshot`), else UserError naming what is wrong. It is never
+    overwritten or deleted: it may be the only copy of data the run was trained on."""
     import shutil
 
     run = load_run(run_dir)
-    if (run.path / EVAL_DATA / "provenance.json").is_file():
+    if (run.path / EVAL_DATA).exists():
+        run.corpus  # checks the existing snapshot whole; UserError if damaged
         return run.path / EVAL_DATA
     source = run.corpus.path  # built and checked against the recorded tokenizer
     dest = run.path / EVAL_DATA

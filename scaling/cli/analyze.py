@@ -178,6 +178,10 @@ def register(app: typer.Typer) -> None:
         _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
         loaded = an.load_runs(runs, _device(device, threads))
+        contexts = sorted({r.seq_len for r in loaded})
+        if plot is not None and len(contexts) > 1:
+            raise UserError(f"--plot needs runs of one context; these have {', '.join(map(str, contexts))} "
+                            "tokens (the buckets adapt to the context); plot each context on its own")
         archs = {r.arch for r in loaded}
         pair = None
         if gain is None and archs == {"baseline", "smelt"} and len(loaded) > 2:
@@ -283,12 +287,15 @@ def _print_lengths(results, g) -> None:
     for table in _lengths_tables(results, g):
         stdout.print(table)
     if g is not None:
-        ratio = "-" if g.long_short_ratio is None else f"{g.long_short_ratio:.2f}x"
-        stdout.print(f"gain on documents >= {g.long_from} tokens {number(g.long_gain, '+.4f')}, "
-                     f"shorter {number(g.short_gain, '+.4f')}: long/short {ratio} "
-                     "(paper: about 1.52x)",
+        # the ratio only with its interval, and none where the short gain may be 0 (LengthGain)
+        stdout.print(f"gain on documents >= {g.long_from} tokens {number(g.long_gain, '+.4f')}"
+                     f"{_se(g.long_gain_se)}, shorter {number(g.short_gain, '+.4f')}{_se(g.short_gain_se)}: "
+                     f"long/short {g.ratio_text()} (paper: about 1.52x)",
                      highlight=False)
 
+
+def _se(se) -> str:
+    return "" if se is None else f" +- {se:.4f}"
 
 
 def _sink_table(results: list[an.SinkResult]) -> Table:
@@ -319,31 +326,39 @@ def _sink_table(results: list[an.SinkResult]) -> Table:
 
 
 def _lengths_tables(results: list[an.LengthsResult], gain) -> list[Table]:
+    """Two tables (by length, by position) per context T: the buckets adapt to T, so runs trained
+    with different contexts share no rows. Within a table every number sits in the row of its own
+    bucket (lo, hi), looked up by key, never by position."""
     tables = []
-    for by, what in (("length", "document length (tokens)"), ("position", "token position")):
-        table = Table(title=f"Validation loss (nats/token) by {what}, context {results[0].seq_len}",
-                      title_justify="left")
-        table.add_column(what.split(" (")[0], justify="right")
-        for r in results:
-            table.add_column(f"{r.run} ({r.arch})", justify="right")
-            table.add_column("tokens", justify="right")
-        if gain is not None:
-            table.add_column("gain L_b - L_s", justify="right")
-            table.add_column("+- se", justify="right")
-            table.add_column("rel", justify="right")
-        rows = [[b for b in r.buckets if b.by == by] for r in results]
-        gains = [g for g in gain.buckets if g.by == by] if gain is not None else []
-        for i, b0 in enumerate(rows[0]):
-            cells = [b0.label]
-            for bs in rows:
-                b = bs[i] if i < len(bs) else None
-                cells += [number(b.loss, ".4f") if b else "", str(b.n_tokens) if b else ""]
-            if gain is not None:
-                g = gains[i]
-                cells += [number(g.gain, "+.4f"), number(g.gain_se, ".4f"),
-                          "-" if g.rel_gain is None else f"{100 * g.rel_gain:+.2f}%"]
-            table.add_row(*cells)
-        tables.append(table)
+    contexts = sorted({r.seq_len for r in results})
+    for T in contexts:
+        group = [r for r in results if r.seq_len == T]
+        gains = {}
+        if gain is not None and {gain.baseline, gain.smelt} <= {r.run for r in group}:
+            gains = {(g.by, g.lo, g.hi): g for g in gain.buckets}
+        for by, what in (("length", "document length (tokens)"), ("position", "token position")):
+            table = Table(title=f"Validation loss (nats/token) by {what}, context {T}", title_justify="left")
+            table.add_column(what.split(" (")[0], justify="right")
+            for r in group:
+                table.add_column(f"{r.run} ({r.arch})", justify="right")
+                table.add_column("tokens", justify="right")
+            if gains:
+                table.add_column("gain L_b - L_s", justify="right")
+                table.add_column("+- se", justify="right")
+                table.add_column("rel", justify="right")
+            cells_of = [{(b.lo, b.hi): b for b in r.buckets if b.by == by} for r in group]
+            keys = sorted({k for c in cells_of for k in c}, key=lambda k: (k[0], k[1] is None, k[1] or 0))
+            for lo, hi in keys:
+                cells = [an.LossBucket(by, lo, hi, 0, 0, None).label]
+                for c in cells_of:
+                    b = c.get((lo, hi))
+                    cells += [number(b.loss, ".4f") if b else "", str(b.n_tokens) if b else ""]
+                if gains:
+                    g = gains.get((by, lo, hi))
+                    cells += [number(g.gain, "+.4f") if g else "", number(g.gain_se, ".4f") if g else "",
+                              "" if g is None else "-" if g.rel_gain is None else f"{100 * g.rel_gain:+.2f}%"]
+                table.add_row(*cells)
+            tables.append(table)
     return tables
 
 

@@ -80,6 +80,11 @@ def lengths(results: Sequence[Any], gain: Any | None = None) -> Figure:
     results = sorted(results, key=lambda r: (0 if r.arch == "baseline" else 1, r.run))
     if not results:
         raise UserError("no lengths results to plot")
+    contexts = sorted({r.seq_len for r in results})
+    if len(contexts) > 1:
+        # the buckets adapt to the context: one x axis cannot hold runs of different contexts
+        raise UserError(f"runs of different contexts ({', '.join(map(str, contexts))} tokens) have different "
+                        "length and position buckets; plot one context at a time")
     colours = run_colours(results)
     nrow = 2 if gain is not None else 1
     fig, axes = figure(nrow, 2, 8.4, 2.6 * nrow + 0.4, sharex="col")
@@ -107,8 +112,10 @@ def lengths(results: Sequence[Any], gain: Any | None = None) -> Figure:
                 k = next((i for i, g in enumerate(gs) if g.lo >= gain.long_from), None)
                 if k is not None:
                     gx.axvspan(k - 0.5, len(gs) - 0.5, color="0.5", alpha=0.08, lw=0)
+                    # no point ratio without its interval (LengthGain: None where unbounded)
                     ratio = ("" if gain.long_short_ratio is None
-                             else f"; gain long/short {gain.long_short_ratio:.2f}x")
+                             else f"; gain long/short {gain.long_short_ratio:.2f}x "
+                                  f"[{gain.ratio_low:.2f}, {gain.ratio_high:.2f}]")
                     gx.set_title(f"shaded: long documents (≥ {gain.long_from} tokens){ratio}", fontsize=8)
             bottom = gx
         else:
