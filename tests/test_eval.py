@@ -543,3 +543,145 @@ def test_gold_labels_outside_the_choices_are_refused(tmp_path, task, split, reco
     with pytest.raises(UserError, match=re.escape(message)) as err:
         resolve_task(task, tmp_path)
     assert f"{split}.jsonl:2" in str(err.value)
+
+
+# ----- audit fixes ------------------------------------------------------------------------
+
+
+def test_shard_tokenizer_is_checked_against_the_runs_record(tmp_path):
+    """A run trained on token shards: the shard folder's tokenizer.json must be the one the run
+    and the manifest record (a folder re-prepared, or another BPE copied over, is refused)."""
+    from scaling.evaluation.weights import tokenizer_file
+    from scaling.training.data.prepare import PrepareOptions, prepare
+    from scaling.training.data.shards import sha256_file
+
+    docs = [{"id": f"d{i}", "text": f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 20} for i in range(40)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    man = prepare([str(tmp_path / "in.jsonl")], tmp_path / "shards",
+                  PrepareOptions(vocab_size=300, val_fraction=0.2, shard_tokens=5000))
+    tok = tmp_path / "shards" / man["tokenizer"]["path"]
+    sha = sha256_file(tok)
+    meta = {"train": {"data": str(tmp_path / "shards")}, "data_identity": {"tokenizer_sha256": sha}}
+    assert tokenizer_file(tmp_path, meta) == tok
+    # the run recorded another tokenizer (the folder was re-prepared since): both hashes named
+    other = "0" * 64
+    with pytest.raises(UserError, match=f"SHA-256 {sha}.*records {other}"):
+        tokenizer_file(tmp_path, {**meta, "data_identity": {"tokenizer_sha256": other}})
+    # another tokenizer copied over the folder's: differs from the manifest's record
+    tok.write_bytes(tok.read_bytes() + b"\n")
+    with pytest.raises(UserError, match=f"records {sha}"):
+        tokenizer_file(tmp_path, meta)
+
+
+def test_calibration_at_one_loss_is_not_identified(tmp_path):
+    """Six reference points at one loss fix only the curve's height there: not identified, and no
+    residual interval is given as a result."""
+    L = np.full(6, 3.0)
+    acc = np.array([0.40, 0.42, 0.44, 0.46, 0.48, 0.50])
+    fit = fit_acc_sigmoid(L, acc, floor=0.25)
+    assert not fit.identified and "1 distinct loss value for 2 free parameters" in fit.reason
+    # a free floor needs 3 distinct losses: 2 are not enough
+    two = fit_acc_sigmoid(np.array([3.0, 3.0, 3.0, 3.5, 3.5, 3.5]), acc)
+    assert not two.identified and "2 distinct loss values for 3 free parameters" in two.reason
+    res = calibrate(L, acc, np.array([2.5, 2.7]), np.array([0.5, 0.5]), floor=0.25, n_boot=20)
+    assert not res.fit.identified and math.isnan(res.residual_lo) and math.isnan(res.residual_hi)
+    rows = [{"run": f"b{i}", "arch": "baseline", "budget_index": 0, "loss": 3.0, "task": "t", "metric": "acc",
+             "value": v, "stderr": 0.02} for i, v in enumerate(acc)]
+    rows += [{"run": f"s{i}", "arch": "smelt", "budget_index": 0, "loss": x, "task": "t", "metric": "acc",
+              "value": 0.5, "stderr": 0.02} for i, x in enumerate([2.5, 2.7])]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = runner.invoke(app, ["calibrate", str(path), "--task", "t", "--floor", "0.25", "--bootstrap", "20"])
+    assert res.exit_code == 0, res.stderr
+    assert "identified: no" in res.stdout and "residual at matched loss: not determined" in res.stdout
+    doc = json.loads(runner.invoke(app, ["calibrate", str(path), "--task", "t", "--floor", "0.25",
+                                         "--bootstrap", "20", "--json"]).stdout)
+    assert doc["residual_lo"] is None and doc["residual_hi"] is None and not doc["fit"]["identified"]
+
+
+def test_continuations_longer_than_the_context_are_scored_in_pieces(runs, tmp_path):
+    """A PIQA solution longer than the 64-token context: both backends score it (in pieces) and
+    agree, where lm-eval's hf asserted and the native backend raised."""
+    (tmp_path / "piqa").mkdir()
+    long_sol = " ".join(f"Turn the lid {i} times, then tap it on the table." for i in range(12))
+    recs = [{"goal": "How do I boil water?", "sol1": "Put it in a pot on the stove.",
+             "sol2": "Put it in the freezer.", "label": 0},
+            {"goal": "How to open a jar?", "sol1": long_sol, "sol2": "Twist the lid.", "label": 1}]
+    (tmp_path / "piqa" / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = {}
+    for backend in ("native", "hf"):
+        res = runner.invoke(app, ["eval", str(runs["smelt"]), "--tasks", "piqa", "--data", str(tmp_path),
+                                  "--device", "cpu", "--backend", backend, "--json"])
+        assert res.exit_code == 0, res.output
+        got[backend] = {r["metric"]: r["value"] for r in json.loads(res.stdout)["rows"]}
+    assert got["native"]["bpb_gold"] == pytest.approx(got["hf"]["bpb_gold"], rel=1e-4)
+    assert got["native"]["acc"] == got["hf"]["acc"]
+
+
+def test_loglikelihood_in_pieces_sums_the_pieces():
+    from scaling.evaluation.lm import continuation_pieces, loglikelihood_in_pieces
+
+    seen = []
+
+    def score(reqs):
+        seen.extend(reqs)
+        assert all(len(c) <= 8 for _, _, c in reqs)
+        return [(-float(len(c)), len(c) != 3) for _, _, c in reqs]
+
+    ctx, cont = list(range(5)), list(range(100, 119))  # 19 tokens, max_length 8: pieces of 4
+    out = loglikelihood_in_pieces(score, [("k", ctx, [7, 8]), ("l", ctx, cont)], max_length=8)
+    assert out == [(-2.0, True), (-19.0, False)]  # the last piece has 3 tokens: not greedy
+    pieces = continuation_pieces(ctx, cont, 8)
+    assert [p for _, p in pieces] == [cont[i:i + 4] for i in range(0, 19, 4)]
+    assert all(len(c) <= 9 and c[-1] == (ctx + cont)[len(ctx) + 4 * i - 1] for i, (c, _) in enumerate(pieces))
+
+
+def test_code_bpb_gold_counts_the_bytes_it_scores():
+    """lm-eval moves the prompt's trailing newline into the continuation: the bytes must count it.
+    Byte tokens each scored ln 2 nats (one bit): the bits per byte is exactly 1."""
+    from lm_eval.api.model import TemplateLM
+
+    from scaling.evaluation.run import gold_bpb
+    from scaling.evaluation.tasks import LocalTask
+
+    class ByteLM:
+        backend = "causal"
+        max_length = 64
+        prefix_token_id = 0
+        _encode_pair = TemplateLM._encode_pair
+
+        def tok_encode(self, s, **kw):
+            return list(s.encode())
+
+        def _loglikelihood_tokens(self, reqs, disable_tqdm=False):
+            return [(-math.log(2) * len(c), False) for _, _, c in reqs]
+
+    samples = [{"arguments": [[p, {}]], "resps": [[""]], "doc": {"canonical_solution": s}}
+               for p, s in (("def add(a, b):\n", "    return a + b\n"),
+                            ('def double(x):\n    """Twice x."""\n', "    return 2 * x\n"))]
+    task = LocalTask("humaneval", "code", {})
+    assert gold_bpb(ByteLM(), task, samples)["value"] == pytest.approx(1.0)
+
+
+def test_empty_text_duplicate_tasks_and_bad_final_json_are_one_line(runs, tmp_path):
+    import shutil
+
+    (tmp_path / "d" / "prose").mkdir(parents=True)
+    (tmp_path / "d" / "prose" / "test.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    base = ["eval", str(runs["smelt"]), "--data", str(tmp_path / "d"), "--device", "cpu"]
+    res = runner.invoke(app, base + ["--tasks", "prose"])
+    assert res.exit_code == 2 and "test.jsonl:1" in res.stderr and 'empty "text"' in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = runner.invoke(app, base + ["--tasks", "prose,prose"])
+    assert res.exit_code == 2 and "prose more than once" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad"
+    shutil.copytree(runs["smelt"], bad, ignore=shutil.ignore_patterns("checkpoints"))
+    (bad / "final.json").write_text(json.dumps({"points": [{"budget_index": "x"}]}))
+    (tmp_path / "ok" / "prose").mkdir(parents=True)
+    (tmp_path / "ok" / "prose" / "test.jsonl").write_text(json.dumps({"text": "fine"}) + "\n")
+    for args in (["export", str(bad), "--out", str(tmp_path / "e")],
+                 ["eval", str(bad), "--tasks", "prose", "--data", str(tmp_path / "ok"), "--device", "cpu"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and "final.json: point 1 has budget_index 'x'" in res.stderr, res.output
+        assert len(res.stderr.strip().splitlines()) == 1

@@ -269,11 +269,16 @@ def register(app: typer.Typer) -> None:
                 f"{p['residual']:+.4f}",
             )
         stdout.print(t)
-        stdout.print(
-            f"{res.candidate} residual at matched loss: {res.residual:+.4f} "
-            f"[{res.residual_lo:+.4f}, {res.residual_hi:+.4f}] ({res.level:.0%} bootstrap, "
-            f"{res.n_boot} resamples, {res.n_candidate} {res.candidate} points)",
-            highlight=False,
-        )
+        if not f.identified:
+            # the curve is one of many that fit equally well: its residual is no result
+            stdout.print(f"{res.candidate} residual at matched loss: not determined (the law is not "
+                         "identified; see the note)", highlight=False)
+        else:
+            stdout.print(
+                f"{res.candidate} residual at matched loss: {res.residual:+.4f} "
+                f"[{res.residual_lo:+.4f}, {res.residual_hi:+.4f}] ({res.level:.0%} bootstrap, "
+                f"{res.n_boot} resamples, {res.n_candidate} {res.candidate} points)",
+                highlight=False,
+            )
         for n in res.notes:
             stdout.print(f"note: {n}", highlight=False)

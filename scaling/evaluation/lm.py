@@ -10,7 +10,9 @@ decides a number, so the two agree on an exported model (tests/test_eval.py):
   from ``max_position_embeddings``);
 * ``loglikelihood``: context + continuation truncated from the left to ``max_length + 1`` tokens,
   the last dropped; log-softmax in fp32; the continuation's summed log-probability and whether
-  it is the greedy continuation;
+  it is the greedy continuation; a continuation longer than ``max_length`` (which HFLM refuses
+  with an assertion) in pieces of ``max_length // 2`` tokens (``loglikelihood_in_pieces``; the
+  ``hf`` backend of ``smelt-scale eval`` does the same);
 * ``loglikelihood_rolling``: ``lm_eval.utils.get_rolling_token_windows`` with context length 1
   and ``make_disjoint_window``, i.e. disjoint windows of ``max_length`` tokens, the first one
   conditioned on the prefix token; the document's log-likelihood is the sum over windows;
@@ -36,6 +38,43 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
 from scaling.training.loop.evaluate import autocast
+
+
+def continuation_pieces(context: list[int], continuation: list[int], max_length: int) -> list[tuple]:
+    """(context, piece) token requests that score ``continuation`` after ``context`` in pieces of
+    at most ``max_length // 2`` tokens, each given everything before it truncated from the left
+    to ``max_length + 1`` tokens (as lm-eval truncates any request), so that every piece keeps at
+    least half a context of conditioning. The sum of the pieces' log-likelihoods is
+    log p(continuation | context) by the chain rule, up to that truncation."""
+    step = max(1, max_length // 2)
+    return [
+        ((list(context) + list(continuation[:i]))[-(max_length + 1) :], list(continuation[i : i + step]))
+        for i in range(0, len(continuation), step)
+    ]
+
+
+def loglikelihood_in_pieces(score, requests: list, max_length: int) -> list[tuple[float, bool]]:
+    """``score`` (an lm-eval ``_loglikelihood_tokens``) on ``requests`` ((key, context, continuation)
+    token triples), where a continuation longer than ``max_length`` is scored as its
+    :func:`continuation_pieces` and their results summed (greedy: every piece greedy). Neither
+    backend can hold such a continuation in one forward (lm-eval's hf asserts
+    ``len(continuation) <= max_length``; a long PIQA solution against a 64-token proxy); requests
+    that fit are passed through as they are, so both backends still score them alike."""
+    flat, owner = [], []
+    for i, (key, ctx, cont) in enumerate(requests):
+        if len(cont) > max_length:
+            flat += [(None, c, p) for c, p in continuation_pieces(ctx, cont, max_length)]
+            owner += [i] * (len(flat) - len(owner))
+        else:
+            flat.append((key, ctx, cont))
+            owner.append(i)
+    if len(flat) == len(requests):
+        return score(requests)
+    out = [[0.0, True] for _ in requests]
+    for i, (ll, greedy) in zip(owner, score(flat)):
+        out[i][0] += float(ll)
+        out[i][1] = out[i][1] and bool(greedy)
+    return [(ll, greedy) for ll, greedy in out]
 
 
 class NativeLM(TemplateLM):
@@ -131,7 +170,17 @@ class NativeLM(TemplateLM):
     def _loglikelihood_tokens(
         self, requests: list, disable_tqdm: bool = False, **kwargs
     ) -> list[tuple[float, bool]]:
-        """(sum log p(continuation | context), continuation is greedy) per (key, context, continuation)."""
+        """(sum log p(continuation | context), continuation is greedy) per (key, context, continuation);
+        a continuation longer than the context in pieces (:func:`loglikelihood_in_pieces`)."""
+        out = loglikelihood_in_pieces(self._score, requests, self._max_length)
+        if self.cache_hook is not None:
+            for req, res in zip(requests, out):
+                if req[0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", req[0], res)
+        return out
+
+    def _score(self, requests: list) -> list[tuple[float, bool]]:
+        """:meth:`_loglikelihood_tokens` for continuations of at most ``max_length`` tokens."""
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         for start in range(0, len(order), self.batch_size):
@@ -151,8 +200,6 @@ class NativeLM(TemplateLM):
                 score = float(lp.gather(-1, target[:, None]).sum())
                 greedy = bool((lp.argmax(dim=-1) == target).all())
                 out[i] = (score, greedy)
-                if self.cache_hook is not None and requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], out[i])
         return out  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:

@@ -10,7 +10,9 @@ evaluated on the local tasks (``tasks``) with lm-eval's ``simple_evaluate``, thr
 Every lm-eval metric becomes one row, plus ``bpb_gold``: the bits per byte of each document's gold
 answer, ``sum_i -log p(gold_i | context_i) / (ln 2 * sum_i bytes(gold_i))`` over the documents (the
 multiple-choice target's continuation, the text of a text task, the reference solution of a code
-task: ``tasks.GOLD``, scored in pieces when longer than the context:
+task: ``tasks.GOLD``; gold_i is the continuation as lm-eval scores it, so with the context's
+trailing whitespace moved in front of it (``scored_pair``), and bytes(gold_i) counts that
+whitespace too; scored in pieces when longer than the context:
 ``continuation_loglikelihood``), as OLMo-core's ladder evaluation reports it beside accuracy, because it
 varies smoothly where accuracies sit at chance. Its standard error is the delta-method one of
 that ratio estimator: ``sqrt(sum_i (a_i - r b_i)^2 / (n (n - 1))) / mean(b)`` with ``a_i`` the
@@ -83,6 +85,10 @@ class EvalSettings:
             raise UserError(f"backend must be native or hf, got {self.backend!r}")
         if not self.tasks:
             raise UserError("no tasks given (--tasks arc_easy,humaneval,...)")
+        # a task twice would be evaluated twice and give duplicated rows in the table
+        dup = sorted({t for t in self.tasks if self.tasks.count(t) > 1})
+        if dup:
+            raise UserError(f"--tasks names {', '.join(dup)} more than once; give each task once")
         if self.limit is not None and self.limit < 1:
             raise UserError(f"limit must be >= 1, got {self.limit}")
         if self.num_fewshot is not None and self.num_fewshot < 0:
@@ -157,9 +163,20 @@ def native_lm(loaded: LoadedWeights, device: str, batch_size: int):
 
 
 def hf_lm(folder: Path, device: str, batch_size: int):
+    """lm-eval's HFLM on an exported folder, scoring a continuation longer than the context in
+    pieces as the native backend does (``lm.loglikelihood_in_pieces``) where HFLM would assert."""
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(
+    from scaling.evaluation.lm import loglikelihood_in_pieces
+
+    class PiecewiseHFLM(HFLM):
+        def _loglikelihood_tokens(self, requests, disable_tqdm=False, override_bs=None):
+            def score(reqs):
+                return super(PiecewiseHFLM, self)._loglikelihood_tokens(reqs, disable_tqdm, override_bs)
+
+            return loglikelihood_in_pieces(score, requests, self.max_length)
+
+    return PiecewiseHFLM(
         pretrained=str(folder),
         dtype="float32" if device == "cpu" else "bfloat16",
         device=device,
@@ -179,9 +196,19 @@ def _ratio_stderr(a: Sequence[float], b: Sequence[float]) -> float | None:
     return math.sqrt(sum((x - r * y) ** 2 for x, y in zip(a, b)) / (n * (n - 1))) / mean_b
 
 
+def scored_pair(context: str, continuation: str) -> tuple[str, str]:
+    """(context, continuation) as lm-eval scores them: ``TemplateLM._encode_pair`` moves the
+    context's trailing whitespace to the front of the continuation (HumanEval's prompt ends in
+    "\n", so lm-eval scores "\n" + solution). The bytes of a bits-per-byte ratio must be those of
+    this continuation, the text whose log-likelihood is in the numerator."""
+    n = len(context) - len(context.rstrip())
+    return (context[:-n], context[-n:] + continuation) if n else (context, continuation)
+
+
 def gold_pairs(task: LocalTask, samples: list[dict]) -> tuple[list[float | None], list[tuple[str, str]]]:
     """Per sample: the gold answer's log-likelihood when lm-eval computed it (multiple choice, text),
-    else None, and its (context, gold continuation)."""
+    else None, and its (context, gold continuation) as scored (:func:`scored_pair`: the context's
+    trailing whitespace belongs to the continuation)."""
     lls: list[float | None] = []
     pairs: list[tuple[str, str]] = []
     for s in samples:
@@ -193,7 +220,7 @@ def gold_pairs(task: LocalTask, samples: list[dict]) -> tuple[list[float | None]
         elif task.kind == "code":
             ctx = args[0][0]
             lls.append(None)
-            pairs.append((ctx, str(s["doc"][GOLD[task.name]])))
+            pairs.append(scored_pair(ctx, str(s["doc"][GOLD[task.name]])))
         else:
             target = s["target"]
             conts = [a[1] for a in args]
@@ -210,7 +237,7 @@ def gold_pairs(task: LocalTask, samples: list[dict]) -> tuple[list[float | None]
                     resps[target][0][0] if isinstance(resps[target][0], (list, tuple)) else resps[target][0]
                 )
             )
-            pairs.append((args[target][0], conts[target]))
+            pairs.append(scored_pair(args[target][0], conts[target]))
     return lls, pairs
 
 
@@ -219,15 +246,13 @@ def continuation_loglikelihood(lm, context: str, continuation: str) -> float:
     continuation is longer than the model's context: its tokens are scored in pieces of at most
     ``max_length // 2``, each given everything before it (truncated from the left to the context,
     as lm-eval truncates any request)."""
+    from scaling.evaluation.lm import continuation_pieces
+
     if context:
         ctx, cont = lm._encode_pair(context, continuation)
     else:
         ctx, cont = [lm.prefix_token_id], lm.tok_encode(continuation)
-    step = max(1, lm.max_length // 2)
-    reqs = [
-        (None, (ctx + cont[:i])[-(lm.max_length + 1) :], cont[i : i + step])
-        for i in range(0, len(cont), step)
-    ]
+    reqs = [(None, c, p) for c, p in continuation_pieces(ctx, cont, lm.max_length)]
     return float(sum(ll for ll, _ in lm._loglikelihood_tokens(reqs, disable_tqdm=True)))
 
 

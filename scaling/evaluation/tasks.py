@@ -202,7 +202,8 @@ def _bad_values(name: str, rec: dict, split: str) -> str | None:
     is no error to lm-eval: the record scores 0 (out of range it logs a warning, -1 not even that),
     so it is refused here. HellaSwag's and
     PIQA's test splits are unlabelled on the Hub (label "" and -1) and lm-eval's YAMLs never score
-    them (``test_split: null``): their labels are not checked."""
+    them (``test_split: null``): their labels are not checked. A text task's document must not
+    be empty."""
     if name == "hellaswag":
         endings = rec["endings"]
         if len(endings) < 2 or not all(isinstance(e, str) for e in endings):
@@ -223,6 +224,10 @@ def _bad_values(name: str, rec: dict, split: str) -> str | None:
             return f"answerKey {rec['answerKey']!r} is not one of the choice labels {label}"
     if MMLU.fullmatch(name) and (len(rec["choices"]) != 4 or not 0 <= rec["answer"] < 4):
         return f"needs 4 choices and an answer 0-3, got {len(rec['choices'])} choices, answer {rec['answer']}"
+    if name not in FIELDS and not MMLU.fullmatch(name) and rec["text"] == "":
+        # a text task: an empty document has no bytes and no words to score (lm-eval's
+        # bits_per_byte of a task of empty documents divides by zero bytes)
+        return 'empty "text": a text task needs a non-empty document per record'
     return None
 
 

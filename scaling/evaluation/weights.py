@@ -71,7 +71,22 @@ def _points(run_dir: Path) -> dict[int, dict]:
     if not f.is_file():
         return {}
     doc = read_config(f, "final")
-    return {int(p["budget_index"]): p for p in doc.get("points", []) if "budget_index" in p}
+    points = doc.get("points", [])
+    if not isinstance(points, list):
+        raise UserError(f"{f}: 'points' must be a list of budget points")
+    out = {}
+    for i, p in enumerate(points):
+        if not isinstance(p, dict):
+            raise UserError(f"{f}: point {i + 1} is not an object")
+        if "budget_index" not in p:
+            continue
+        b = p["budget_index"]
+        # the trainer writes an int; anything else would become a wrong budget or a traceback
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise UserError(f"{f}: point {i + 1} has budget_index {str(b)[:30]!r}, not a budget index "
+                            "(an integer >= 0)")
+        out[int(b)] = p
+    return out
 
 
 def n_budgets(meta: dict) -> int:
@@ -245,8 +260,11 @@ def tokenizer_file(run_dir: Path, meta: dict, model: Any = None) -> Path:
     """The tokenizer.json the run was trained with, checked against its recorded SHA-256.
 
     Built-in corpus: the run's ``eval_data/`` snapshot, else the corpus of its data spec built on
-    this machine (``scaling.analysis.runs.LoadedRun.corpus``); token shards: the tokenizer the
-    shard manifest records.
+    this machine (``scaling.analysis.runs.LoadedRun.corpus``, which compares the hashes); token
+    shards: the tokenizer the shard manifest records, whose file's SHA-256 must equal both the
+    manifest's ``tokenizer.sha256`` and the run's ``data_identity.tokenizer_sha256`` (a folder
+    re-prepared, or a tokenizer.json copied over, since training). UserError naming both hashes
+    otherwise.
     """
     if isinstance(meta.get("data_spec"), dict):
         from scaling.analysis.runs import LoadedRun
@@ -255,11 +273,25 @@ def tokenizer_file(run_dir: Path, meta: dict, model: Any = None) -> Path:
         return run.corpus.path / "tokenizer.json"
     data = (meta.get("train") or {}).get("data")
     if data:
-        from scaling.training.data.shards import load_shards, resolve
+        from scaling.training.data.shards import load_shards, resolve, sha256_file
 
         shards = load_shards(data, verify=False)
         tok = shards.manifest.get("tokenizer") or {}
         if not tok.get("path"):
             raise UserError(f"the shards of run {run_dir.name} ({data}) record no tokenizer")
-        return resolve(shards.path, tok["path"])
+        path = resolve(shards.path, tok["path"])
+        if not path.is_file():
+            raise UserError(f"the tokenizer of run {run_dir.name}'s shards is missing: no file {path}")
+        # load_shards(verify=False) hashes nothing: the file is checked here, the one eval reads
+        have = sha256_file(path)
+        recorded = (meta.get("data_identity") or {}).get("tokenizer_sha256")
+        for what, want in ((f"the shard manifest ({data})", tok.get("sha256")),
+                           (f"run {run_dir.name}'s config.json (data_identity)", recorded)):
+            if want and want != have:
+                raise UserError(f"tokenizer {path} has SHA-256 {have}, but {what} records {want}: "
+                                "not the tokenizer the run was trained with")
+        if not (tok.get("sha256") or recorded):
+            raise UserError(f"neither run {run_dir.name} nor its shard manifest records the "
+                            f"tokenizer's SHA-256: {path} cannot be checked")
+        return path
     raise UserError(f"run {run_dir.name} records no tokenizer (no data_spec, no shard folder)")

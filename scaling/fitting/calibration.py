@@ -23,7 +23,10 @@ accuracy sits at the floor (proxies score at chance), ``k`` runs to a bound or `
 observed losses; given the accuracies' standard errors (``ref_se``; the eval table's ``stderr``),
 a reference whose accuracies span less than twice their median standard error is not identified
 either (the rise is noise). The result says so (``identified`` False, with the reason) rather than
-reporting a curve the data cannot determine.
+reporting a curve the data cannot determine. So are points at fewer distinct losses than the law
+has free parameters (2 with a fixed floor, 3 with a fitted one), or all at one loss: they fix the
+curve's height at those losses only, and other (k, L0) fit them exactly as well. An unidentified
+law gets no residual interval (NaN; null in JSON).
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def fit_acc_sigmoid(
             f"{LAW} needs at least {n_params + 1} points ({'fixed' if floor is not None else 'free'} "
             f"floor), got {L.size}"
         )
-    span = float(L.max() - L.min()) or 1.0
+    spread = float(L.max() - L.min())
+    # the bounds on L0 need a width; a zero spread is reported as unidentified below
+    span = spread or 1.0
     lo_L0, hi_L0 = float(L.min() - 5 * span), float(L.max() + 5 * span)
 
     def unpack(p):
@@ -136,6 +141,12 @@ def fit_acc_sigmoid(
         reasons.append(f"L0 = {L0:.3g} far outside the observed losses [{L.min():.3g}, {L.max():.3g}]")
     if float(np.ptp(acc)) < 1e-12:
         reasons.append("every accuracy is equal")
+    distinct = int(np.unique(L).size)
+    if spread == 0 or distinct < n_params:
+        # points at one loss fix only the curve's height there: every (k, L0) through that height
+        # fits equally well, and a residual elsewhere depends on which one the optimizer stopped at
+        reasons.append(f"{distinct} distinct loss value{'s' if distinct != 1 else ''} for {n_params} free "
+                       "parameters")
     return SigmoidFit(
         floor=float(f),
         k=float(k),
@@ -208,7 +219,9 @@ def calibrate(
     resid = cand_acc - fit.predict(cand_L)
     rng = np.random.default_rng(seed)
     boots = np.full(n_boot, np.nan)
-    for b in range(n_boot):
+    # an unidentified law gets no interval: resampling one of many equally good curves would give
+    # a confident-looking interval around an arbitrary number
+    for b in range(n_boot if fit.identified else 0):
         i = rng.integers(0, ref_L.size, ref_L.size)
         j = rng.integers(0, cand_L.size, cand_L.size)
         try:
@@ -216,12 +229,12 @@ def calibrate(
         except UserError:
             continue
         boots[b] = float(np.mean(cand_acc[j] - fb.predict(cand_L[j])))
-    lo, hi = percentile_interval(boots, level) if n_boot else (float("nan"), float("nan"))
+    lo, hi = percentile_interval(boots, level) if n_boot and fit.identified else (float("nan"), float("nan"))
     notes = []
     if not fit.identified:
         notes.append(
             f"the {LAW} law is not identified on the {reference} points ({fit.reason}): the residual "
-            "measures distance from a curve the data do not determine"
+            "measures distance from a curve the data do not determine, and has no interval"
         )
     lab_r, lab_c = labels or ([None] * ref_L.size, [None] * cand_L.size)
     points = [
