@@ -6,8 +6,9 @@ Sources (both on disk after ``pip install``, nothing is downloaded):
   (MIT package, public-domain text), ~5.3 MB.
 - ``stdlib``: the CPython standard library ``.py`` sources of the running interpreter
   (``sysconfig.get_paths()["stdlib"]``), without ``test``/``tests``/``idle_test`` folders,
-  ``idlelib``, ``site-packages`` and the machine-specific ``_sysconfigdata_*`` module; ~11 MB
-  on CPython 3.11 (PSF licence). Code matters: the SMELT paper's gain is largest on code.
+  ``idlelib``, ``site-packages``, the machine-specific ``_sysconfigdata_*`` module and (unless
+  ``DataSpec.codec_tables``) the character-map codec tables of ``encodings/``; ~10 MB on CPython
+  3.11 (PSF licence). Code matters: the SMELT paper's gain is largest on code.
 
 A document is one file (a play, a module). Validation is a fixed held-out set of documents
 chosen by a hash of the document name (``sha256(name) / 2**256 < val_fraction``, at least one
@@ -78,12 +79,21 @@ class DataSpec:
     max_bytes     None for the full corpus; else a deterministic subset for tests: each
                   source contributes about ``max_bytes / len(sources)`` UTF-8 bytes as at
                   least 4 documents (line-aligned prefixes of the files in salted name-hash order)
+    codec_tables  include the standard library's character-map codec modules (``encodings/``
+                  modules that define a ``decoding_table`` or ``decoding_map``: 70 files, 1.3 MB
+                  on CPython 3.11). Generated tables that repeat one another almost verbatim:
+                  split per file, they put copies of validation text in training (22 of the 200
+                  validation windows of the IsoFLOP study in ``runs/``), so they are left out. A
+                  spec recorded before this field existed included them: :meth:`from_dict` reads
+                  a spec without the key so, and :meth:`to_dict` writes that case without the key,
+                  so its corpus key (and cache folder) is the one it always had.
     """
 
     vocab_size: int = 4096
     sources: tuple[str, ...] = SOURCES
     val_fraction: float = 0.025
     max_bytes: int | None = None
+    codec_tables: bool = False
 
     def __post_init__(self) -> None:
         if not 256 + len(SPECIAL_TOKENS) <= self.vocab_size <= 65536:
@@ -102,11 +112,13 @@ class DataSpec:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["sources"] = list(self.sources)
+        if self.codec_tables:  # the form of every spec written before the field existed
+            del d["codec_tables"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataSpec":
-        return cls(**{**d, "sources": tuple(d.get("sources", SOURCES))})
+        return cls(**{"codec_tables": True, **d, "sources": tuple(d.get("sources", SOURCES))})
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,12 @@ def _source_version(source: str) -> str:
     return ".".join(map(str, sys.version_info[:3]))
 
 
-def _source_files(source: str) -> list[tuple[str, Path]]:
+def is_codec_table(rel: Path, text: str) -> bool:
+    """A character-map codec module of the standard library's ``encodings/`` (see DataSpec)."""
+    return rel.parts[:1] == ("encodings",) and ("decoding_table" in text or "decoding_map" in text)
+
+
+def _source_files(source: str, codec_tables: bool = True) -> list[tuple[str, Path]]:
     """(document name, file) of every document of a source, sorted by name."""
     if source == "shakespeare":
         root = shakespeare_dir()
@@ -155,6 +172,8 @@ def _source_files(source: str) -> list[tuple[str, Path]]:
     for p in sorted(root.rglob("*.py")):
         rel = p.relative_to(root)
         if _EXCLUDED_DIRS & set(rel.parts[:-1]) or rel.name.startswith("_sysconfigdata"):
+            continue
+        if not codec_tables and rel.parts[:1] == ("encodings",) and is_codec_table(rel, _read(p)):
             continue
         files.append((f"stdlib/{rel.as_posix()}", p))
     if not files:
@@ -199,7 +218,7 @@ def assemble_corpus(spec: DataSpec) -> list[Document]:
     """All documents of the spec, sorted by name (the full files, or the max_bytes subset)."""
     docs: list[Document] = []
     for source in spec.sources:
-        files = _source_files(source)
+        files = _source_files(source, spec.codec_tables)
         if spec.max_bytes is not None:
             docs += _subset(source, files, spec.max_bytes // len(spec.sources))
         else:

@@ -57,14 +57,15 @@ def open_data(
     cache_dir: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
     verify: bool | str = True,
+    codec_tables: bool = False,
 ) -> TokenData:
     """The training data of a model with ``vocab_size`` logits.
 
-    path None: the built-in corpus with a BPE of ``vocab_size`` (``max_bytes``, ``val_fraction``:
-    see :class:`~scaling.training.data.corpus.DataSpec`; cached under ``cache_dir``). Otherwise the
-    shard folder at ``path``; refused (UserError, one line) when the model's vocabulary is
-    smaller than the data's, when ``tokenizer`` is given and is not the file the shards were
-    made with, or (``verify``) when a shard's SHA-256 differs from its manifest.
+    path None: the built-in corpus with a BPE of ``vocab_size`` (``max_bytes``, ``val_fraction``,
+    ``codec_tables``: see :class:`~scaling.training.data.corpus.DataSpec`; cached under
+    ``cache_dir``). Otherwise the shard folder at ``path``; refused (UserError, one line) when the
+    model's vocabulary is smaller than the data's, when ``tokenizer`` is given and is not the file
+    the shards were made with, or (``verify``) when a shard's SHA-256 differs from its manifest.
 
     ``verify``: ``"full"`` hashes every shard (and the tokenizer) now; ``"cheap"`` or True skips
     the files whose (size, mtime) match the last successful full hash of this manifest (kept
@@ -74,8 +75,8 @@ def open_data(
     if path is None:
         if tokenizer is not None:
             raise UserError("a data tokenizer applies to a shard folder, not to the built-in corpus")
-        return load_corpus(DataSpec(vocab_size=vocab_size, max_bytes=max_bytes, val_fraction=val_fraction),
-                           cache_dir)
+        return load_corpus(DataSpec(vocab_size=vocab_size, max_bytes=max_bytes, val_fraction=val_fraction,
+                                    codec_tables=codec_tables), cache_dir)
     folder = expand_path(path)
     if verify not in (True, False, "cheap", "full"):
         raise UserError(f"data verification must be cheap or full, got {verify!r}")

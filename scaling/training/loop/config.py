@@ -147,9 +147,11 @@ class DataConfig(_Part):
         "last check) or full (hash every shard: catches bit rot that keeps the mtime).",
         lambda v: v in ("cheap", "full"), "cheap or full")
 
-    def data_spec(self, vocab_size: int) -> DataSpec:
+    def data_spec(self, vocab_size: int, codec_tables: bool = False) -> DataSpec:
+        """The built-in corpus of this run (``codec_tables``: only a run resumed from before
+        :attr:`DataSpec.codec_tables` existed holds them)."""
         return DataSpec(vocab_size=vocab_size, max_bytes=self.data_max_bytes,
-                        val_fraction=self.data_val_fraction)
+                        val_fraction=self.data_val_fraction, codec_tables=codec_tables)
 
 
 @dataclass(frozen=True)

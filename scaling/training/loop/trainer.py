@@ -226,6 +226,17 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool, locked: bool = 
     return exists and resume
 
 
+def _recorded_codec_tables(run_dir: Path) -> bool:
+    """Whether the built-in corpus recorded in a run's config.json holds the codec tables (a spec
+    without the key does: :meth:`DataSpec.from_dict`)."""
+    try:
+        meta = runlog.read_json(run_dir / runlog.CONFIG)
+    except (OSError, ValueError):  # Trainer._previous refuses it in one line
+        return False
+    spec = meta.get("data_spec") if isinstance(meta, dict) else None
+    return isinstance(spec, dict) and spec.get("codec_tables", True) is True
+
+
 def _create_run_dir(run_dir: Path, overwrite: bool, doomed: list[Path], lock: RunLock,
                     unchanged: Callable[[], bool]) -> None:
     """Create the folder and take its lock before any write; then delete what --overwrite replaces.
@@ -314,12 +325,15 @@ class Trainer:
         if cfg.threads is not None and device.type == "cpu":
             torch.set_num_threads(cfg.threads)
 
-        spec = cfg.data_spec(model_cfg.vocab_size) if cfg.data is None else None
+        # a resumed run goes on with the corpus it started on: one recorded before
+        # DataSpec.codec_tables existed holds the codec tables that new runs leave out
+        codec_tables = existed and cfg.data is None and _agreed(dist, lambda: _recorded_codec_tables(run_dir))
+        spec = cfg.data_spec(model_cfg.vocab_size, codec_tables) if cfg.data is None else None
 
         def open_():
             return open_data(cfg.data, vocab_size=model_cfg.vocab_size, max_bytes=cfg.data_max_bytes,
                              val_fraction=cfg.data_val_fraction, cache_dir=data_cache,
-                             tokenizer=cfg.data_tokenizer,
+                             tokenizer=cfg.data_tokenizer, codec_tables=codec_tables,
                              verify=cfg.data_verify if dist.is_main else "cheap")  # rank 0 checked it
 
         if dist.is_main:  # rank 0 builds (or hash-checks) first; the others then find it ready
