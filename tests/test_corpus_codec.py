@@ -71,3 +71,21 @@ def test_a_run_begun_on_the_old_corpus_resumes_on_it(tmp_path, monkeypatch):
     fresh = train(model, cfg, tier="proxy-tiny", run_name="new", runs_dir=tmp_path / "runs")
     assert runlog.read_json(tmp_path / "runs" / "new" / "config.json")["data_spec"]["codec_tables"] is False
     assert fresh["complete"]
+
+
+def test_a_plan_can_ask_for_the_old_corpus():
+    """`[data] codec_tables = true` reproduces the runs made before the tables were left out (checked
+    on iso-d06 SMELT of runs/: every point to the last digit); it is recorded as they were."""
+    from scaling.common.errors import UserError
+    from scaling.training.data.loader import check_data_table
+    from scaling.training.loop.config import fields_of_tables
+
+    fields = fields_of_tables({}, check_data_table({"codec_tables": True}, "plan"), {}, "plan")
+    assert fields == {"data_codec_tables": True}
+    old = TrainConfig(tokens=(512,), data_codec_tables=True)
+    assert old.to_dict()["data_codec_tables"] is True
+    assert "codec_tables" not in old.data_spec(4096).to_dict()          # the old corpus, the old key
+    assert "data_codec_tables" not in TrainConfig(tokens=(512,)).to_dict()  # as every run before recorded it
+    assert TrainConfig(tokens=(512,)).data_spec(4096).to_dict()["codec_tables"] is False
+    with pytest.raises(UserError, match="apply to the built-in corpus"):
+        check_data_table({"path": "x", "codec_tables": True}, "plan")

@@ -165,6 +165,8 @@ DATA = {
     "max_bytes": Key(int, "built-in corpus only: a small deterministic subset", positive, ">= 1"),
     "val_fraction": Key(float, "built-in corpus only: fraction of documents held out",
                         lambda v: 0 < v < 1, "in (0, 1)"),
+    "codec_tables": Key(bool, "built-in corpus only: include the stdlib's character-map codec tables, as "
+                        "runs before 2026-12-06 did (they put copies of validation text in training)"),
     "verify": Key(str, "shard check at start: cheap (size, mtime) or full (SHA-256 of every shard)",
                   lambda v: v in ("cheap", "full"), "cheap or full"),
 }

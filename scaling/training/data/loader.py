@@ -40,7 +40,8 @@ DATA_KEYS = {
 }
 # [data] keys -> TrainConfig fields
 DATA_TO_TRAIN = {"path": "data", "tokenizer": "data_tokenizer", "max_bytes": "data_max_bytes",
-                 "val_fraction": "data_val_fraction", "verify": "data_verify"}
+                 "val_fraction": "data_val_fraction", "verify": "data_verify",
+                 "codec_tables": "data_codec_tables"}
 
 
 def expand_path(path: str | os.PathLike) -> Path:
@@ -107,9 +108,9 @@ def check_data_table(table: Any, where: str) -> dict[str, Any]:
     from scaling.training.schema import DATA, check_table
 
     table = check_table(table, DATA, where, "[data]")
-    if "path" in table and ("max_bytes" in table or "val_fraction" in table):
-        raise UserError(f"{where}: [data] max_bytes and val_fraction apply to the built-in corpus, "
-                        "not to a path")
+    if "path" in table and ("max_bytes" in table or "val_fraction" in table or "codec_tables" in table):
+        raise UserError(f"{where}: [data] max_bytes, val_fraction and codec_tables apply to the built-in "
+                        "corpus, not to a path")
     return dict(table)
 
 
@@ -141,11 +142,12 @@ def plan_data_use(runs, cache_dir: str | os.PathLike | None = None) -> list[Data
         d = run.data
         train = run.train
         key = (d.get("path"), run.model.vocab_size, d.get("max_bytes", train.get("data_max_bytes")),
-               d.get("val_fraction", train.get("data_val_fraction", 0.025)), d.get("tokenizer"))
+               d.get("val_fraction", train.get("data_val_fraction", 0.025)), d.get("tokenizer"),
+               bool(d.get("codec_tables", train.get("data_codec_tables", False))))
         if key not in opened:
             try:
                 data = open_data(key[0], vocab_size=key[1], max_bytes=key[2], val_fraction=key[3],
-                                 cache_dir=cache_dir, tokenizer=key[4], verify=False)
+                                 cache_dir=cache_dir, tokenizer=key[4], verify=False, codec_tables=key[5])
                 opened[key] = data.n_train_tokens
             except UserError as exc:
                 opened[key] = exc

@@ -142,16 +142,21 @@ class DataConfig(_Part):
         None, "Use a small deterministic subset of the built-in corpus (tests).", _at_least(1), ">= 1")
     data_val_fraction: float = setting(0.025, "Built-in corpus: fraction of documents held out.",
                                        lambda v: 0 < v < 1, "in (0, 1)", option=False)
+    data_codec_tables: bool = setting(
+        False, "Built-in corpus: include the standard library's character-map codec tables, as every "
+        "run before 2026-12-06 did (they put copies of validation text in training; DataSpec.codec_tables).",
+        option=False)
     data_verify: str = setting(
         "cheap", "Shard check at start: cheap (hash only shards whose size or mtime changed since their "
         "last check) or full (hash every shard: catches bit rot that keeps the mtime).",
         lambda v: v in ("cheap", "full"), "cheap or full")
 
-    def data_spec(self, vocab_size: int, codec_tables: bool = False) -> DataSpec:
-        """The built-in corpus of this run (``codec_tables``: only a run resumed from before
-        :attr:`DataSpec.codec_tables` existed holds them)."""
+    def data_spec(self, vocab_size: int, codec_tables: bool | None = None) -> DataSpec:
+        """The built-in corpus of this run (``codec_tables``: what a resumed run recorded, over
+        ``data_codec_tables``)."""
         return DataSpec(vocab_size=vocab_size, max_bytes=self.data_max_bytes,
-                        val_fraction=self.data_val_fraction, codec_tables=codec_tables)
+                        val_fraction=self.data_val_fraction,
+                        codec_tables=self.data_codec_tables if codec_tables is None else codec_tables)
 
 
 @dataclass(frozen=True)
@@ -232,9 +237,12 @@ class TrainConfig(ParallelConfig, DataConfig, LogConfig, OptimConfig):
         return cls(tokens=tokens, **{k: v for p in parts for k, v in dataclasses.asdict(p).items()})
 
     def to_dict(self) -> dict:
+        """The config as config.json records it. ``data_codec_tables`` only when true: a run recorded
+        before the field existed has no such key and is the same configuration as one with it false
+        (its corpus is told apart by ``data_spec``, :meth:`DataSpec.to_dict`)."""
         d = dataclasses.asdict(self)
         d["tokens"], d["log_to"] = list(self.tokens), list(self.log_to)
-        return {k: d[k] for k in self.field_names()}
+        return {k: d[k] for k in self.field_names() if k != "data_codec_tables" or self.data_codec_tables}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

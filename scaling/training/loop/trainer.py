@@ -327,7 +327,9 @@ class Trainer:
 
         # a resumed run goes on with the corpus it started on: one recorded before
         # DataSpec.codec_tables existed holds the codec tables that new runs leave out
-        codec_tables = existed and cfg.data is None and _agreed(dist, lambda: _recorded_codec_tables(run_dir))
+        codec_tables = cfg.data_codec_tables
+        if existed and cfg.data is None:
+            codec_tables = _agreed(dist, lambda: _recorded_codec_tables(run_dir))
         spec = cfg.data_spec(model_cfg.vocab_size, codec_tables) if cfg.data is None else None
 
         def open_():

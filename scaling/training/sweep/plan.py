@@ -18,7 +18,7 @@ Format (see ``plans/cpu-proxy.toml``)::
     path = "~/data/fineweb-10B"            # shards from `smelt-scale prepare-data` (absent: the
     tokenizer = "tokenizer.json"           # built-in corpus); optional: the tokenizer they must
     allow_repeat = false                   # have; allow_repeat: permit > max_epochs passes
-    # max_bytes, val_fraction              # built-in corpus only (DataSpec fields)
+    # max_bytes, val_fraction, codec_tables  # built-in corpus only (DataSpec fields)
 
     [tier."proxy-l"]                       # per-tier overrides: budgets and any [train] key
     budgets = [1e6, 2e6]
