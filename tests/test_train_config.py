@@ -113,7 +113,7 @@ def test_train_options_come_from_the_config_fields():
         assert " ".join(f.metadata["help"].split())[:40] in flat, f.name
     plan_only = set(TrainConfig.field_names()) - {f.name for f in option_fields()}
     assert plan_only == {"tokens", "min_lr_ratio", "beta1", "beta2", "eps", "aux_coef", "z_coef",
-                         "eval_batch_size", "data_val_fraction"}
+                         "eval_batch_size", "data_val_fraction", "data_codec_tables"}
 
 
 def test_the_parts_make_the_same_config():
@@ -131,7 +131,11 @@ def test_the_parts_make_the_same_config():
     assert TrainConfig.from_parts(cfg.tokens, *parts) == cfg
     assert cfg.part(OptimConfig).lr == 1e-3 and cfg.part(LogConfig).log_every == 5
     assert cfg.part(DataConfig).data_max_bytes == 1000 and cfg.part(ParallelConfig).threads == 2
-    assert list(cfg.to_dict()) == TrainConfig.field_names()
+    # data_codec_tables only when true: runs recorded before the field are the same config as false
+    assert list(cfg.to_dict()) == [n for n in TrainConfig.field_names() if n != "data_codec_tables"]
+    old_corpus = TrainConfig(tokens=(2e5,), data_codec_tables=True)
+    assert list(old_corpus.to_dict()) == TrainConfig.field_names()
+    assert TrainConfig.from_dict(old_corpus.to_dict()) == old_corpus
     # each part checks its own fields and rules
     for bad, message in ((lambda: OptimConfig(lr=0), "lr must be in (0, 100]"),
                          (lambda: LogConfig(mfu=True), "MFU needs peak_flops"),
