@@ -169,7 +169,7 @@ def snapshot_problems(folder: Path) -> list[str]:
     """What is wrong with an ``eval_data/`` snapshot: missing files (every one of
     ``run_folder.EVAL_DATA_FILES``), a provenance.json without ``spec`` (an object) or
     ``tokenizer.sha256``, and a tokenizer.json whose SHA-256 is not the recorded one; [] when whole."""
-    import hashlib
+    from scaling.training.data.shards import sha256_file
 
     if not folder.is_dir():
         return [f"{folder} is not a folder"]
@@ -182,7 +182,7 @@ def snapshot_problems(folder: Path) -> list[str]:
         if not isinstance(sha, str):
             problems.append("provenance.json has no tokenizer hash (key 'tokenizer.sha256')")
         elif (folder / "tokenizer.json").is_file():
-            have = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+            have = sha256_file(folder / "tokenizer.json")
             if have != sha:
                 problems.append(f"tokenizer.json has SHA-256 {have[:12]}, not the recorded {sha[:12]}")
     return problems
