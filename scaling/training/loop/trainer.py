@@ -99,9 +99,12 @@ log = logging.getLogger(__name__)
 
 # Fields that may differ between a run and its resumption: they do not change the maths, except
 # device/threads/parallel/head_padding, which change float rounding (a warning is logged for those).
+# data_codec_tables chooses the corpus of a new run only: a resumed run goes on with the corpus its
+# data_spec records (compared as its own section), whatever the flag says now.
 RESUME_FREE = {"ckpt_every", "async_ckpt", "log_every", "log_to", "peak_flops", "mfu", "val_by_source",
                "eval_batch_size", "device", "threads", "parallel", "activation_checkpointing", "compile",
-               "grad_sync", "replicate", "ep", "loop_grad", "head_padding", "data_verify"}
+               "grad_sync", "replicate", "ep", "loop_grad", "head_padding", "data_verify",
+               "data_codec_tables"}
 
 
 def default_warmup(budgets: tuple[TokenBudget, ...]) -> int:
