@@ -65,6 +65,8 @@ from scaling.fitting.settings import DEFAULT_BOOTSTRAP, FitSettings, settings_of
 from scaling.fitting.tables import law_inputs, token_cost, total_flops
 
 MIN_RESIDUAL_DOF = 2   # points beyond the free parameters that an identified fit needs
+MAX_BOOTSTRAP_ON_BOUND = 0.1  # share of bootstrap refits on a bound above which a fit is weakly identified
+MAX_START_SPREAD = 1e-2  # relative spread of the starts at the best objective: above it, a flat direction
 
 __all__ = [
     "ASYM_WEIGHT", "CI_LEVEL", "DEFAULT_BOOTSTRAP", "DEFAULT_DELTA", "DEFAULT_OBJECTIVE", "EVAL_BLOCK",
@@ -288,8 +290,9 @@ def _diagnostics(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, 
     # two residual degrees of freedom at least: with one (n = P + 1) most bootstrap resamples of the
     # runs hold fewer distinct points than parameters, their refits collapse onto the estimate and
     # the 95% intervals covered the truth in 12-14 of 20 planted fits (7 points: 18-19, 8: 20)
-    identified = (not on_bound and spread <= 1e-2 and opt.converged
-                  and p.n_all >= pm.n_free + MIN_RESIDUAL_DOF and not (K and boot_bound > 0.1))
+    identified = (not on_bound and spread <= MAX_START_SPREAD and opt.converged
+                  and p.n_all >= pm.n_free + MIN_RESIDUAL_DOF
+                  and not (K and boot_bound > MAX_BOOTSTRAP_ON_BOUND))
     n = len(b.y)
     return {
         "objective": objective,
@@ -328,7 +331,7 @@ def _warnings(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, n: 
         out.append(f"few points: {n} for {n_free} free parameters; the fit is weakly constrained")
     if on_bound:
         out.append(f"the best fit sits on a bound of {', '.join(on_bound)}: not identified from these points")
-    if spread > 1e-2:
+    if spread > MAX_START_SPREAD:
         out.append(f"starts with the same objective disagree by up to {spread:.3g}x (relative) in "
                    "some parameter: a flat direction, the parameters are not identified")
     if not s.opt.converged:
@@ -337,7 +340,7 @@ def _warnings(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, n: 
         out.append(f"{p.n_all:,} points (more than {ONE_STEP_POINTS:,}): the bootstrap takes one "
                    "Gauss-Newton step from the fit per resample instead of refitting it "
                    "(first-order equivalent; settings bootstrap_method)")
-    if K and boot_bound > 0.1:
+    if K and boot_bound > MAX_BOOTSTRAP_ON_BOUND:
         out.append(f"{100 * boot_bound:.0f}% of bootstrap fits end on a bound: weakly identified")
     if K:
         for q in law.params:

@@ -183,15 +183,29 @@ class FittedLaw:
 
 
 def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
-    """Why a fit is not identified, from ``FitResult.diagnostics``: a parameter of the best fit on
-    its bound, or most (> 50%) bootstrap fits on a bound. None when neither holds."""
+    """Why a fit is not identified, from ``FitResult.diagnostics``; None when it is. The verdict is
+    the fit's own (``identified``, :func:`scaling.fitting.fit.fit_law`'s rule: no parameter of the
+    best fit on its bound, no flat direction among the starts, converged, at least
+    ``MIN_RESIDUAL_DOF`` residual degrees of freedom, at most ``MAX_BOOTSTRAP_ON_BOUND`` of the
+    bootstrap refits on a bound), so that ``savings`` never answers with a law that ``fit`` calls
+    not identified. Diagnostics without the verdict (a fits file written by hand) are judged by the
+    parts of that rule they hold."""
+    from scaling.fitting.fit import MAX_BOOTSTRAP_ON_BOUND, MAX_START_SPREAD
+
     on_bound = list(diagnostics.get("on_bound") or [])
     why = []
     if on_bound:
         why.append(f"{', '.join(map(str, on_bound))} on its bound")
     frac = _positive_or_none(diagnostics.get("bootstrap_on_bound_fraction"))
-    if frac is not None and frac > 0.5:
+    if frac is not None and frac > MAX_BOOTSTRAP_ON_BOUND:
         why.append(f"{100 * frac:.0f}% of bootstrap fits on a bound")
+    spread = _positive_or_none(diagnostics.get("best_start_param_spread"))
+    if spread is not None and spread > MAX_START_SPREAD:
+        why.append("a flat direction among the best starts")
+    if diagnostics.get("converged") is False:
+        why.append("the optimiser did not converge")
+    if diagnostics.get("identified") is False and not why:
+        why.append("too few points for the free parameters")
     return "; ".join(why) or None
 
 
