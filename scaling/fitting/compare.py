@@ -74,7 +74,6 @@ from scaling.common.stats import weighted_paired_mean
 from scaling.fitting.tables import RUN_DIR, SOURCE_LOSS_PREFIX
 
 CLUSTERS = ("run", "seed", "none")
-SOURCE_PREFIX = SOURCE_LOSS_PREFIX
 LEVEL = 0.95         # the level of every row's t(G - 1) interval
 FEW_CLUSTERS = 5     # below this many clusters an interval is flagged (G - 1 <= 3 degrees of freedom)
 _KEYS = ("tier", "budget_index", "seed")
@@ -262,7 +261,7 @@ def match_pairs(points: pd.DataFrame, reference: str, candidate: str
     tier, seed, budget_index, D and the reason: no partner at the same tokens (within
     ``TOKENS_RTOL``), FLOPs that differ by more than ``FLOPS_RTOL``, or other validation data.
     """
-    sources = [c for c in points.columns if str(c).startswith(SOURCE_PREFIX)]
+    sources = [c for c in points.columns if str(c).startswith(SOURCE_LOSS_PREFIX)]
     cols = ["loss", "D", *[c for c in ("flops", VAL_SET, "run", RUN_DIR) if c in points.columns], *sources]
 
     def side(g: str) -> pd.DataFrame:
@@ -342,7 +341,7 @@ def paired_points(points: pd.DataFrame, reference: str, candidate: str,
     for g in (reference, candidate):
         if g not in archs:
             raise UserError(f"no runs of architecture {g!r}; architectures: {', '.join(archs)}")
-    sources = [c for c in points.columns if str(c).startswith(SOURCE_PREFIX)]
+    sources = [c for c in points.columns if str(c).startswith(SOURCE_LOSS_PREFIX)]
     joined, left_out = match_pairs(points, reference, candidate)
     if dropped is not None:
         dropped.extend(left_out)
@@ -362,7 +361,7 @@ def paired_points(points: pd.DataFrame, reference: str, candidate: str,
         out["flops"] = joined["flops_ref"].to_numpy(dtype=float)
     for s in sources:
         if f"{s}_ref" in joined and f"{s}_cand" in joined:
-            out["diff/" + s[len(SOURCE_PREFIX):]] = (joined[f"{s}_cand"].to_numpy(dtype=float)
+            out["diff/" + s[len(SOURCE_LOSS_PREFIX):]] = (joined[f"{s}_cand"].to_numpy(dtype=float)
                                                      - joined[f"{s}_ref"].to_numpy(dtype=float))
     return out.sort_values(list(_KEYS), kind="stable").reset_index(drop=True)
 
@@ -431,14 +430,15 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     for src in sources:
         st = pair_stats(pairs, src, cluster, column="diff/" + src)
         if st.n_pairs == 0:   # logged on one side only, or null on every pair: nothing to compare
-            notes.append(f"source {src}: no pair has a finite {SOURCE_PREFIX}{src} on both sides; left out")
+            notes.append(f"source {src}: no pair has a finite {SOURCE_LOSS_PREFIX}{src} on both sides; "
+                         "left out")
             continue
         if st.n_pairs < overall.n_pairs:
             notes.append(f"source {src}: only {st.n_pairs} of {overall.n_pairs} pairs have a finite "
-                         f"{SOURCE_PREFIX}{src} on both sides")
+                         f"{SOURCE_LOSS_PREFIX}{src} on both sides")
         by_source[src] = st
     if not sources:
-        notes.append(f"no per-source loss: the runs record no {SOURCE_PREFIX}<source> values")
+        notes.append(f"no per-source loss: the runs record no {SOURCE_LOSS_PREFIX}<source> values")
     notes += _interval_notes((overall, *by_tier, *by_budget, *by_source.values()), cells)
     kept, length_left = _lengths_of_pairs(pairs, lengths)
     notes += [*length_notes, *length_left]

@@ -57,6 +57,7 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
+from scaling.fitting.fit import MAX_BOOTSTRAP_ON_BOUND, MAX_START_SPREAD
 from scaling.fitting.laws import Frontier, Law, TokenCost, frontier, frontier_numeric, get_law  # noqa: F401
 
 CONVENTIONS = ("candidate-budget", "reference-budget")
@@ -190,8 +191,6 @@ def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
     bootstrap refits on a bound), so that ``savings`` never answers with a law that ``fit`` calls
     not identified. Diagnostics without the verdict (a fits file written by hand) are judged by the
     parts of that rule they hold."""
-    from scaling.fitting.fit import MAX_BOOTSTRAP_ON_BOUND, MAX_START_SPREAD
-
     on_bound = list(diagnostics.get("on_bound") or [])
     why = []
     if on_bound:

@@ -173,6 +173,7 @@ def _source_files(source: str, codec_tables: bool = True) -> list[tuple[str, Pat
         rel = p.relative_to(root)
         if _EXCLUDED_DIRS & set(rel.parts[:-1]) or rel.name.startswith("_sysconfigdata"):
             continue
+        # only encodings/ is read here: listing must not read the whole library
         if not codec_tables and rel.parts[:1] == ("encodings",) and is_codec_table(rel, _read(p)):
             continue
         files.append((f"stdlib/{rel.as_posix()}", p))
