@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -394,6 +395,15 @@ def test_cli_lengths_gain_and_plot(cli, runs, tmp_path):
     assert fig.stat().st_size > 10_000
     for name in ("baseline", "smelt"):
         assert (runs[name] / "analysis" / "lengths_gain.json").exists()
+    # each saved analysis names the weights it was computed on: the hash of the weights file read
+    sha = {n: hashlib.sha256((runs[n] / runlog.WEIGHTS).read_bytes()).hexdigest()
+           for n in ("baseline", "smelt")}
+    assert sha["baseline"] != sha["smelt"]
+    for name in ("baseline", "smelt"):
+        own = json.loads((runs[name] / "analysis" / "lengths.json").read_text())["weights"]
+        assert own == [{"run": runs[name].name, "file": runlog.WEIGHTS, "sha256": sha[name]}]
+        gain = json.loads((runs[name] / "analysis" / "lengths_gain.json").read_text())["weights"]
+        assert {w["run"]: w["sha256"] for w in gain} == {runs[n].name: sha[n] for n in ("baseline", "smelt")}
     res = cli("lengths", runs["baseline"], "--windows", 2, "--json", "--no-save")
     assert res.exit_code == 0 and json.loads(res.stdout)["gain"] is None
 

@@ -7,6 +7,7 @@ Every run folder here is written from scratch in tmp_path with planted losses.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -56,10 +57,12 @@ def _bucket(by: str, lo: int, hi: int | None, seq_loss, seq_tokens) -> dict:
             "seq_tokens": [int(x) for x in seq_tokens]}
 
 
-def _write_lengths(run: Path, arch: str, buckets: list[dict]) -> None:
+def _write_lengths(run: Path, arch: str, buckets: list[dict], weights: list | None = None) -> None:
     (run / "analysis").mkdir(exist_ok=True)
     doc = {"kind": "lengths", "result": {"run": run.name, "arch": arch, "seq_len": 256, "n_documents": 2,
                                          "n_windows": 2, "buckets": buckets}}
+    if weights is not None:
+        doc["weights"] = weights
     (run / "analysis" / "lengths.json").write_text(json.dumps(doc))
 
 
@@ -207,6 +210,47 @@ def test_length_buckets_only_of_pairs_the_comparison_keeps(tmp_path):
     d = _compare_json(tmp_path)
     assert [(b["seed"], round(b["diff"], 6)) for b in d["by_length"]] == [("1", -0.1)]
     assert any("length buckets left out" in n and "t seed 0" in n for n in d["notes"])
+
+
+# -- 4b: only analyses of the runs' present weights ---------------------------------------------------
+def _weights_pair(root: Path) -> dict[str, Path]:
+    """One run pair with final weights (any bytes: only their hash matters) and analysis/lengths.json
+    recording the hash of the weights it was computed on, as `analyze lengths` saves it."""
+    runs = {}
+    for arch, loss in (("baseline", 4.0), ("smelt", 3.9)):
+        run = _write_run(root, f"t-{arch}-s0", arch, "t", 0, [(1e5, loss, 1e8)])
+        (run / "final_weights.safetensors").write_bytes(f"weights of {arch}".encode())
+        sha = hashlib.sha256((run / "final_weights.safetensors").read_bytes()).hexdigest()
+        _write_lengths(run, arch, [_bucket("position", 0, 64, [loss, loss], [64, 64])],
+                       weights=[{"run": run.name, "file": "final_weights.safetensors", "sha256": sha}])
+        runs[arch] = run
+    return runs
+
+
+def test_length_buckets_of_weights_changed_since_are_left_out(tmp_path):
+    """A run extended to a larger budget (or retrained) after `analyze lengths`: its lengths.json is of
+    older weights than its final point's. Without the check the pair's stale buckets were printed as
+    the final weights' difference."""
+    runs = _weights_pair(tmp_path)
+    d = _compare_json(tmp_path)
+    assert [round(b["diff"], 6) for b in d["by_length"]] == [-0.1]
+    assert not any("weights" in n for n in d["notes"])
+    (runs["smelt"] / "final_weights.safetensors").write_bytes(b"weights after more training")
+    d = _compare_json(tmp_path)
+    assert d["by_length"] == []
+    assert any("t seed 0 left out" in n and "smelt run's analysis/lengths.json is not of its present "
+               "weights" in n for n in d["notes"])
+    # a run shipped without its weights cannot be checked: its analysis is taken as it is
+    (runs["smelt"] / "final_weights.safetensors").unlink()
+    assert [round(b["diff"], 6) for b in _compare_json(tmp_path)["by_length"]] == [-0.1]
+
+
+def test_length_buckets_saved_without_a_hash_are_kept_and_said(tmp_path):
+    runs = _weights_pair(tmp_path)
+    _write_lengths(runs["baseline"], "baseline", [_bucket("position", 0, 64, [4.0, 4.0], [64, 64])])
+    d = _compare_json(tmp_path)
+    assert [round(b["diff"], 6) for b in d["by_length"]] == [-0.1]
+    assert any("baseline run's analysis/lengths.json records no weights hash" in n for n in d["notes"])
 
 
 # -- 5: a t(G - 1) interval on every row ---------------------------------------------------------------

@@ -551,9 +551,9 @@ def test_gold_labels_outside_the_choices_are_refused(tmp_path, task, split, reco
 def test_shard_tokenizer_is_checked_against_the_runs_record(tmp_path):
     """A run trained on token shards: the shard folder's tokenizer.json must be the one the run
     and the manifest record (a folder re-prepared, or another BPE copied over, is refused)."""
+    from scaling.common.files import sha256_file
     from scaling.evaluation.weights import tokenizer_file
     from scaling.training.data.prepare import PrepareOptions, prepare
-    from scaling.training.data.shards import sha256_file
 
     docs = [{"id": f"d{i}", "text": f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 20} for i in range(40)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -457,11 +458,22 @@ def test_cli_mechanism_kinds(runs, tmp_path):
 
     copy = write_runs(tmp_path / "r")
     for r in sink_results():
-        save_result(r, copy / ("proxy-s-baseline-s0" if r.arch == "baseline" else "proxy-s-smelt-s0"))
+        run = copy / ("proxy-s-baseline-s0" if r.arch == "baseline" else "proxy-s-smelt-s0")
+        (run / "final_weights.safetensors").write_bytes(r.arch.encode())
+        sha = hashlib.sha256(r.arch.encode()).hexdigest()
+        save_result(r, run, weights=[{"run": run.name, "file": "final_weights.safetensors", "sha256": sha}])
     res = runner.invoke(app, ["plot", "sink", "--out", str(tmp_path / "o"), "--runs", str(copy), "--format",
                               "pdf", "--json"])
     assert res.exit_code == 0, res.output
     assert [Path(f["path"]).name for f in json.loads(res.stdout)["figures"]] == ["sink.pdf"]
+    assert "present weights" not in res.stderr
+    # the smelt run trained on after its analysis: the figure is still drawn, with a warning
+    (copy / "proxy-s-smelt-s0" / "final_weights.safetensors").write_bytes(b"extended")
+    res = runner.invoke(app, ["plot", "sink", "--out", str(tmp_path / "o2"), "--runs", str(copy), "--json"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.stderr.split())
+    assert "saved sink analysis of proxy-s-smelt-s0 is not of its present weights" in said
+    assert "proxy-s-baseline-s0 is not" not in res.stderr
 
 
 @pytest.mark.parametrize("args, pattern", [

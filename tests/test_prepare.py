@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 
 from scaling.cli import app
 from scaling.common.errors import UserError
-from scaling.common.files import read_jsonl
+from scaling.common.files import read_jsonl, sha256_file
 from scaling.training import runlog
 from scaling.training.data.corpus import _hash_unit
 from scaling.training.data.loader import open_data
 from scaling.training.data.prepare import PrepareOptions, prepare
-from scaling.training.data.shards import load_shards, sha256_file
+from scaling.training.data.shards import load_shards
 
 runner = CliRunner()
 VOCAB = 512  # proxy-tiny's vocabulary

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
-from scaling.common.run_folder import ANALYSIS_DIR, ANALYSIS_KINDS, write_json
+from scaling.common.run_folder import ANALYSIS_DIR, ANALYSIS_KINDS, stale_analysis, write_json
 from scaling.common.serialize import Record, to_json
 
 KINDS = ANALYSIS_KINDS  # the saved kinds (file names under analysis/), defined with the run folder
@@ -57,13 +57,23 @@ def _result_class(kind: str) -> type:
     return _CLASSES[kind]
 
 
-def save_result(result: Result, run_dir: Path | str, kind: str | None = None) -> Path:
-    """Write ``result`` to ``<run_dir>/analysis/<kind>.json`` (atomic) and return the path."""
+def save_result(result: Result, run_dir: Path | str, kind: str | None = None, *,
+                weights: Sequence[Mapping[str, Any]] = ()) -> Path:
+    """Write ``result`` to ``<run_dir>/analysis/<kind>.json`` (atomic) and return the path.
+
+    ``weights``: the weights the result was computed on, one record per run
+    (``LoadedRun.weights_record``: run, file, sha256), saved under the key ``weights`` so that a
+    reader can tell whether the run's weights changed since (a run extended to a larger budget, or
+    retrained): :func:`scaling.common.run_folder.stale_analysis`.
+    """
     kind = kind or result.result_kind
     folder = Path(run_dir) / ANALYSIS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{kind}.json"
-    write_json(path, {"kind": kind, "result": result.to_dict()})
+    doc: dict[str, Any] = {"kind": kind, "result": result.to_dict()}
+    if weights:
+        doc["weights"] = [dict(w) for w in weights]
+    write_json(path, doc)
     return path
 
 
@@ -77,15 +87,23 @@ def load_result(run_dir: Path | str, kind: str):
     return cls.from_dict(read_config(path, f"{kind} analysis")["result"])
 
 
-def saved_analyses(runs_dir: str | Path, kind: str) -> list[tuple[Path, Any]]:
-    """Every saved ``runs/<run>/analysis/<kind>.json`` under ``runs_dir`` as (run folder, result),
-    read with :func:`load_result`; [] when there is none."""
-    _result_class(kind)
+def saved_analyses(runs_dir: str | Path, kind: str,
+                   warn: Callable[[str], None] | None = None) -> list[tuple[Path, Any]]:
+    """Every saved ``runs/<run>/analysis/<kind>.json`` under ``runs_dir`` as (run folder, result);
+    [] when there is none. ``warn`` is told of each one computed on other weights than its run
+    folder holds now (``scaling.common.run_folder.stale_analysis``); it is still returned."""
+    cls = _result_class(kind)
     files = sorted(Path(runs_dir).rglob(f"{ANALYSIS_DIR}/{kind}.json"))
     out = []
     for f in files:
+        run = f.parent.parent
         try:
-            out.append((f.parent.parent, load_result(f.parent.parent, kind)))
+            doc = read_config(f, f"{kind} analysis")
+            result = cls.from_dict(doc["result"])
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"cannot read {f}: {exc}") from None
+        if warn is not None and (why := stale_analysis(doc, run)) is not None:
+            warn(f"the saved {kind} analysis of {run.name} is not of its present weights: {why}; "
+                 f"rerun `smelt-scale analyze`")
+        out.append((run, result))
     return out

@@ -11,6 +11,7 @@ recorded at training time.
 
 from __future__ import annotations
 
+import hashlib
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -22,7 +23,7 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.tiers import ARCHS
 from scaling.common import run_folder
 from scaling.common.errors import UserError
-from scaling.common.files import read_config
+from scaling.common.files import read_config, sha256_file
 from scaling.common.run_folder import EVAL_DATA, EVAL_DATA_FILES
 from scaling.training.data.corpus import Corpus, DataSpec, load_corpus
 from scaling.training.model.transformer import MoETransformer
@@ -59,8 +60,16 @@ class LoadedRun:
     machine, then it is cached).
     """
 
-    def __init__(self, path: Path, meta: dict, config: ModelConfig, model: MoETransformer):
+    def __init__(self, path: Path, meta: dict, config: ModelConfig, model: MoETransformer,
+                 weights_sha256: str | None = None):
         self.path, self.meta, self.config, self.model = path, meta, config, model
+        self.weights_sha256 = weights_sha256   # of the bytes the model was loaded from
+
+    @property
+    def weights_record(self) -> dict:
+        """What a saved analysis records of the weights it was computed on (``analysis/<kind>.json``
+        key ``weights``; compare checks it against the run's weights file)."""
+        return {"run": self.name, "file": run_folder.WEIGHTS, "sha256": self.weights_sha256}
 
     @property
     def name(self) -> str:
@@ -137,7 +146,7 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
     the config.
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_bytes
 
     path = Path(path)
     if not path.is_dir():
@@ -152,9 +161,12 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
         raise UserError(f"run {path.name} has no weights ({run_folder.WEIGHTS}); the analyses need a "
                         "trained checkpoint: train it with its final weights saved (save_final_weights)")
     try:
-        state = load_file(str(weights), device="cpu")
+        raw = weights.read_bytes()   # read once: the hash is of the very bytes loaded
+        state = load_bytes(raw)
     except (SafetensorError, OSError) as exc:
         raise UserError(f"cannot read {weights}: {exc}") from None
+    sha = hashlib.sha256(raw).hexdigest()
+    del raw
     model = MoETransformer(config)
     try:
         model.load_state_dict(state, strict=True)
@@ -162,15 +174,13 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
         first = str(exc).strip().splitlines()
         raise UserError(f"weights of run {path.name} do not fit its config: {' '.join(first[:2])}") from None
     model.eval().requires_grad_(False).to(device)
-    return LoadedRun(path, meta, config, model)
+    return LoadedRun(path, meta, config, model, sha)
 
 
 def snapshot_problems(folder: Path) -> list[str]:
     """What is wrong with an ``eval_data/`` snapshot: missing files (every one of
     ``run_folder.EVAL_DATA_FILES``), a provenance.json without ``spec`` (an object) or
     ``tokenizer.sha256``, and a tokenizer.json whose SHA-256 is not the recorded one; [] when whole."""
-    from scaling.training.data.shards import sha256_file
-
     if not folder.is_dir():
         return [f"{folder} is not a folder"]
     problems = [f"{name} is missing" for name in EVAL_DATA_FILES if not (folder / name).is_file()]

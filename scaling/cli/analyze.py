@@ -54,12 +54,15 @@ def _status(message: str, enabled: bool):
     return stderr.status(message) if enabled else contextlib.nullcontext()
 
 
-def _save(results, runs, save: bool, quiet: bool) -> None:
+def _save(results, runs, save: bool, quiet: bool, computed_from=None) -> None:
+    """Save each result in its run's folder with the hash of the weights it was computed on: its
+    own run's, or those of every run in ``computed_from`` (a pair's gain)."""
     if not save:
         return
     for result, run in zip(results, runs):
         try:
-            path = an.save_result(result, run.path)
+            weights = [r.weights_record for r in (computed_from or [run])]
+            path = an.save_result(result, run.path, weights=weights)
         except OSError as exc:
             warn(f"could not save the {result.result_kind} analysis of {run.name}: {exc.strerror or exc}")
             continue
@@ -199,7 +202,7 @@ def register(app: typer.Typer) -> None:
         def save_all() -> None:
             _save(results, loaded, save, quiet)
             if g is not None:
-                _save([g, g], list(pair), save, quiet)
+                _save([g, g], list(pair), save, quiet, computed_from=pair)
 
         finish(json_out, lambda: {"runs": [r.to_dict(per_sequence=False) for r in results],
                                   "gain": None if g is None else g.to_dict()},

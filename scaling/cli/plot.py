@@ -144,7 +144,7 @@ class _Context:
     def analyses(self, kind: str):
         from scaling.analysis.results import saved_analyses
 
-        return self._get(f"analysis:{kind}", lambda: saved_analyses(self.runs, kind))
+        return self._get(f"analysis:{kind}", lambda: saved_analyses(self.runs, kind, warn=warn))
 
 
 def _figures(kind: str, ctx: _Context) -> list[tuple[str, Any]]:

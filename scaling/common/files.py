@@ -1,4 +1,4 @@
-"""Reading the project's small input files: TOML/JSON config documents and JSONL logs.
+"""Reading the project's small input files: TOML/JSON config documents and JSONL logs; a file's SHA-256.
 
 Bad input is a one-line ``UserError`` naming the file (and line); nothing here writes (atomic
 writes live with the run folders, ``scaling.common.run_folder``).
@@ -12,6 +12,7 @@ and code walking the result would recurse too).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 import tomllib
@@ -23,6 +24,7 @@ from scaling.common.errors import UserError
 
 MAX_DOCUMENT_BYTES = 64 * 2**20
 MAX_NESTING = 64
+_HASH_BLOCK = 1 << 22
 
 
 def check_regular_file(path: Path | str, what: str = "file") -> Path:
@@ -178,3 +180,13 @@ def read_jsonl(path: Path | str, *, missing_ok: bool = False, strict: bool = Fal
             raise UserError(f"{path}:{i}: expected a JSON object per line")
         rows.append(row)
     return JsonlRows(rows, skipped, not lines or lines[-1].endswith("\n"))
+
+
+def sha256_file(path: Path | str, start: int = 0) -> str:
+    """Hex SHA-256 of a file's bytes from offset ``start`` (read in 4 MiB blocks: any size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        while block := fh.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()

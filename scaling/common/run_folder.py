@@ -11,7 +11,8 @@ typed :class:`Point` the trainer writes and the fitter reads, and :class:`RunFol
 ``final_weights.safetensors``  optional: the final weights
 ``weights/budget-<i>...``      optional: each budget's weights (:func:`budget_weights_path`)
 ``checkpoints/``               the trainer's DCP checkpoints (``scaling.training.loop.checkpoint``)
-``analysis/<kind>.json``       saved analyses (``scaling.analysis.results``)
+``analysis/<kind>.json``       saved analyses (``scaling.analysis.results``), with the hash of
+                               the weights they were computed on (:func:`stale_analysis`)
 ``.lock``                      held by the one training writing the folder (``...loop.lock``)
 =============================  =================================================================
 
@@ -29,10 +30,10 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from scaling.common.errors import UserError
-from scaling.common.files import JsonlRows, read_config, read_jsonl
+from scaling.common.files import JsonlRows, read_config, read_jsonl, sha256_file
 from scaling.common.serialize import to_json
 
 # ----- file names (defined here only: tests/test_layout.py checks) ----------------------------
@@ -125,6 +126,33 @@ def final_doc(run: str, arch: str, tier: str, complete: bool, points: list[dict[
     and its points are written back as they were, even those of an older :class:`Point`.
     """
     return {"run": run, "arch": arch, "tier": tier, "complete": complete, "points": points}
+
+
+def stale_analysis(doc: Mapping[str, Any], run_dir: Path | str) -> str | None:
+    """Why a saved analysis document ``doc`` of the run in ``run_dir`` is not of the run's present
+    weights, or None when it is, or cannot be told.
+
+    The SHA-256 saved by ``scaling.analysis.results.save_result`` in the run's own weights record
+    (the one named after ``run_dir``; the only one of a one-run analysis) is compared with the
+    weights file there now.
+    None when the document records no hash (saved before hashes were recorded) or the run folder
+    holds no weights file (shipped without weights): there is nothing to compare against.
+    """
+    records = doc.get("weights")
+    if not isinstance(records, list) or not records:
+        return None
+    mine = [w for w in records if isinstance(w, Mapping) and w.get("run") == Path(run_dir).name]
+    rec = mine[0] if mine else (records[0] if len(records) == 1 else None)
+    if not isinstance(rec, Mapping) or not isinstance(rec.get("sha256"), str):
+        return None
+    f = Path(run_dir) / WEIGHTS   # never a path read from the document
+    if not f.is_file():
+        return None
+    have = sha256_file(f)
+    if have != rec["sha256"]:
+        return (f"it was computed on weights {rec['sha256'][:12]}, but {f.name} is now {have[:12]} "
+                "(the run was extended or retrained since)")
+    return None
 
 
 # ----- crash-safe writes ----------------------------------------------------------------------

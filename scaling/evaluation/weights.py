@@ -273,7 +273,8 @@ def tokenizer_file(run_dir: Path, meta: dict, model: Any = None) -> Path:
         return run.corpus.path / "tokenizer.json"
     data = (meta.get("train") or {}).get("data")
     if data:
-        from scaling.training.data.shards import load_shards, resolve, sha256_file
+        from scaling.common.files import sha256_file
+        from scaling.training.data.shards import load_shards, resolve
 
         shards = load_shards(data, verify=False)
         tok = shards.manifest.get("tokenizer") or {}

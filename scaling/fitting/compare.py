@@ -69,7 +69,7 @@ from scipy.stats import t as student_t
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
-from scaling.common.run_folder import ANALYSIS_DIR, CONFIG
+from scaling.common.run_folder import ANALYSIS_DIR, CONFIG, stale_analysis
 from scaling.common.stats import weighted_paired_mean
 from scaling.fitting.tables import RUN_DIR, SOURCE_LOSS_PREFIX
 
@@ -579,9 +579,11 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
     difference of the token-weighted bucket losses) and ``se`` (its ratio-estimator s.e. over the
     paired sequences; module docstring; None without per-sequence losses or with one sequence),
     sequences and tokens. A run pair whose two files were not computed on the same sequences (other
-    bucket definitions, or other per-sequence token counts), or whose file on one side is missing,
-    unreadable or malformed, contributes no record: the reason goes to ``notes`` when given, else to
-    ``warn``.
+    bucket definitions, or other per-sequence token counts), whose file on one side is missing,
+    unreadable or malformed, or was computed on other weights than the run's weights file holds now
+    (the hash ``analyze`` saved with it; ``scaling.common.run_folder.stale_analysis``: the run was
+    extended or retrained since), contributes no record: the reason goes to ``notes`` when given,
+    else to ``warn``. A file saved without a hash is taken as of the final weights, and said so.
     """
     def say(msg: str) -> None:
         if notes is not None:
@@ -608,7 +610,21 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
                 "analysis/lengths.json")
             continue
         try:
-            ref, cand = (read_json(files[g])["result"]["buckets"] for g in (reference, candidate))
+            docs = {g: read_json(files[g]) for g in (reference, candidate)}
+            stale = [(g, why) for g in (reference, candidate)
+                     if (why := stale_analysis(docs[g], files[g].parent.parent)) is not None]
+            if stale:
+                g, why = stale[0]
+                say(f"length buckets of {tier} seed {seed} left out: the {g} run's analysis/lengths.json "
+                    f"is not of its present weights: {why}; rerun `smelt-scale analyze lengths`")
+                continue
+            unhashed = [g for g in (reference, candidate) if not docs[g].get("weights")]
+            if unhashed:
+                whose = " and ".join(unhashed) + (" runs'" if len(unhashed) > 1 else " run's")
+                say(f"length buckets of {tier} seed {seed}: the {whose} "
+                    "analysis/lengths.json records no weights hash (saved by an older version); taken "
+                    "as computed on the final weights")
+            ref, cand = (docs[g]["result"]["buckets"] for g in (reference, candidate))
             recs, problem = _bucket_diffs(tier, seed, ref, cand)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError) as exc:  # user data
             say(f"length buckets of {tier} seed {seed} left out: unreadable or malformed "

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Union
 
 from scaling.common.errors import UserError
+from scaling.common.files import sha256_file
 from scaling.training.data.corpus import Corpus, DataSpec, cache_root, load_corpus
-from scaling.training.data.shards import ShardSet, load_shards, sha256_file
+from scaling.training.data.shards import ShardSet, load_shards
 
 TokenData = Union[Corpus, ShardSet]
 DATA_KEYS = {

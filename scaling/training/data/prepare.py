@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from scaling.common.errors import UserError
-from scaling.common.files import check_nesting, check_regular_file, read_config, read_json
+from scaling.common.files import check_nesting, check_regular_file, read_config, read_json, sha256_file
 from scaling.training.data.corpus import SPECIAL_TOKENS, _hash_unit, train_tokenizer
 from scaling.training.data.shards import (
     DTYPES,
@@ -65,7 +65,6 @@ from scaling.training.data.shards import (
     MANIFEST,
     dtype_for_vocab,
     npy_header,
-    sha256_file,
 )
 from scaling.training.runlog import atomic_write, atomic_write_bytes, exclusive, write_json
 

@@ -46,13 +46,12 @@ from typing import Any
 import numpy as np
 
 from scaling.common.errors import UserError
-from scaling.common.files import check_regular_file, parse_json, read_json, read_text
+from scaling.common.files import check_regular_file, parse_json, read_json, read_text, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "smelt-scale token shards"
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-_HASH_BLOCK = 1 << 22
 
 
 def dtype_for_vocab(vocab_size: int) -> str:
@@ -60,15 +59,6 @@ def dtype_for_vocab(vocab_size: int) -> str:
     if vocab_size < 1:
         raise UserError(f"vocabulary size must be >= 1, got {vocab_size}")
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
-
-
-def sha256_file(path: Path | str, start: int = 0) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        while block := fh.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def npy_header(path: Path) -> tuple[int, np.dtype, int] | None:
