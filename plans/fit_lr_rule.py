@@ -2,10 +2,12 @@
 
     python plans/fit_lr_rule.py [runs-lr] [--budget-index 1] [--json]
 
-For each width (d_model), the validation loss at one budget of the lr sweep (plans/lr-sweep.toml)
-against log10(peak lr): a parabola through the best lr and its two neighbours on the grid gives the
-optimum lr*(d) (its vertex; when the best lr is at the edge of the grid the optimum is only bounded,
-and said so). Two widths give the power law lr*(d) = lr*(6) (d / 6)^-gamma,
+For each width (d_model), the validation loss at one budget of the lr sweep (plans/lr-sweep.toml),
+averaged over the seeds each lr ran with, against log10(peak lr): a parabola through the best lr and
+its two neighbours on the grid gives the optimum lr*(d) (its vertex; when the best lr is at the edge
+of the grid the optimum is only bounded, and said so). With more than one seed the same is done for
+each seed alone (the lrs every seed has), so the spread of the per-seed optima shows how well the
+optimum is resolved. Two widths give the power law lr*(d) = lr*(6) (d / 6)^-gamma,
 gamma = -log(lr*(d2) / lr*(d1)) / log(d2 / d1). muP (Yang et al. 2022, "Tensor Programs V") has
 gamma = 1 for Adam on the hidden matrices; the fitted gamma is compared with it.
 """
@@ -19,9 +21,9 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def load(root: Path, budget_index: int) -> dict[int, list[tuple[float, float, float]]]:
-    """{d_model: [(lr, tokens, loss), ...]} of the finished lr-sweep runs under ``root``."""
-    out: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
+def load(root: Path, budget_index: int) -> dict[int, dict[float, dict[int, tuple[float, float]]]]:
+    """{d_model: {lr: {seed: (tokens, loss)}}} of the finished lr-sweep runs under ``root``."""
+    out: dict[int, dict[float, dict[int, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))
     for final in sorted(root.glob("*/final.json")):
         doc = json.loads(final.read_text())
         cfg = json.loads((final.parent / "config.json").read_text())
@@ -29,9 +31,21 @@ def load(root: Path, budget_index: int) -> dict[int, list[tuple[float, float, fl
             continue
         pts = [p for p in doc["points"] if p["budget_index"] == budget_index]
         if pts:
-            out[int(cfg["model"]["d_model"])].append((float(cfg["train"]["lr"]), float(pts[0]["D"]),
-                                                      float(pts[0]["loss"])))
-    return {d: sorted(v) for d, v in sorted(out.items())}
+            d, lr, seed = int(cfg["model"]["d_model"]), float(cfg["train"]["lr"]), int(cfg["seed"])
+            out[d][lr][seed] = (float(pts[0]["D"]), float(pts[0]["loss"]))
+    return {d: dict(sorted(v.items())) for d, v in sorted(out.items())}
+
+
+def rows_of(by_lr: dict[float, dict[int, tuple[float, float]]],
+            seed: int | None = None) -> list[tuple[float, float, float]]:
+    """(lr, tokens, loss) per lr: the mean over seeds, or one seed's (the lrs it has)."""
+    out = []
+    for lr, runs in by_lr.items():
+        if seed is None:
+            out.append((lr, runs[min(runs)][0], sum(v[1] for v in runs.values()) / len(runs)))
+        elif seed in runs:
+            out.append((lr, *runs[seed]))
+    return out
 
 
 def optimum(rows: list[tuple[float, float, float]]) -> dict:
@@ -61,7 +75,10 @@ def main() -> None:
     a = ap.parse_args()
     b = a.budget_index
     data = load(Path(a.runs), b)
-    opt = {d: optimum(rows) for d, rows in data.items()}
+    seeds = sorted({k for by_lr in data.values() for runs in by_lr.values() for k in runs})
+    opt = {d: optimum(rows_of(by_lr)) for d, by_lr in data.items()}
+    per_seed = {d: {k: optimum(rows_of(by_lr, k)) for k in seeds if len(rows_of(by_lr, k)) >= 3}
+                for d, by_lr in data.items()} if len(seeds) > 1 else {}
     widths = sorted(opt)
     rule = None
     if len(widths) >= 2:
@@ -70,18 +87,31 @@ def main() -> None:
         rule = {"lr_at": d1, "lr": opt[d1]["lr"], "gamma": gamma,
                 "both_bracketed": opt[d1]["bracketed"] and opt[d2]["bracketed"]}
     if a.json:
-        print(json.dumps({"budget_index": b, "points": {str(d): r for d, r in data.items()},
-                          "optimum": {str(d): o for d, o in opt.items()}, "rule": rule}, indent=2))
+        print(json.dumps({"budget_index": b, "seeds": seeds,
+                          "points": {str(d): {f"{lr:g}": {str(k): v[1] for k, v in runs.items()}
+                                              for lr, runs in by_lr.items()} for d, by_lr in data.items()},
+                          "optimum": {str(d): o for d, o in opt.items()},
+                          "optimum_per_seed": {str(d): {str(k): o for k, o in v.items()}
+                                               for d, v in per_seed.items()},
+                          "rule": rule}, indent=2))
         return
-    for d, rows in data.items():
-        print(f"d_model {d}: " + "  ".join(f"lr {lr:g}: {loss:.4f}" for lr, _, loss in rows)
-              + f"  (at {rows[0][1]:,.0f} tokens)")
+    print(f"seeds {', '.join(map(str, seeds))}; loss = mean over the seeds an lr ran with"
+          + (" (seed losses in brackets)" if len(seeds) > 1 else ""))
+    for d, by_lr in data.items():
+        rows = rows_of(by_lr)
+        cells = []
+        for (lr, _, loss), runs in zip(rows, by_lr.values()):
+            each = "" if len(seeds) < 2 else " [" + ", ".join(f"{runs[k][1]:.3f}" for k in sorted(runs)) + "]"
+            cells.append(f"lr {lr:g}: {loss:.4f}{each}")
+        print(f"d_model {d} (at {rows[0][1]:,.0f} tokens):\n  " + "\n  ".join(cells))
         o = opt[d]
         print(f"  optimum lr {o['lr']:.3g}" + (f"  ({o['note']})" if o["note"] else " (parabola vertex)"))
+        if per_seed.get(d):
+            print("  per seed: " + ", ".join(f"seed {k} {v['lr']:.3g}" + ("" if v["bracketed"] else " (edge)")
+                                              for k, v in per_seed[d].items()))
     if rule:
         print(f"rule: lr(d) = {rule['lr']:.3g} * (d/{rule['lr_at']})^-{rule['gamma']:.2f}"
               + ("" if rule["both_bracketed"] else "  (an optimum at a grid edge: the exponent is a bound)"))
-
 
 if __name__ == "__main__":
     main()

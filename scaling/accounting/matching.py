@@ -15,15 +15,17 @@ The search is a small exhaustive one over hardware-friendly integers:
    take h' = round(target / H_kv') (head dims are free integers, as the paper's 36 and 55);
    only when that is off by more than the tolerance try the nearest other H_kv', scaling
    the query heads with it so the GQA group size H / H_kv stays the Baseline's.
-2. For every d' (a multiple of ``width_multiple`` in [d/2, d]) solve the FLOPs equation,
-   which is linear in f', for f'; round f' down and up to a multiple of ``ffn_multiple``;
-   then solve the parameter equation (linear in E') for E' and round it down and up. The
-   shared expert, if any, keeps its ratio to f. Every candidate is scored exactly with
+2. For every d' (a multiple of ``width_multiple`` in [d/2, d]) solve the FLOPs equation
+   for f' (secant steps: it is linear in f' but for the shared expert's integer rounding;
+   ``_solve_ffn``); round f' down and up to a multiple of ``ffn_multiple``; then solve the
+   parameter equation (linear in E') for E' and round it down and up. The shared expert, if
+   any, keeps its ratio to f (``max(1, round(ratio * f'))``). Every candidate is scored exactly with
    ``scaling.accounting.costs``.
 3. Among candidates with all three mismatches within tolerance, take those whose d' is
-   closest to ``width_ratio * d`` (default sqrt(L / passes): the FLOPs cut is split evenly
-   between width and FFN size, which makes E' ~ E * passes / L, the paper's 336 -> 504),
-   and of those the smallest worst mismatch.
+   within two width multiples of the one closest to ``width_ratio * d`` (default
+   sqrt(L / passes): the FLOPs cut is split evenly between width and FFN size, which makes
+   E' ~ E * passes / L, the paper's 336 -> 504), and of those the smallest worst mismatch
+   (the slack of two multiples trades a width slightly off the target for a tighter match).
 
 The paper reached about +-4% on FLOPs and KV cache and +-1% on parameters; the default
 tolerance here is 1% on all three.
@@ -67,6 +69,32 @@ def loop_block(n_layers: int, fraction: float = 0.5) -> tuple[int, int]:
 def _round_to(x: float, multiple: int) -> list[int]:
     lo = max(multiple, int(math.floor(x / multiple)) * multiple)
     return sorted({lo, lo + multiple})
+
+
+def _solve_ffn(flops_at, target: float, multiple: int, steps: int = 6) -> float | None:
+    """f' (real) where ``flops_at(f')`` reaches ``target``; None when no f' >= multiple / 2 does.
+
+    FLOPs/token are affine in f' only without a shared expert: its width round(ratio * f') is an
+    integer, so at small f' (the first probes, f' = multiple and 2 multiple) it does not grow in
+    proportion (1 at both probes for ratio 1/3 and multiple 1) and a slope from there misses the
+    shared expert's share. Secant steps on the grid of multiples therefore re-probe next to the
+    root until the probe lands on the multiple nearest to it; the root is then read off the slope
+    of the last two probes.
+    """
+    f0, f1 = multiple, 2 * multiple
+    y0, y1 = flops_at(f0), flops_at(f1)
+    for _ in range(steps):
+        slope = (y1 - y0) / (f1 - f0)
+        if slope <= 0:
+            return None
+        root = f1 + (target - y1) / slope
+        if root < multiple / 2:
+            return None
+        nxt = max(multiple, round(root / multiple) * multiple)
+        if nxt in (f0, f1):
+            return root
+        f0, y0, f1, y1 = f1, y1, nxt, flops_at(nxt)
+    return root
 
 
 def _match_kv(base: ModelConfig, passes: int, tolerance: float) -> tuple[int, int, int]:
@@ -145,10 +173,9 @@ def smelt_twin(
         # FLOPs/token are linear in f' (at fixed E'); parameters are linear in E' (at fixed f').
         e_guess = max(base.top_k, round(base.n_experts * base.d_model * base.expert_hidden
                                         / (d * base.expert_hidden * ratio)))
-        probe0, probe1 = costs(make(d, ffn_multiple, e_guess)), costs(make(d, 2 * ffn_multiple, e_guess))
-        slope = (probe1.flops_per_token - probe0.flops_per_token) / ffn_multiple
-        f_star = ffn_multiple + (ref.flops_per_token - probe0.flops_per_token) / slope
-        if f_star < ffn_multiple / 2:
+        f_star = _solve_ffn(lambda f: costs(make(d, f, e_guess)).flops_per_token, ref.flops_per_token,
+                            ffn_multiple)
+        if f_star is None:
             continue
         for f in _round_to(f_star, ffn_multiple):
             p1, p2 = costs(make(d, f, base.top_k)), costs(make(d, f, base.top_k + 1))
@@ -165,8 +192,10 @@ def smelt_twin(
         worst, cfg = min(candidates, key=lambda c: c[0])
         mm = mismatch(cfg, base)
         bad = ", ".join(f"{k} {v:+.2%}" for k, v in mm.items() if abs(v) > tolerance)
+        hint = ("try a smaller width multiple" if min(width_multiple, ffn_multiple) > 1 else
+                "the integer expert count and widths get no closer; allow a larger tolerance")
         raise UserError(f"cannot match within {tolerance:.1%} at width multiples of {width_multiple}: "
-                        f"best twin is off on {bad}; try a smaller width multiple")
+                        f"best twin is off on {bad}; {hint}")
     best_gap = min(abs(c[1].d_model - d_target) for c in within)
     near = [c for c in within if abs(c[1].d_model - d_target) <= best_gap + 2 * width_multiple]
     _, cfg = min(near, key=lambda c: (c[0], abs(c[1].d_model - d_target)))
