@@ -82,7 +82,8 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 ids: N*(8*d + 4 + c*d + (c + 4)*V + 16).
                 With the chunked cross-entropy (the default, ``Layout.chunked_ce``) the head
                 keeps N*(8*d + 4 + c*d + 16) + 4*V*d instead (``head_activation_bytes``) and
-                its transients are one chunk's logits (``head_working_bytes``).
+                its transients are one chunk's logits and gradient products
+                (``head_working_bytes``).
                 These terms were read off this model's autograd graph and are checked against
                 it (tests/test_memory.py: the bytes a saved_tensors_hooks pack hook sees match
                 to <0.01% in fp32 on CPU). The bf16 (CUDA) terms are checked the same way on
@@ -517,14 +518,22 @@ def ce_chunk_tokens(vocab_size: int) -> int:
 def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
                        chunked_ce: bool = False) -> int:
     """Transients of the loss. Plain: the backward's fp32 gradients of the log-probs and of the
-    logits, N*8*V. Chunked: the larger of one chunk's fp32 logits plus its compute-dtype copy
-    (C*V*(4 + c), c only when narrower than fp32) and the backward's scaled gradients plus the
-    weight gradient's cast to c (N*c*d + (4 + c)*V*d)."""
+    logits, N*8*V. Chunked (scaling/training/model/chunked_ce.py, whose forward also computes the
+    gradients): the larger of
+    - one chunk's forward: its fp32 logits, turned in place into the softmax gradient g, and the
+      compute-dtype copy gc (C*V*(4 + c), c only when narrower than fp32), with the products
+      gc @ w [C, d] and gc.t() @ hc [V, d] in c, and that product's fp32 cast when c < 4
+      (c*C*d + c*V*d + 4*V*d): the two products were left out before, 7% of the peak of a
+      V = 1001, d = 42, 96-token step (PyTorch's MemTracker; the accounting audit of 2026-12-06);
+    - the backward's scaled gradients plus the weight gradient's cast to c (N*c*d + (4 + c)*V*d).
+    """
     N, d, V = micro_batch * seq_len, cfg.d_model, cfg.vocab_size
     if not chunked_ce:
         return 8 * N * V
     C = min(N, ce_chunk_tokens(V))
-    return max(C * V * (4 + (c if c < 4 else 0)), N * c * d + (4 + c) * V * d)
+    narrow = c < 4
+    forward = C * V * (4 + (c if narrow else 0)) + c * C * d + c * V * d + (4 * V * d if narrow else 0)
+    return max(forward, N * c * d + (4 + c) * V * d)
 
 
 def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: int, rb: int, Lp_ne: float,
