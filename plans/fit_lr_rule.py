@@ -2,14 +2,17 @@
 
     python plans/fit_lr_rule.py [runs-lr] [--budget-index 1] [--json]
 
-For each width (d_model), the validation loss at one budget of the lr sweep (plans/lr-sweep.toml),
-averaged over the seeds each lr ran with, against log10(peak lr): a parabola through the best lr and
-its two neighbours on the grid gives the optimum lr*(d) (its vertex; when the best lr is at the edge
-of the grid the optimum is only bounded, and said so). With more than one seed the same is done for
-each seed alone (the lrs every seed has), so the spread of the per-seed optima shows how well the
-optimum is resolved. Two widths give the power law lr*(d) = lr*(6) (d / 6)^-gamma,
-gamma = -log(lr*(d2) / lr*(d1)) / log(d2 / d1). muP (Yang et al. 2022, "Tensor Programs V") has
-gamma = 1 for Adam on the hidden matrices; the fitted gamma is compared with it.
+For each width (d_model), the validation loss of every run at one budget of the lr sweep
+(plans/lr-sweep.toml; each seed a point) against x = log10(peak lr): a least-squares parabola
+L = b0 + b1 x + b2 x^2 over all of them gives the optimum lr*(d) = 10^(-b1 / 2 b2), with a 95%
+interval from the delta method (gradient of the vertex in b, the OLS covariance s^2 (X'X)^-1,
+Student t with n - 3 degrees of freedom). An optimum is "bracketed" when b2 > 0 and the vertex
+lies inside the grid. For comparison the script also prints the older estimate: the parabola
+through the best mean loss and its two neighbours (and the same per seed, whose spread shows
+how well one seed resolves the optimum). Two widths give the power law
+lr*(d) = lr*(d1) (d / d1)^-gamma, gamma = -log(lr*(d2) / lr*(d1)) / log(d2 / d1), with a 95%
+interval from the two vertices' (independent) standard errors. muP (Yang et al. 2022, "Tensor
+Programs V") has gamma = 1 for Adam on the hidden matrices.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
+from scipy.stats import t as student_t
 
 
 def load(root: Path, budget_index: int) -> dict[int, dict[float, dict[int, tuple[float, float]]]]:
@@ -46,6 +52,31 @@ def rows_of(by_lr: dict[float, dict[int, tuple[float, float]]],
         elif seed in runs:
             out.append((lr, *runs[seed]))
     return out
+
+
+def ls_optimum(by_lr: dict[float, dict[int, tuple[float, float]]]) -> dict:
+    """The least-squares parabola's vertex over every run of one width (module docstring)."""
+    x = np.array([math.log10(lr) for lr, runs in by_lr.items() for _ in runs])
+    y = np.array([v[1] for runs in by_lr.values() for v in runs.values()])
+    n = len(y)
+    if n < 4 or len(set(x)) < 3:
+        return {"lr": None, "bracketed": False, "n": n, "note": "fewer than 4 runs on 3 lrs"}
+    X = np.c_[np.ones(n), x, x ** 2]
+    b, *_ = np.linalg.lstsq(X, y, rcond=None)
+    r = y - X @ b
+    s2 = float(r @ r) / (n - 3)
+    cov = s2 * np.linalg.inv(X.T @ X)
+    if b[2] <= 0:
+        return {"lr": None, "bracketed": False, "n": n, "resid_sd": math.sqrt(s2),
+                "note": "the parabola opens downwards: no optimum inside the grid"}
+    xv = -b[1] / (2 * b[2])
+    g = np.array([0.0, -1 / (2 * b[2]), b[1] / (2 * b[2] ** 2)])
+    se = float(math.sqrt(g @ cov @ g))
+    q = float(student_t.ppf(0.975, n - 3))
+    inside = min(x) < xv < max(x)
+    return {"lr": 10 ** xv, "se_log10": se, "lo": 10 ** (xv - q * se), "hi": 10 ** (xv + q * se),
+            "bracketed": bool(inside), "n": n, "resid_sd": math.sqrt(s2), "curvature": float(b[2]),
+            "note": "" if inside else "the vertex lies outside the grid: an extrapolation"}
 
 
 def optimum(rows: list[tuple[float, float, float]]) -> dict:
@@ -76,21 +107,26 @@ def main() -> None:
     b = a.budget_index
     data = load(Path(a.runs), b)
     seeds = sorted({k for by_lr in data.values() for runs in by_lr.values() for k in runs})
+    ls = {d: ls_optimum(by_lr) for d, by_lr in data.items()}
     opt = {d: optimum(rows_of(by_lr)) for d, by_lr in data.items()}
     per_seed = {d: {k: optimum(rows_of(by_lr, k)) for k in seeds if len(rows_of(by_lr, k)) >= 3}
                 for d, by_lr in data.items()} if len(seeds) > 1 else {}
-    widths = sorted(opt)
+    widths = [d for d in sorted(ls) if ls[d]["lr"] is not None]
     rule = None
     if len(widths) >= 2:
         d1, d2 = widths[0], widths[-1]
-        gamma = -math.log(opt[d2]["lr"] / opt[d1]["lr"]) / math.log(d2 / d1)
-        rule = {"lr_at": d1, "lr": opt[d1]["lr"], "gamma": gamma,
-                "both_bracketed": opt[d1]["bracketed"] and opt[d2]["bracketed"]}
+        span = math.log(d2 / d1)
+        gamma = -math.log(ls[d2]["lr"] / ls[d1]["lr"]) / span
+        se = math.hypot(ls[d1]["se_log10"], ls[d2]["se_log10"]) * math.log(10) / span
+        rule = {"lr_at": d1, "lr": ls[d1]["lr"], "gamma": gamma, "gamma_se": se,
+                "gamma_lo": gamma - 1.96 * se, "gamma_hi": gamma + 1.96 * se,
+                "both_bracketed": ls[d1]["bracketed"] and ls[d2]["bracketed"]}
     if a.json:
         print(json.dumps({"budget_index": b, "seeds": seeds,
                           "points": {str(d): {f"{lr:g}": {str(k): v[1] for k, v in runs.items()}
                                               for lr, runs in by_lr.items()} for d, by_lr in data.items()},
-                          "optimum": {str(d): o for d, o in opt.items()},
+                          "optimum": {str(d): o for d, o in ls.items()},
+                          "optimum_three_point": {str(d): o for d, o in opt.items()},
                           "optimum_per_seed": {str(d): {str(k): o for k, o in v.items()}
                                                for d, v in per_seed.items()},
                           "rule": rule}, indent=2))
@@ -104,14 +140,24 @@ def main() -> None:
             each = "" if len(seeds) < 2 else " [" + ", ".join(f"{runs[k][1]:.3f}" for k in sorted(runs)) + "]"
             cells.append(f"lr {lr:g}: {loss:.4f}{each}")
         print(f"d_model {d} (at {rows[0][1]:,.0f} tokens):\n  " + "\n  ".join(cells))
+        o = ls[d]
+        if o["lr"] is None:
+            print(f"  optimum: none ({o['note']})")
+        else:
+            note = f"; {o['note']}" if o["note"] else ""
+            print(f"  optimum lr {o['lr']:.3g}, 95% [{o['lo']:.3g}, {o['hi']:.3g}] (least-squares parabola "
+                  f"over {o['n']} runs, residual s.d. {o['resid_sd']:.3f} nats){note}")
         o = opt[d]
-        print(f"  optimum lr {o['lr']:.3g}" + (f"  ({o['note']})" if o["note"] else " (parabola vertex)"))
+        note = f"  ({o['note']})" if o["note"] else ""
+        print(f"  three-point vertex of the mean losses: {o['lr']:.3g}{note}")
         if per_seed.get(d):
             print("  per seed: " + ", ".join(f"seed {k} {v['lr']:.3g}" + ("" if v["bracketed"] else " (edge)")
                                               for k, v in per_seed[d].items()))
     if rule:
-        print(f"rule: lr(d) = {rule['lr']:.3g} * (d/{rule['lr_at']})^-{rule['gamma']:.2f}"
-              + ("" if rule["both_bracketed"] else "  (an optimum at a grid edge: the exponent is a bound)"))
+        print(f"rule: lr(d) = {rule['lr']:.3g} * (d/{rule['lr_at']})^-{rule['gamma']:.3g} "
+              f"(gamma 95% [{rule['gamma_lo']:.2f}, {rule['gamma_hi']:.2f}])"
+              + ("" if rule["both_bracketed"] else
+                 "  (an optimum outside a grid: the exponent is an extrapolation)"))
 
 if __name__ == "__main__":
     main()
