@@ -33,6 +33,7 @@ from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import count, percent
 from scaling.common.run_folder import atomic_write_bytes
+from scaling.design.grid import PROXY_LR_RULE, PROXY_MIN_TOKENS, LrRule
 from scaling.design.output import sweep_plan_document
 from scaling.design.points import (
     DESIGN_BUDGETS,
@@ -50,7 +51,7 @@ from scaling.fitting.sources import LawSource, load_laws
 from scaling.training.sweep.plan import load_plan, parse_plan
 
 PLANS_DIR = Path(str(resources.files("scaling").joinpath("resources", "plans")))  # package data
-TEMPLATES = {True: PLANS_DIR / "cpu-proxy.toml", False: PLANS_DIR / "paper-tiers.toml"}
+TEMPLATES = {True: PLANS_DIR / "isoflop-proxy.toml", False: PLANS_DIR / "paper-tiers.toml"}
 MIN_STEPS = 20  # fewer optimiser updates than this and a run is mostly warm-up
 
 
@@ -166,16 +167,32 @@ def _check_round_trip(doc: dict[str, Any], proposal: Proposal, where: Path | Non
 
 
 def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
+    """Runs too short to say much: fewer than MIN_STEPS updates (mostly warm-up), and for proxy
+    shapes fewer than PROXY_MIN_TOKENS tokens (still on the early loss plateau, docs/proxy-study.md
+    section 1)."""
     batch = template.get("train", {}).get("batch_size")
     if not isinstance(batch, int) or batch < 1:
         return []
-    short = [
-        (pt.tier, pt.D / (batch * pt.config.seq_len))
-        for s in proposal.sets
-        for pt in s.arch_points("baseline")
-        if pt.D < MIN_STEPS * batch * pt.config.seq_len
-    ]
-    return [f"{t}: {steps:.1f} optimiser updates of {batch} sequences" for t, steps in short]
+    out = []
+    for s in proposal.sets:
+        for pt in s.arch_points("baseline"):
+            steps = pt.D / (batch * pt.config.seq_len)
+            if steps < MIN_STEPS:
+                out.append(f"{pt.tier}: {steps:.1f} optimiser updates of {batch} sequences (mostly warm-up)")
+            elif proposal.proxy and pt.D < PROXY_MIN_TOKENS:
+                out.append(f"{pt.tier}: {pt.D:,.0f} tokens, below the {PROXY_MIN_TOKENS:,} a proxy run "
+                           "needs to leave the early loss plateau (docs/proxy-study.md)")
+    return out
+
+
+def _plan_lr_rule(text: Optional[str], proposal: Proposal) -> Optional[LrRule]:
+    """--lr-rule: the given rule, None for 'none', else the lr sweep's for proxy shapes (the
+    template's one lr is right for no proxy size: docs/proxy-study.md section 2)."""
+    if text is None:
+        return PROXY_LR_RULE if proposal.proxy else None
+    if text.strip().lower() == "none":
+        return None
+    return LrRule.parse(text)
 
 
 def _template(template: Optional[Path], proposal: Proposal) -> tuple[Path, dict[str, Any]]:
@@ -342,13 +359,22 @@ def register(app: typer.Typer) -> None:
             None,
             "--template",
             help="Plan whose train, data and executor "
-            "tables the new plan copies (default: plans/cpu-proxy.toml "
-            "for proxy shapes, plans/paper-tiers.toml otherwise).",
+            "tables the new plan copies (default: the IsoFLOP study's for proxy shapes, "
+            "plans/paper-tiers.toml otherwise).",
+        ),
+        lr_rule: Optional[str] = typer.Option(
+            None,
+            "--lr-rule",
+            help="Peak lr per size, LR,EXPONENT[,D_REF]: lr = LR (d_model / D_REF)^-EXPONENT (D_REF 6) "
+            f"(default for proxy shapes: {PROXY_LR_RULE.lr_ref:g},{PROXY_LR_RULE.exponent:g}, the lr "
+            "sweep's; otherwise the template's one lr); 'none': the template's lr for every size.",
         ),
         runs_dir: Optional[str] = typer.Option(
             None,
             "--runs-dir",
-            help="Where the sweep writes the runs (default: the --runs folder, else runs-<plan name>).",
+            help="Where the sweep writes the runs (default: the --runs folder, so that the next fit sees "
+            "old and new runs together; the default template and lr rule are that study's; else "
+            "runs-<plan name>).",
         ),
         out: Path = typer.Option(Path("plans/next.toml"), "--out", help="Plan file to write (an existing "
                                  "file only with --force)."),
@@ -369,6 +395,8 @@ def register(app: typer.Typer) -> None:
         """
         runs = one_path(runs_arg, runs)
         C = parse_budgets(budget, budgets)
+        if lr_rule is not None and lr_rule.strip().lower() != "none":
+            LrRule.parse(lr_rule)   # a typo is refused before any fitting
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
@@ -387,7 +415,8 @@ def register(app: typer.Typer) -> None:
         tpl_path, tpl = _template(template, proposal)
         if runs_dir is None:
             runs_dir = _rel(src.runs_dir) if src.runs_dir is not None else f"runs-{out.stem}"
-        doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl)
+        rule = _plan_lr_rule(lr_rule, proposal)
+        doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl, lr_rule=rule)
         _check_round_trip(doc, proposal, None)
         warnings = list(proposal.warnings) + [f"short run {s}" for s in _short_runs(proposal, tpl)]
         plan_file = None if dry_run else _write_plan(out, doc, proposal, src, tpl_path, tpl, json_out)

@@ -51,13 +51,7 @@ def _pairs(text: Optional[str], what: str) -> dict[int, int]:
 def _lr_rule(text: str):
     from scaling.design.grid import LrRule
 
-    try:
-        parts = [float(t) for t in text.split(",")]
-    except ValueError:
-        raise UserError(f"--lr-rule: expected LR,EXPONENT[,D_REF], got {text!r}") from None
-    if len(parts) not in (2, 3):
-        raise UserError(f"--lr-rule: expected LR,EXPONENT[,D_REF], got {text!r}")
-    return LrRule(*parts)
+    return LrRule.parse(text)
 
 
 def register(app: typer.Typer) -> None:

@@ -61,6 +61,28 @@ class LrRule:
     def describe(self) -> str:
         return f"lr = {self.lr_ref:g} * (d_model/{self.d_ref:g})^-{self.exponent:g}"
 
+    @classmethod
+    def parse(cls, text: str, flag: str = "--lr-rule") -> "LrRule":
+        """``LR,EXPONENT[,D_REF]`` as typed on a command line; UserError otherwise."""
+        try:
+            parts = [float(t) for t in text.split(",")]
+        except ValueError:
+            raise UserError(f"{flag}: expected LR,EXPONENT[,D_REF], got {text!r}") from None
+        if len(parts) not in (2, 3):
+            raise UserError(f"{flag}: expected LR,EXPONENT[,D_REF], got {text!r}")
+        return cls(*parts)
+
+
+# The peak-lr rule of the proxy shapes (proxy-xxs scaled, 8 x 256 tokens per update, WSD, AdamW wd
+# 0.1), measured by the lr sweep on the built-in corpus (plans/lr-sweep.toml, runs-lr/, 2 seeds x 6
+# lrs at d_model 6 and 56; `python plans/fit_lr_rule.py`): the least-squares parabola's optima
+# 0.0346 (95% [0.022, 0.054]) and 0.00456 ([0.0037, 0.0057]), exponent 0.91 ([0.72, 1.10]). The
+# study in runs/ trained at it; `smelt-scale plan` gives proxy sizes their lr from it.
+PROXY_LR_RULE = LrRule(0.0346, 0.908)
+# Fewest tokens a proxy run needs to be past the early loss plateau (docs/proxy-study.md section 1;
+# the study's plan-grid --min-tokens): 73 updates of 8 x 256 tokens.
+PROXY_MIN_TOKENS = 150_000
+
 
 @dataclass(frozen=True)
 class GridSize:

@@ -5,10 +5,13 @@ plan is read."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from scaling.accounting.tiers import ARCHS
 from scaling.design.proposal import Proposal
+
+if TYPE_CHECKING:  # grid.py imports this module (NOT_IN_PLAN)
+    from scaling.design.grid import LrRule
 
 # ModelConfig fields a [model] table leaves out: the tier names it, and a Baseline has no loop
 # (n_loops in a [model] table is the matcher's option, scaling.training.sweep.plan).
@@ -22,10 +25,12 @@ def sweep_plan_document(
     runs_dir: str,
     template: Mapping[str, Any] | None = None,
     seeds: Sequence[int] = (0,),
+    lr_rule: LrRule | None = None,
 ) -> dict[str, Any]:
     """The sweep-plan document of ``proposal``: [sweep] (``name``, ``runs_dir``, ``seeds``), one
-    [model] table and one [tier] budget per size; [train], [data] and [executor] copied from
-    ``template`` (a plan document)."""
+    [model] table and one [tier] budget per size, with its own peak lr from ``lr_rule`` when given
+    (else every size trains at the template's [train] lr); [train], [data] and [executor] copied
+    from ``template`` (a plan document)."""
     template = dict(template or {})
     models: dict[str, Any] = {}
     budgets: dict[str, Any] = {}
@@ -37,6 +42,8 @@ def sweep_plan_document(
                 "proxy": proposal.proxy,
             }
             budgets[p.tier] = {"budgets": [int(p.D)]}
+            if lr_rule is not None:
+                budgets[p.tier]["lr"] = lr_rule(p.config.d_model)
     desc = "; ".join(
         f"C={s.budget:.3g}"
         + ("" if s.sparsity is None else f" S={s.sparsity:g}")
@@ -47,7 +54,8 @@ def sweep_plan_document(
         "sweep": {
             "name": name,
             "description": (f"IsoFLOP sets proposed by smelt-scale plan ({proposal.law} law, "
-                            f"{proposal.shape} shape): {desc}"),
+                            f"{proposal.shape} shape): {desc}"
+                            + ("" if lr_rule is None else f"; {lr_rule.describe()}")),
             "tiers": proposal.tiers(),
             "archs": list(ARCHS),
             "seeds": [int(x) for x in seeds],

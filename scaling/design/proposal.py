@@ -448,6 +448,10 @@ def propose(
         raise UserError(
             "two budgets give the same tier name; give budgets that differ in their first 2 digits"
         )
+    warnings += [f"the {arch} law is not identified ({laws[arch].unidentified}; `smelt-scale fit` says "
+                 "why): its optimum and the expected losses below are no result (`savings` gives none "
+                 "from it), only the centre the sizes spread around"
+                 for arch in ARCHS if laws[arch].unidentified]
     warnings += _set_warnings(sets, noise)
     return Proposal(
         law=law_name,
