@@ -85,6 +85,7 @@ class SimulationRow(Record):
     median_ci_width: float | None
     extrapolation_decades: float | None
     estimates: tuple[float, ...] = ()
+    n_failed: int = 0   # trials whose fit, or whose savings at this budget, failed
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ class _Outcomes:
     hi: np.ndarray
     extrap: list
     identified: dict[str, int]
-    failures: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)   # whole trials: a fit failed
+    budget_failures: list[str] = field(default_factory=list)   # one budget's savings failed
     check: dict[str, Any] = field(default_factory=lambda: {
         "trials_checked": 0, "grid_lower_objective": 0, "max_relative_objective_gain": 0.0})
 
@@ -209,14 +211,24 @@ def simulate(
     warm, warnings = _warm_starts(truth, points, settings, starts)
     study = _Study(truth, points, reference, candidate, C, sparsities, float(noise), settings, warm,
                    check_starts if starts == "warm" else 0)
-    out = _run_trials(study, len(true_res.rows), trials, progress)
-    if len(out.failures) == trials:  # no statistic exists: an error, not a table of NaNs
-        raise UserError(f"all {trials} trials failed (fit or savings error); the first: {out.failures[0]}")
+    keys = [(float(r.budget), r.sparsity) for r in true_res.rows]
+    out = _run_trials(study, keys, trials, progress)
+    if not np.isfinite(out.est).any():  # no statistic exists: an error, not a table of NaNs
+        first = (out.failures + out.budget_failures)[0]
+        raise UserError(f"all {trials} trials failed (fit or savings error); the first: {first}")
     rows = _rows(true_res, out, trials, settings.n_bootstrap)
     if out.failures:
         warnings.append(
-            f"{len(out.failures)} of {trials} trials failed (fit or savings error); statistics use the rest"
+            f"{len(out.failures)} of {trials} trials failed (fit error); every row uses the rest"
         )
+    for r in rows:
+        if r.n_failed > len(out.failures):
+            warnings.append(
+                f"C = {r.budget:.3g}" + ("" if r.sparsity is None else f", S = {r.sparsity:g}")
+                + f": {r.n_failed - len(out.failures)} of {trials} trials gave no savings there "
+                "(e.g. the fitted frontier does not reach the loss); the row is over the "
+                f"{r.n_trials} that did, which need not be a random subset"
+            )
     if out.check["grid_lower_objective"]:
         warnings.append(
             f"in {out.check['grid_lower_objective']} of {out.check['trials_checked']} checked fits the full "
@@ -235,7 +247,7 @@ def simulate(
         design=_design_info(study, design_source),
         rows=tuple(rows),
         failures=len(out.failures),
-        failure_reasons=tuple(out.failures[:10]),
+        failure_reasons=tuple((out.failures + out.budget_failures)[:10]),
         identified_rate={g: out.identified[g] / trials for g in study.groups},
         start_check=out.check if starts == "warm" else {},
         source=source,
@@ -297,30 +309,42 @@ def _warm_starts(truth: Mapping[str, FittedLaw], points: Mapping[str, pd.DataFra
     return warm, warnings
 
 
-def _run_trials(study: _Study, n_keys: int, trials: int,
+def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trials: int,
                 progress: Callable[[int, int], None] | None) -> _Outcomes:
-    """Every trial: noisy losses, fits, savings; a trial whose fit or savings fails is counted out."""
-    est = np.full((trials, n_keys), np.nan)
+    """Every trial: noisy losses, fits, and the savings at each budget on its own. A trial whose fit
+    fails is counted out of every row; one whose savings fails at one budget only out of that
+    budget's rows (it still counts at the others: dropping it everywhere biased the rows it could
+    answer, as the failures are not a random subset)."""
+    est = np.full((trials, len(keys)), np.nan)
     out = _Outcomes(est=est, lo=np.full_like(est, np.nan), hi=np.full_like(est, np.nan),
-                    extrap=[None] * n_keys, identified={g: 0 for g in study.groups})
+                    extrap=[None] * len(keys), identified={g: 0 for g in study.groups})
+    index = {k: j for j, k in enumerate(keys)}
     for t in range(trials):
         try:
-            res = _trial(study, t, out)
+            fitted = _trial(study, t, out)
         except UserError as exc:
             out.failures.append(f"trial {t}: {exc}")
         else:
-            for j, r in enumerate(res.rows):
-                out.est[t, j] = r.savings
-                if r.savings_ci is not None:
-                    out.lo[t, j], out.hi[t, j] = r.savings_ci
-                out.extrap[j] = r.extrapolation_decades
+            for c in study.budgets:
+                try:
+                    res = savings(fitted[study.reference], fitted[study.candidate], [c],
+                                  sparsities=study.sparsities, level=study.settings.ci_level)
+                except UserError as exc:
+                    out.budget_failures.append(f"trial {t}, C = {c:.3g}: {exc}")
+                    continue
+                for r in res.rows:
+                    j = index[(float(r.budget), r.sparsity)]
+                    out.est[t, j] = r.savings
+                    if r.savings_ci is not None:
+                        out.lo[t, j], out.hi[t, j] = r.savings_ci
+                    out.extrap[j] = r.extrapolation_decades
         if progress is not None:
             progress(t + 1, trials)
     return out
 
 
-def _trial(study: _Study, t: int, out: _Outcomes) -> SavingsResult:
-    """Trial t: its noise and bootstrap seeds from ``default_rng([seed, t])`` (module doc)."""
+def _trial(study: _Study, t: int, out: _Outcomes) -> dict[str, FittedLaw]:
+    """Trial t's fitted laws: its noise and bootstrap seeds from ``default_rng([seed, t])`` (module doc)."""
     rng = np.random.default_rng([int(study.settings.seed), t])
     fitted = {}
     for g in study.groups:
@@ -332,8 +356,7 @@ def _trial(study: _Study, t: int, out: _Outcomes) -> SavingsResult:
         out.identified[g] += bool(fit.diagnostics.get("identified", False))
         if t < study.check_starts:
             _check_start(study, g, trial_pts, fit, bseed, out.check)
-    return savings(fitted[study.reference], fitted[study.candidate], study.budgets,
-                   sparsities=study.sparsities, level=study.settings.ci_level)
+    return fitted
 
 
 def _check_start(study: _Study, g: str, trial_pts: pd.DataFrame, fit: FitResult, bseed: int,
@@ -349,11 +372,11 @@ def _check_start(study: _Study, g: str, trial_pts: pd.DataFrame, fit: FitResult,
 
 
 def _rows(true_res: SavingsResult, out: _Outcomes, trials: int, n_bootstrap: int) -> list[SimulationRow]:
-    """One row per (budget, sparsity) over the trials whose first savings is finite (module doc)."""
-    ok = np.isfinite(out.est[:, 0]) if true_res.rows else np.zeros(trials, dtype=bool)
+    """One row per (budget, sparsity) over the trials with a finite savings there (module doc)."""
     rows = []
     for j, tr in enumerate(true_res.rows):
         s0 = tr.savings
+        ok = np.isfinite(out.est[:, j])
         e = out.est[ok, j]
         n = int(e.size)
         if n == 0:
@@ -372,7 +395,7 @@ def _rows(true_res: SavingsResult, out: _Outcomes, trials: int, n_bootstrap: int
             spread=float(e.std(ddof=1)) if n > 1 else 0.0, rmse=float(np.sqrt(np.mean((e - s0) ** 2))),
             sign_recovery=None if abs(s0) < 1e-12 else float(np.mean(np.sign(e) == np.sign(s0))),
             power=power, coverage=cov, median_ci_width=width, extrapolation_decades=out.extrap[j],
-            estimates=tuple(float(x) for x in e),
+            estimates=tuple(float(x) for x in e), n_failed=int(trials - n),
         ))
     return rows
 
