@@ -510,13 +510,13 @@ def test_size_rule_with_a_sparsity_takes_the_nearest_config(target):
     shape, S = TIERS["proxy-xxs"].baseline, 0.5102
     got = baseline_for_size(shape, target, size="F", width_multiple=1, sparsity=S)
     best = None
-    for d in range(4, 120):
-        cfg = scaled_baseline(shape, d / shape.d_model, 1)
+    for scale in np.linspace(0.5, 3.0, 4000):   # steps of 0.0006 x 48 (expert_hidden): every config
+        cfg = scaled_baseline(shape, float(scale), 1)
         try:
             cfg = cfg.replace(n_experts=experts_for_sparsity(cfg, S))
         except UserError:
             continue
         err = abs(math.log(measure(cfg, "F") / target))
         best = err if best is None else min(best, err)
-    assert abs(math.log(measure(got, "F") / target)) == pytest.approx(best, abs=1e-12)
+    assert abs(math.log(measure(got, "F") / target)) <= best + 1e-12
     assert best < 0.005
