@@ -452,6 +452,12 @@ def register(app: typer.Typer) -> None:
             "--noise",
             help="Standard deviation of log loss (multiplicative lognormal noise; 0.01 is about 1%).",
         ),
+        run_share: float = typer.Option(
+            0.0,
+            "--run-share",
+            help="Share of the noise variance common to the points of one run (its WSD branches), in "
+            "[0, 1); 0: every point independent, which overstates what a branch design can tell.",
+        ),
         design: Optional[Path] = typer.Option(
             None,
             "--design",
@@ -516,6 +522,7 @@ def register(app: typer.Typer) -> None:
                 FitSettings(n_bootstrap=n_bootstrap, seed=seed, ci_level=ci_level),
                 sparsities=S,
                 noise=noise,
+                run_share=run_share,
                 trials=trials,
                 starts=starts,
                 check_starts=check_starts,

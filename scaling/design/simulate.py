@@ -5,7 +5,16 @@ Per trial, for each architecture (group) with a known law (its ``FittedLaw``, th
     loss_i = L_true(x_i) * exp(noise * z_i),   z_i ~ N(0, 1) independent,
 
 at the design's points x_i ((N, D) or (F, S, D)): multiplicative lognormal noise, ``noise`` the
-standard deviation of log loss (0.01 is about 1% scatter). Each group is fitted with the real
+standard deviation of log loss (0.01 is about 1% scatter). Points of one run (the cooldown
+branches of one WSD trunk, or the budgets of one schedule) are not independent in a real study:
+they share the trunk, its data order and its initialisation. ``run_share`` = rho puts that share
+of the variance on the run: z_i = sqrt(rho) u_run(i) + sqrt(1 - rho) e_i, u and e independent
+N(0, 1), the same marginal sd; rho = 0 (the default) is the independent model above and draws
+the same numbers as before the option existed. Independent noise overstates what a branch design
+can tell: errors shared by a run's points do not average out over its branches, so the spread of
+the estimates grows and the power falls (tests/test_simulate.py plants it).
+
+Each group is fitted with the real
 fitter (``scaling.fitting.fit.fit_law``: Huber on log loss, bootstrap over runs), and the savings at the
 given budgets come from the real savings code (``scaling.fitting.savings.savings``, candidate-budget
 convention, paired bootstrap interval). Over trials, per budget and sparsity, with s the true
@@ -61,9 +70,16 @@ def true_losses(truth: FittedLaw, points: pd.DataFrame) -> np.ndarray:
     return truth.law.predict(truth.theta, **X)
 
 
-def noisy(loss: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
-    """loss * exp(noise * z), z standard normal: multiplicative lognormal noise."""
-    return loss * np.exp(noise * rng.standard_normal(np.shape(loss)))
+def noisy(loss: np.ndarray, noise: float, rng: np.random.Generator, runs: Sequence[Any] | None = None,
+          run_share: float = 0.0) -> np.ndarray:
+    """loss * exp(noise * z), z standard normal: multiplicative lognormal noise; with ``run_share``
+    rho > 0, z = sqrt(rho) u_run + sqrt(1 - rho) e over the points' ``runs`` (module doc)."""
+    z = rng.standard_normal(np.shape(loss))
+    if run_share > 0:
+        labels, idx = np.unique(np.asarray(runs, dtype=str), return_inverse=True)
+        u = rng.standard_normal(len(labels))
+        z = math.sqrt(run_share) * u[idx] + math.sqrt(1.0 - run_share) * z
+    return loss * np.exp(noise * z)
 
 
 @dataclass(frozen=True)
@@ -109,10 +125,13 @@ class SimulationResult(Record):
     start_check: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
     warnings: tuple[str, ...] = ()
+    run_share: float = 0.0   # the run's share of the noise variance (module doc)
 
     def summary(self) -> str:
         lines = [
-            f"Simulated study: {self.trials} trials, noise {self.noise:g} (sd of log loss), "
+            f"Simulated study: {self.trials} trials, noise {self.noise:g} (sd of log loss"
+            + ("" if not self.run_share else f", {100 * self.run_share:.0f}% of its variance shared within "
+               "a run") + "), "
             f"{self.bootstrap} bootstrap resamples, {100 * self.ci_level:.0f}% intervals, seed {self.seed}; "
             f"design {self.design.get('source', '')} "
             f"({', '.join(f'{g} {n}' for g, n in self.design.get('n_points', {}).items())} points)",
@@ -151,6 +170,7 @@ class _Study:
     budgets: np.ndarray
     sparsities: Sequence[float | None]
     noise: float
+    run_share: float
     settings: FitSettings
     warm: Mapping[str, np.ndarray | None]
     check_starts: int
@@ -185,6 +205,7 @@ def simulate(
     candidate: str = "smelt",
     sparsities: Sequence[float | None] = (None,),
     noise: float = 0.01,
+    run_share: float = 0.0,
     trials: int = 100,
     starts: str = "warm",
     check_starts: int = 1,
@@ -202,6 +223,8 @@ def simulate(
     fitted on (missing group or inputs, fewer points than parameters).
     """
     settings = (SIMULATION_FIT if settings is None else settings).replace(**changes)
+    if not (math.isfinite(run_share) and 0.0 <= run_share < 1.0):
+        raise UserError(f"the run's share of the noise variance must be in [0, 1), got {run_share!r}")
     _check_settings(truth, reference, candidate, noise, trials, settings, starts, check_starts)
     C = check_budgets(budgets)
     points = _true_points(truth, design, (reference, candidate))
@@ -209,7 +232,8 @@ def simulate(
     true_res = savings(replace(truth[reference], samples=None), replace(truth[candidate], samples=None),
                        C, sparsities=sparsities, level=settings.ci_level)
     warm, warnings = _warm_starts(truth, points, settings, starts)
-    study = _Study(truth, points, reference, candidate, C, sparsities, float(noise), settings, warm,
+    study = _Study(truth, points, reference, candidate, C, sparsities, float(noise), float(run_share),
+                   settings, warm,
                    check_starts if starts == "warm" else 0)
     keys = [(float(r.budget), r.sparsity) for r in true_res.rows]
     out = _run_trials(study, keys, trials, progress)
@@ -239,6 +263,7 @@ def simulate(
         reference=reference,
         candidate=candidate,
         noise=float(noise),
+        run_share=float(run_share),
         trials=int(trials),
         bootstrap=int(settings.n_bootstrap),
         seed=int(settings.seed),
@@ -349,7 +374,8 @@ def _trial(study: _Study, t: int, out: _Outcomes) -> dict[str, FittedLaw]:
     fitted = {}
     for g in study.groups:
         pts = study.points[g]
-        trial_pts = pts.assign(loss=noisy(pts["loss"].to_numpy(), study.noise, rng))
+        trial_pts = pts.assign(loss=noisy(pts["loss"].to_numpy(), study.noise, rng, pts["run"].to_numpy(),
+                                          study.run_share))
         bseed = int(rng.integers(0, 2**31 - 1))
         settings = study.settings.replace(seed=bseed, starts=study.warm[g])
         fit, fitted[g] = _fit(trial_pts, study.truth[g], settings)
