@@ -131,7 +131,7 @@ def _base(world: Path) -> dict[str, list[str]]:
         "plot": ["fits", "--out", f"{b}/figs", "--runs", f"{b}/runs", "--bootstrap", "0", "--force"],
         "plan": ["--law-set", "paper", "--budget", "1e20", "--dry-run", "--out", f"{b}/next.toml"],
         "simulate": ["--law-set", "paper", "--budget", "1e20", "--trials", "2", "--bootstrap", "0"],
-        "plan-grid": ["--grid", "6,10", "--budgets", "3.56e11,6.32e11", "--lr-rule", "0.05,1.27",
+        "plan-grid": ["--grid", "6,10,14", "--budgets", "3.56e11,6.32e11", "--lr-rule", "0.05,1.27",
                       "--template", str(Path(__file__).resolve().parents[1] / "plans/isoflop-template.toml"),
                       "--dry-run"],
         "analyze sink": [*one_run, "--sequences", "2"],

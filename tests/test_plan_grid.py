@@ -50,7 +50,7 @@ def test_tokens_budgets_and_lr_follow_the_rules():
     shape = get_config("proxy-xxs", "baseline")
     budgets = (3.56e11, 1.12e12, 3.56e12)
     rule = LrRule(0.05, 1.27)
-    plan = grid_plan(shape, (4, 14, 56), budgets, lr_rule=rule, min_tokens=200_000, last_budget={4: 1},
+    plan = grid_plan(shape, (4, 10, 14, 56), budgets, lr_rule=rule, min_tokens=200_000, last_budget={4: 1},
                      seed1_sizes=(14,), seed1_budgets=(0,))
     for s in plan.sizes:
         F = costs(s.config).flops_per_token
@@ -62,28 +62,33 @@ def test_tokens_budgets_and_lr_follow_the_rules():
         assert list(s.tokens) == [math.floor(budgets[j] / F) for j in want]
         for j, t in zip(s.budget_indices, s.tokens):  # each point within one token of its budget
             assert t * F <= budgets[j] < (t + 1) * F
-    assert [s.name for s in plan.sizes_at(2)] == ["iso-d14", "iso-d56"]  # d4 stops at index 1
-    assert plan.sizes[1].config.d_model == 14 and plan.sizes[0].budget_indices == (0, 1)
+    assert [s.name for s in plan.sizes_at(2)] == ["iso-d10", "iso-d14", "iso-d56"]  # d4 stops at 1
+    assert plan.sizes[2].config.d_model == 14 and plan.sizes[0].budget_indices == (0, 1)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"budgets": (1e12, 1e11)}, "increasing"),
     ({"d_models": (6, 6)}, "distinct"),
     ({"last_budget": {7: 0}}, "names no grid size"),
-    ({"seed1_budgets": (5,)}, "out of range"),
+    ({"seed1_budgets": (5,), "seed1_sizes": (6,)}, "out of range"),
     ({"seed1_sizes": (8,)}, "second-seed size 8 is not in the grid"),
+    ({"d_models": (6,)}, "has 1 size"),                                  # one size: no slice
+    ({"min_tokens": 1_000_000}, r"d_model 6, 10, 14 serves no budget.*--min-tokens"),
+    ({"last_budget": {6: 0, 10: 0}}, "budget 1e\\+12 has 1 size"),
 ])
 def test_bad_grids_are_refused(kwargs, message):
-    args = {"d_models": (6, 10), "budgets": (1e11, 1e12), **kwargs}
+    """The design audit: a single-budget grid failed on the unused second-seed default, a budget that no
+    size serves, a one-size grid and a size serving no budget were accepted or named a TOML key."""
+    args = {"d_models": (6, 10, 14), "budgets": (1e11, 1e12), **kwargs}
     with pytest.raises(UserError, match=message):
         grid_plan(get_config("proxy-xxs", "baseline"), args.pop("d_models"), args.pop("budgets"),
-                  lr_rule=LrRule(0.05, 1.0), min_tokens=1, **args)
+                  lr_rule=LrRule(0.05, 1.0), min_tokens=args.pop("min_tokens", 1), **args)
 
 
 def test_never_overwrites_without_force(tmp_path):
     out = tmp_path / "study.toml"
     out.write_text("# mine\n")
-    base = ["plan-grid", "--grid", "6,10", "--budgets", "3.56e11,6.32e11", "--lr-rule", "0.05,1.27",
+    base = ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11", "--lr-rule", "0.05,1.27",
             "--template", str(PLANS / "isoflop-template.toml"), "--out", str(out)]
     res = CliRunner().invoke(app, base)
     assert res.exit_code == 2 and "exists; give --force" in res.output
@@ -109,14 +114,20 @@ def test_a_bad_template_writes_nothing(tmp_path, template, message):
     tpl.write_text(template)
     out = tmp_path / "study.toml"
     out.write_text("# mine\n")
-    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10", "--budgets", "3.56e11,6.32e11",
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
                                    "--lr-rule", "0.05,1.27", "--template", str(tpl), "--out", str(out),
                                    "--force", "--seed1-sizes", "6"])
     assert res.exit_code == 2 and message in res.stderr, res.output
     assert len(res.stderr.strip().splitlines()) == 1
-    dry = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10", "--budgets", "3.56e11,6.32e11",
+    dry = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
                                    "--lr-rule", "0.05,1.27", "--template", str(tpl), "--out", str(out),
                                    "--dry-run"])
     assert dry.exit_code == 2 and message in dry.stderr, dry.output  # the dry run refuses it alike
     assert out.read_text() == "# mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml", "t.toml"]
+
+
+def test_a_single_budget_grid_without_a_second_seed_is_fine():
+    plan = grid_plan(get_config("proxy-xxs", "baseline"), (6, 10, 14), (1e12,), lr_rule=LrRule(0.05, 1.0),
+                     min_tokens=1)
+    assert [len(plan.sizes_at(0))] == [3]

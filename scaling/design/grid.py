@@ -120,6 +120,9 @@ class GridPlan:
         return "\n".join(lines)
 
 
+MIN_SIZES_PER_BUDGET = 3  # a parabola through an IsoFLOP slice (approach 2) needs three sizes
+
+
 def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[float], *,
               lr_rule: LrRule, min_tokens: int, last_budget: Mapping[int, int] | None = None,
               seed1_sizes: Sequence[int] = (), seed1_budgets: Sequence[int] = (0, 1),
@@ -137,8 +140,8 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
     for d, j in last_budget.items():
         if d not in d_models or not 0 <= j < len(budgets):
             raise UserError(f"grid: last budget {d}:{j} names no grid size or no budget index")
-    if any(j not in range(len(budgets)) for j in seed1_budgets):
-        raise UserError("grid: a second-seed budget index is out of range")
+    if seed1_sizes and any(j not in range(len(budgets)) for j in seed1_budgets):
+        raise UserError(f"grid: a second-seed budget index is out of range (0 to {len(budgets) - 1})")
     sizes = []
     for d in d_models:
         cfg = scaled_baseline(shape, d / shape.d_model, width_multiple)
@@ -152,6 +155,17 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
             name=f"iso-d{d:02d}", config=cfg, flops_per_token=float(b.flops_per_token),
             active_params=int(b.active_params), lr=lr_rule(d), budget_indices=uses,
             tokens=tuple(int(math.floor(budgets[j] / b.flops_per_token)) for j in uses)))
+    idle = [s.config.d_model for s in sizes if not s.budget_indices]
+    if idle:
+        raise UserError(f"grid: d_model {', '.join(map(str, idle))} serves no budget (each gives it fewer "
+                        f"than the minimum of {min_tokens:,} tokens, --min-tokens, or its last budget "
+                        "comes first): drop it or lower the minimum")
+    thin = [(j, n) for j in range(len(budgets))
+            if (n := sum(j in s.budget_indices for s in sizes)) < MIN_SIZES_PER_BUDGET]
+    if thin:
+        raise UserError("grid: " + "; ".join(f"budget {budgets[j]:.3g} has {n} size(s)" for j, n in thin)
+                        + f": an IsoFLOP slice needs at least {MIN_SIZES_PER_BUDGET} to place its minimum "
+                        "(add sizes, lower --min-tokens or move a --last-budget)")
     for d in seed1_sizes:  # a size named for a second seed that gets none is a typo, not a choice
         size = next((s for s in sizes if s.config.d_model == d), None)
         if size is None:
