@@ -16,7 +16,13 @@ Embedding parameters are the token embedding V*d plus the LM head V*d when untie
 Non-embedding parameters are everything else: L layers + the final RMSNorm (d).
 Active parameters per token count the k routed experts a token uses (not all E), every
 other non-embedding parameter once, and each looped layer's weights once (parameters
-are shared across passes; FLOPs are not).
+are shared across passes; FLOPs are not). This is a convention, a function of the config
+alone: a token is routed again on a looped layer's second pass and may reach other experts
+there, so the distinct weights it touches lie between this count and one with r*k experts per
+looped layer, and depend on the trained router (measured on shipped SMELT weights, k = 2:
+2.12-2.26 distinct experts per looped layer over the two passes, +2.6% to +4.6% over this
+count; 2026-12-06, proxy-s final weights and iso-d28 budget weights of runs-overlap-effect/).
+The N of every SMELT point (and so the fits of L(N, D)) uses this convention.
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, appendix B; also nanoGPT's ``estimate_mfu``
 and torchtitan): training FLOPs per token = 3 x forward (backward = 2 x forward), with

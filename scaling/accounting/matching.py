@@ -58,6 +58,10 @@ def loop_block(n_layers: int, fraction: float = 0.5) -> tuple[int, int]:
     """The middle ``fraction`` of the layers, [start, end): L=10 -> layers 2..6 (0-based).
 
     Matches the paper's looped indices 3-7, 4-9, 6-15, 8-22 (1-based) for L = 10, 12, 20, 30.
+    The block is floor(fraction * L) layers with floor of the rest before it (the prelude), so
+    for an odd L, or one not divisible by 4, it is less than half and the coda gets the extra
+    layer: L = 5 loops [1, 3) (40%), L = 9 loops [2, 6), L = 13 loops [3, 9). The paper has only
+    even L (10, 12, 20, 30); this rounding is this package's choice.
     """
     n_loop = int(n_layers * fraction)
     if n_loop < 1:
