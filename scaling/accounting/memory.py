@@ -50,7 +50,9 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                         + c*(H+2Hkv)*h     the q|k|v projection (v is a view of it)
                         + c*(H+Hkv)*h      RoPE output (q, k)
                         + c*H*h            SDPA output (its [B,T,H*h] reshape, wo's input, is
-                                           a view: the kernels write [B,T,H,h] memory)
+                                           a view: the kernels write [B,T,H,h] memory; not
+                                           on CPU for an odd h, whose output comes back in
+                                           another layout: the reshape copies, + c*H*h more)
                         + 4*H              SDPA log-sum-exp (fp32)
                         + 2*4*E            router logits and softmax (fp32)
                         + 2*4              logsumexp (z-loss) and the top-k sum
@@ -475,6 +477,8 @@ def layer_activation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: 
         + c * (H + 2 * Hkv) * h                # qkv (v is a view)
         + c * (H + Hkv) * h                    # RoPE output (q, k)
         + c * H * h                            # SDPA output (wo's input is a view of it)
+        + (c * H * h if c == 4 and h % 2 else 0)   # CPU, odd h: SDPA returns another layout and
+                                               # wo's input is a saved copy (module docstring)
         + 4 * H                                # SDPA log-sum-exp
         + 2 * 4 * E                            # router logits and probs
         + 2 * 4                                # logsumexp and top-k sum
