@@ -171,24 +171,46 @@ def smelt_twin(
                             head_dim=head_dim, shared_expert_hidden=shared,
                             loop_start=start, loop_end=end, n_loops=n_loops)
 
-    candidates: list[tuple[float, ModelConfig]] = []
-    d_lo = max(width_multiple, int(math.ceil(base.d_model / 2 / width_multiple)) * width_multiple)
-    for d in range(d_lo, base.d_model + 1, width_multiple):
-        # FLOPs/token are linear in f' (at fixed E'); parameters are linear in E' (at fixed f').
-        e_guess = max(base.top_k, round(base.n_experts * base.d_model * base.expert_hidden
-                                        / (d * base.expert_hidden * ratio)))
-        f_star = _solve_ffn(lambda f: costs(make(d, f, e_guess)).flops_per_token, ref.flops_per_token,
-                            ffn_multiple)
-        if f_star is None:
-            continue
-        for f in _round_to(f_star, ffn_multiple):
+    def twins_at(d: int, fs: list[int]) -> list[tuple[float, ModelConfig]]:
+        """The twins of width d at each f': E' from the parameters (linear in E'), rounded both ways."""
+        out = []
+        for f in fs:
             p1, p2 = costs(make(d, f, base.top_k)), costs(make(d, f, base.top_k + 1))
             e_star = base.top_k + (ref.non_embedding_params - p1.non_embedding_params) / (
                 p2.non_embedding_params - p1.non_embedding_params)
             for e in {max(base.top_k, math.floor(e_star)), max(base.top_k, math.ceil(e_star))}:
                 cfg = make(d, f, e)
-                mm = mismatch(cfg, base)
-                candidates.append((max(abs(v) for v in mm.values()), cfg))
+                out.append((max(abs(v) for v in mismatch(cfg, base).values()), cfg))
+        return out
+
+    candidates: list[tuple[float, ModelConfig]] = []
+    roots: dict[int, float] = {}
+    d_lo = max(width_multiple, int(math.ceil(base.d_model / 2 / width_multiple)) * width_multiple)
+    widths = range(d_lo, base.d_model + 1, width_multiple)
+    for d in widths:
+        # FLOPs/token are linear in f' (at fixed E'); parameters are linear in E' (at fixed f').
+        e_guess = max(base.top_k, round(base.n_experts * base.d_model * base.expert_hidden
+                                        / (d * base.expert_hidden * ratio)))
+        f_star = _solve_ffn(lambda f: costs(make(d, f, e_guess)).flops_per_token, ref.flops_per_token,
+                            ffn_multiple)
+        if f_star is not None:
+            roots[d] = f_star
+            candidates += twins_at(d, _round_to(f_star, ffn_multiple))
+    if candidates and not any(c[0] <= tolerance for c in candidates):
+        # Where one expert is a large share of the parameters (few, wide experts), no E' is near
+        # the parameters at the FLOPs root: trade FLOPs for parameters over every f' whose FLOPs
+        # stay within the tolerance (only then, so that every twin found before keeps its config).
+        for d, f_star in roots.items():
+            fs = []
+            for step in (-1, 1):
+                f = _round_to(f_star, ffn_multiple)[0 if step < 0 else -1]
+                while f >= ffn_multiple and len(fs) < 4 * MAX_SEARCH_WIDTHS:
+                    if abs(costs(make(d, f, base.n_experts)).flops_per_token / ref.flops_per_token - 1) > (
+                            2 * tolerance):
+                        break
+                    fs.append(f)
+                    f += step * ffn_multiple
+            candidates += twins_at(d, sorted(set(fs)))
     if not candidates:
         raise UserError("no SMELT width can match the Baseline's FLOPs (the fixed terms alone exceed it)")
     within = [c for c in candidates if c[0] <= tolerance]
