@@ -133,8 +133,8 @@ def test_shared_expert_grid_matches_like_the_plain_one():
 
 
 def test_plain_refusal_at_width_multiple_one_does_not_suggest_a_smaller_one():
-    base = ModelConfig(vocab_size=4096, d_model=24, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24,
-                       n_experts=4, top_k=2, expert_hidden=96, shared_expert_hidden=32, seq_len=256)
+    base = ModelConfig(vocab_size=4096, d_model=157, n_layers=8, n_heads=4, n_kv_heads=2, head_dim=24,
+                       n_experts=4, top_k=2, expert_hidden=628, shared_expert_hidden=628, seq_len=256)
     with pytest.raises(UserError, match="get no closer; allow a larger tolerance") as exc:
         smelt_twin(base, width_multiple=1)
     assert "smaller width multiple" not in str(exc.value)
