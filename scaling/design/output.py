@@ -5,13 +5,18 @@ plan is read."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from scaling.accounting.tiers import ARCHS
 from scaling.design.proposal import Proposal
 
-if TYPE_CHECKING:  # grid.py imports this module (NOT_IN_PLAN)
-    from scaling.design.grid import LrRule
+
+class LrRuleLike(Protocol):
+    """What the plan needs of ``scaling.design.grid.LrRule`` (grid.py imports this module)."""
+
+    def __call__(self, d_model: int) -> float: ...
+
+    def describe(self) -> str: ...
 
 # ModelConfig fields a [model] table leaves out: the tier names it, and a Baseline has no loop
 # (n_loops in a [model] table is the matcher's option, scaling.training.sweep.plan).
@@ -25,7 +30,7 @@ def sweep_plan_document(
     runs_dir: str,
     template: Mapping[str, Any] | None = None,
     seeds: Sequence[int] = (0,),
-    lr_rule: LrRule | None = None,
+    lr_rule: LrRuleLike | None = None,
 ) -> dict[str, Any]:
     """The sweep-plan document of ``proposal``: [sweep] (``name``, ``runs_dir``, ``seeds``), one
     [model] table and one [tier] budget per size, with its own peak lr from ``lr_rule`` when given
