@@ -118,12 +118,14 @@ def register(app: typer.Typer) -> None:
         method: Literal["auto", "envelope", "law"] = typer.Option(
             "auto", "--method", help="auto: the fitted laws where both are "
             "identified and fit (the envelope inside the data is their cross-check); "
-            "otherwise the envelope (observed frontiers, no law) inside the data and "
-            "the laws outside; envelope: only the envelope (other budgets refused); "
+            "otherwise the envelope (observed frontiers, no law) inside the data and no "
+            "estimate outside it (--max-extrapolation, --extrapolate); envelope: only the "
+            "envelope (other budgets refused); "
             "law: only laws."),
         max_extrapolation: float = typer.Option(WITHHOLD_DECADES, "--max-extrapolation",
                                                 help="Decades beyond the fitted compute past which an "
-                                                "unidentified law gives no point estimate."),
+                                                "unidentified law gives no point estimate (default 0: "
+                                                "an extrapolation from it is no result)."),
         extrapolate: bool = typer.Option(False, "--extrapolate", help="Print those estimates anyway, "
                                          "marked as extrapolated."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),

@@ -63,7 +63,7 @@ from scaling.fitting.laws import Frontier, Law, TokenCost, frontier, frontier_nu
 CONVENTIONS = ("candidate-budget", "reference-budget")
 SPAN_DECADES = 6.0
 EXTRAPOLATION_WARN_DECADES = 1.0
-WITHHOLD_DECADES = 1.0  # default: no point estimate from unidentified laws beyond this extrapolation
+WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law beyond its data
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # 2*span*ln(10) / 2^64: far below float64 resolution of log C
 

@@ -3,8 +3,9 @@ published laws, combined by a method (auto, envelope or law) into one :class:`Sa
 
 auto: laws that are identified and fit their points answer at every budget, and inside the data
 the envelope cross-checks them (a warning per budget where the intervals do not overlap); laws
-that are not answer only outside the data, the envelope inside. envelope: only the envelope.
-law: only the laws. A law that is not identified gives no number far beyond its data
+that are not give no number beyond their data by default (``WITHHOLD_DECADES`` = 0), the
+envelope answers inside. envelope: only the envelope. law: only the laws. A law that is not
+identified gives no number beyond ``max_extrapolation`` decades past its data
 (:func:`scaling.fitting.savings.withhold_unidentified`).
 """
 
