@@ -26,6 +26,10 @@ The search is a small exhaustive one over hardware-friendly integers:
    sqrt(L / passes): the FLOPs cut is split evenly between width and FFN size, which makes
    E' ~ E * passes / L, the paper's 336 -> 504), and of those the smallest worst mismatch
    (the slack of two multiples trades a width slightly off the target for a tighter match).
+4. Only when no candidate is within tolerance (few, wide experts: one expert is a large share
+   of the parameters, so no E' is near them at the FLOPs root): every f' whose FLOPs stay
+   within twice the tolerance is tried as in step 2, trading FLOPs for parameters. Twins found
+   by steps 2-3 never change.
 
 The paper reached about +-4% on FLOPs and KV cache and +-1% on parameters; the default
 tolerance here is 1% on all three.
