@@ -1,6 +1,6 @@
 """Fit the per-width learning-rate rule of the IsoFLOP proxy study from the lr sweep (issue 26).
 
-    python plans/fit_lr_rule.py [runs-lr] [--budget-index 1] [--json]
+    python plans/fit_lr_rule.py [runs-lr] [--budget-index 1] [--arch baseline|smelt] [--json]
 
 For each width (d_model), the validation loss of every run at one budget of the lr sweep
 (plans/lr-sweep.toml; each seed a point) against x = log10(peak lr): a least-squares parabola
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,17 +28,23 @@ import numpy as np
 from scipy.stats import t as student_t
 
 
-def load(root: Path, budget_index: int) -> dict[int, dict[float, dict[int, tuple[float, float]]]]:
-    """{d_model: {lr: {seed: (tokens, loss)}}} of the finished lr-sweep runs under ``root``."""
+def load(root: Path, budget_index: int,
+         arch: str = "baseline") -> dict[int, dict[float, dict[int, tuple[float, float]]]]:
+    """{d_model: {lr: {seed: (tokens, loss)}}} of the finished lr-sweep runs of ``arch`` under ``root``.
+
+    d_model is the Baseline's of the run's tier (``lr-dNN-...``), so a SMELT twin (narrower) is
+    keyed by the Baseline it is matched to."""
     out: dict[int, dict[float, dict[int, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))
     for final in sorted(root.glob("*/final.json")):
         doc = json.loads(final.read_text())
         cfg = json.loads((final.parent / "config.json").read_text())
-        if not doc.get("complete"):
+        if not doc.get("complete") or cfg.get("arch", "baseline") != arch:
             continue
         pts = [p for p in doc["points"] if p["budget_index"] == budget_index]
         if pts:
-            d, lr, seed = int(cfg["model"]["d_model"]), float(cfg["train"]["lr"]), int(cfg["seed"])
+            tier = re.fullmatch(r"lr-d(\d+)-.*", str(cfg.get("tier", "")))
+            d = int(tier.group(1)) if tier else int(cfg["model"]["d_model"])
+            lr, seed = float(cfg["train"]["lr"]), int(cfg["seed"])
             out[d][lr][seed] = (float(pts[0]["D"]), float(pts[0]["loss"]))
     return {d: dict(sorted(v.items())) for d, v in sorted(out.items())}
 
@@ -102,10 +109,12 @@ def main() -> None:
     ap.add_argument("runs", nargs="?", default="runs-lr", help="the lr sweep's runs folder")
     ap.add_argument("--budget-index", type=int, default=1,
                     help="which budget of the sweep (0: 0.1M, 1: 0.3M)")
+    ap.add_argument("--arch", default="baseline", choices=["baseline", "smelt"],
+                    help="which architecture's runs (smelt: the twins, keyed by their Baseline's d_model)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     b = a.budget_index
-    data = load(Path(a.runs), b)
+    data = load(Path(a.runs), b, a.arch)
     seeds = sorted({k for by_lr in data.values() for runs in by_lr.values() for k in runs})
     ls = {d: ls_optimum(by_lr) for d, by_lr in data.items()}
     opt = {d: optimum(rows_of(by_lr)) for d, by_lr in data.items()}
@@ -122,7 +131,7 @@ def main() -> None:
                 "gamma_lo": gamma - 1.96 * se, "gamma_hi": gamma + 1.96 * se,
                 "both_bracketed": ls[d1]["bracketed"] and ls[d2]["bracketed"]}
     if a.json:
-        print(json.dumps({"budget_index": b, "seeds": seeds,
+        print(json.dumps({"budget_index": b, "arch": a.arch, "seeds": seeds,
                           "points": {str(d): {f"{lr:g}": {str(k): v[1] for k, v in runs.items()}
                                               for lr, runs in by_lr.items()} for d, by_lr in data.items()},
                           "optimum": {str(d): o for d, o in ls.items()},
