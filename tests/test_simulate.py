@@ -126,18 +126,22 @@ def test_a_savings_failure_at_one_budget_leaves_the_trial_in_the_others(chin_des
     near budget's row used half the trials, and which half is not random (audit: bias -2.58 pp with
     the far budget requested, -0.60 pp without). Each row is now over the trials that answer it."""
     import scaling.design.simulate as sim
+    import scaling.fitting.savings_sweep as sweep
 
-    real = sim.savings
-    calls = {"far": 0}
+    real_savings, real_trial = sweep.savings, sim._trial
+    now = {"t": 0}
 
-    def flaky(ref, cand, budgets, **kw):
-        if list(budgets) == [1e23]:
-            calls["far"] += 1
-            if calls["far"] % 2:
-                raise UserError("planted: the frontier does not reach the loss")
-        return real(ref, cand, budgets, **kw)
+    def trial(study, t, out):   # remembers which trial the savings are for
+        now["t"] = t
+        return real_trial(study, t, out)
 
-    monkeypatch.setattr(sim, "savings", flaky)
+    def flaky(ref, cand, budgets, **kw):   # even trials cannot answer the far budget
+        if 1e23 in list(budgets) and now["t"] % 2 == 0:
+            raise UserError("planted: the frontier does not reach the loss")
+        return real_savings(ref, cand, budgets, **kw)
+
+    monkeypatch.setattr(sim, "_trial", trial)
+    monkeypatch.setattr(sweep, "savings", flaky)
     kw = dict(noise=0.005, trials=6, n_bootstrap=10, check_starts=0, seed=5)
     both = simulate(chinchilla_truth(), chin_design, [1e21, 1e23], **kw)
     alone = simulate(chinchilla_truth(), chin_design, [1e21], **kw)

@@ -56,6 +56,7 @@ from scaling.common.format import percent
 from scaling.common.serialize import Record
 from scaling.fitting.fit import FitResult, fit_law
 from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
+from scaling.fitting.savings_sweep import savings_over
 from scaling.fitting.settings import FitSettings
 from scaling.fitting.tables import law_inputs
 
@@ -336,10 +337,10 @@ def _warm_starts(truth: Mapping[str, FittedLaw], points: Mapping[str, pd.DataFra
 
 def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trials: int,
                 progress: Callable[[int, int], None] | None) -> _Outcomes:
-    """Every trial: noisy losses, fits, and the savings at each budget on its own. A trial whose fit
-    fails is counted out of every row; one whose savings fails at one budget only out of that
-    budget's rows (it still counts at the others: dropping it everywhere biased the rows it could
-    answer, as the failures are not a random subset)."""
+    """Every trial: noisy losses, fits, and the savings at every budget it can answer
+    (``savings_over``). A trial whose fit fails is counted out of every row; one whose savings
+    fails at one budget only out of that budget's rows (it still counts at the others: dropping it
+    everywhere biased the rows it could answer, as the failures are not a random subset)."""
     est = np.full((trials, len(keys)), np.nan)
     out = _Outcomes(est=est, lo=np.full_like(est, np.nan), hi=np.full_like(est, np.nan),
                     extrap=[None] * len(keys), identified={g: 0 for g in study.groups})
@@ -350,19 +351,19 @@ def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trial
         except UserError as exc:
             out.failures.append(f"trial {t}: {exc}")
         else:
-            for c in study.budgets:
-                try:
-                    res = savings(fitted[study.reference], fitted[study.candidate], [c],
-                                  sparsities=study.sparsities, level=study.settings.ci_level)
-                except UserError as exc:
-                    out.budget_failures.append(f"trial {t}, C = {c:.3g}: {exc}")
-                    continue
-                for r in res.rows:
-                    j = index[(float(r.budget), r.sparsity)]
-                    out.est[t, j] = r.savings
-                    if r.savings_ci is not None:
-                        out.lo[t, j], out.hi[t, j] = r.savings_ci
-                    out.extrap[j] = r.extrapolation_decades
+            try:   # every budget at once; one by one only when some budget fails
+                res, skipped = savings_over(fitted[study.reference], fitted[study.candidate],
+                                            study.budgets, sparsities=study.sparsities,
+                                            level=study.settings.ci_level)
+            except UserError as exc:   # no budget answers
+                res, skipped = None, [(float(c), str(exc)) for c in study.budgets]
+            out.budget_failures += [f"trial {t}, C = {c:.3g}: {why}" for c, why in skipped]
+            for r in () if res is None else res.rows:
+                j = index[(float(r.budget), r.sparsity)]
+                out.est[t, j] = r.savings
+                if r.savings_ci is not None:
+                    out.lo[t, j], out.hi[t, j] = r.savings_ci
+                out.extrap[j] = r.extrapolation_decades
         if progress is not None:
             progress(t + 1, trials)
     return out
