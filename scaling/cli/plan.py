@@ -185,14 +185,9 @@ def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
     return out
 
 
-def _plan_lr_rule(text: Optional[str], proposal: Proposal) -> Optional[LrRule]:
-    """--lr-rule: the given rule, None for 'none', else the lr sweep's for proxy shapes (the
-    template's one lr is right for no proxy size: docs/proxy-study.md section 2)."""
-    if text is None:
-        return PROXY_LR_RULE if proposal.proxy else None
-    if text.strip().lower() == "none":
-        return None
-    return LrRule.parse(text)
+def _given_lr_rule(text: Optional[str]) -> Optional[LrRule]:
+    """--lr-rule as given: None for 'none' (the template's lr for every size); UserError for a typo."""
+    return None if text.strip().lower() == "none" else LrRule.parse(text)
 
 
 def _template(template: Optional[Path], proposal: Proposal) -> tuple[Path, dict[str, Any]]:
@@ -395,8 +390,7 @@ def register(app: typer.Typer) -> None:
         """
         runs = one_path(runs_arg, runs)
         C = parse_budgets(budget, budgets)
-        if lr_rule is not None and lr_rule.strip().lower() != "none":
-            LrRule.parse(lr_rule)   # a typo is refused before any fitting
+        given_rule = None if lr_rule is None else _given_lr_rule(lr_rule)   # a typo: before any fitting
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
@@ -415,7 +409,9 @@ def register(app: typer.Typer) -> None:
         tpl_path, tpl = _template(template, proposal)
         if runs_dir is None:
             runs_dir = _rel(src.runs_dir) if src.runs_dir is not None else f"runs-{out.stem}"
-        rule = _plan_lr_rule(lr_rule, proposal)
+        # without --lr-rule, proxy sizes take the lr sweep's rule (the template's one lr is right
+        # for no proxy size: docs/proxy-study.md section 2)
+        rule = given_rule if lr_rule is not None else (PROXY_LR_RULE if proposal.proxy else None)
         doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl, lr_rule=rule)
         _check_round_trip(doc, proposal, None)
         warnings = list(proposal.warnings) + [f"short run {s}" for s in _short_runs(proposal, tpl)]
