@@ -133,21 +133,20 @@ def baseline_for_size(
                 f"{size} = {target:.3g} needs the {label} shape scaled by more than 10^4 in "
                 "width; choose a larger reference shape (tier)"
             )
-    for _ in range(_BISECT_STEPS):
-        mid = 0.5 * (lo + hi)
-        if size_at(mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    cands = [c for c in (build(math.exp(lo)), build(math.exp(hi))) if c is not None]
-    if sparsity is not None:
+    if sparsity is None:
+        for _ in range(_BISECT_STEPS):
+            mid = 0.5 * (lo + hi)
+            if size_at(mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        cands = [c for c in (build(math.exp(lo)), build(math.exp(hi))) if c is not None]
+    else:
         # with a sparsity, the size is not monotone in the scale: E(S) is an integer, and some widths
-        # reach no expert count near S (build gives None), so the doubling and the bisection can
-        # stop beside such a gap (F +23.9% with a config at -0.21%, design audit); every width up
-        # to the doubling's bound is then built and measured
-        cands += _bracket_configs(build, shape, math.log(width_multiple / max(shape.d_model,
-                                                                              shape.expert_hidden)),
-                                  hi, width_multiple)
+        # reach no expert count near S (build gives None), so a bisection can stop beside such a
+        # gap (F +23.9% with a config at -0.21%, design audit); every width from the smallest to
+        # the doubling's bound is built and measured instead
+        cands = _bracket_configs(build, shape, lo, hi, width_multiple)
     if not cands:
         raise UserError(f"the {label} shape builds no config near {size} = {target:.3g} at sparsity "
                         f"{sparsity:g}; choose another reference shape (tier)")
