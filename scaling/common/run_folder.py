@@ -25,6 +25,7 @@ never a mix). Torch-free: training writes through it, fitting and analysis read 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import tempfile
@@ -128,6 +129,13 @@ def final_doc(run: str, arch: str, tier: str, complete: bool, points: list[dict[
     return {"run": run, "arch": arch, "tier": tier, "complete": complete, "points": points}
 
 
+@functools.lru_cache(maxsize=64)
+def _weights_sha256(path: str, inode: int, mtime_ns: int, size: int) -> str:
+    """SHA-256 of a weights file, once per file version (inode, mtime, size: an atomic rewrite is a
+    new inode) and process (``plot all`` checks every saved kind of a run against the same file)."""
+    return sha256_file(path)
+
+
 def stale_analysis(doc: Mapping[str, Any], run_dir: Path | str) -> str | None:
     """Why a saved analysis document ``doc`` of the run in ``run_dir`` is not of the run's present
     weights, or None when it is, or cannot be told.
@@ -148,7 +156,8 @@ def stale_analysis(doc: Mapping[str, Any], run_dir: Path | str) -> str | None:
     f = Path(run_dir) / WEIGHTS   # never a path read from the document
     if not f.is_file():
         return None
-    have = sha256_file(f)
+    st = f.stat()
+    have = _weights_sha256(str(f.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
     if have != rec["sha256"]:
         return (f"it was computed on weights {rec['sha256'][:12]}, but {f.name} is now {have[:12]} "
                 "(the run was extended or retrained since)")
