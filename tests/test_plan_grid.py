@@ -39,8 +39,8 @@ def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
     args[out_at] = str(tmp_path / "isoflop-study.toml")
     res = CliRunner().invoke(app, ["plan-grid", *args, "--json"])
     assert res.exit_code == 0, res.output
-    assert list(json.loads(res.stdout)) == ["schema", "shape", "budgets", "lr_rule", "sizes",  # docs/json.md
-                                            "sizes_per_budget", "plan_files"]
+    assert list(json.loads(res.stdout)) == ["schema", "shape", "budgets", "lr_rule",  # docs/json.md
+                                            "smelt_lr_rule", "sizes", "sizes_per_budget", "plan_files"]
     for name in ("isoflop-study.toml", "isoflop-study-seed1.toml"):
         body = lambda p: p.read_text().split("\n", 1)[1]  # noqa: E731 - the header names the paths
         assert body(tmp_path / name) == body(PLANS / name), name
@@ -64,6 +64,27 @@ def test_tokens_budgets_and_lr_follow_the_rules():
             assert t * F <= budgets[j] < (t + 1) * F
     assert [s.name for s in plan.sizes_at(2)] == ["iso-d10", "iso-d14", "iso-d56"]  # d4 stops at 1
     assert plan.sizes[2].config.d_model == 14 and plan.sizes[0].budget_indices == (0, 1)
+
+
+def test_each_architecture_trains_at_its_own_rule(tmp_path):
+    """--smelt-lr-rule: the twin's lr follows its own rule (of the Baseline's d_model), the Baseline's
+    stays, and the sweep reading the written plan gives each run its architecture's lr."""
+    from scaling.training.sweep.plan import load_plan
+
+    tpl = tmp_path / "tpl.toml"
+    tpl.write_text('[train]\nbatch_size = 8\nlr = 1e-3\ndevice = "cpu"\n')
+    out = tmp_path / "study.toml"
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
+                                   "--lr-rule", "0.05,1.0", "--smelt-lr-rule", "0.03,0.5", "--template",
+                                   str(tpl), "--out", str(out), "--min-tokens", "1000", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["smelt_lr_rule"] == {"lr_ref": 0.03, "exponent": 0.5, "d_ref": 6.0}
+    lrs = {(r.tier, r.arch): r.train["lr"] for r in load_plan(out).runs}
+    for d in (6, 10, 14):
+        assert lrs[(f"iso-d{d:02d}", "baseline")] == float(f"{0.05 * (d / 6) ** -1.0:.3g}")
+        assert lrs[(f"iso-d{d:02d}", "smelt")] == float(f"{0.03 * (d / 6) ** -0.5:.3g}")
+    assert "SMELT twin lr = 0.03 * (d_model/6)^-0.5" in out.read_text().splitlines()[3]
 
 
 @pytest.mark.parametrize("kwargs, message", [

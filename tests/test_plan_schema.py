@@ -52,6 +52,12 @@ CASES = [
      [], "pass(es) over the training split"),
     ("[tier] override of the wrong type", ("[executor]", '[tier."tiny-a"]\nlr = "fast"\n\n[executor]'), [],
      "lr must be a number"),
+    ("[tier] per-arch override of the wrong type",
+     ("[executor]", '[tier."tiny-a".smelt]\nlr = "fast"\n\n[executor]'), [], '[tier."tiny-a".smelt] lr must be a number'),
+    ("[tier] per-arch seed", ("[executor]", '[tier."tiny-a".smelt]\nseed = 2\n\n[executor]'), [],
+     '[tier."tiny-a".smelt] seed is set by [sweep]'),
+    ("[tier] misspelt arch", ("[executor]", '[tier."tiny-a".smlet]\nlr = 1e-3\n\n[executor]'), [],
+     'unknown [tier."tiny-a"] keys: smlet'),
     ("misspelt table", ("[executor]", "[trian]\nlr = 1\n\n[executor]"), [], "unknown tables: trian"),
     ("cosine with several budgets", ("lr = 3e-3", 'lr = 3e-3\nschedule = "cosine"'), [],
      "one budget per run"),
@@ -76,6 +82,24 @@ def test_dry_run_and_real_run_refuse_alike(tmp_path, monkeypatch, what, edit, ar
         assert res.stderr.startswith("error: ") and message in res.stderr, (what, res.stderr)
     assert results[0].stderr == results[1].stderr
     assert not runs.exists()  # nothing written
+
+
+def test_per_architecture_overrides():
+    """[tier."x".smelt] keys reach the SMELT run only; a table for an architecture the sweep does not
+    train is refused (it would silently do nothing)."""
+    import tomllib
+
+    from scaling.training.sweep.plan import parse_plan
+
+    doc = tomllib.loads(MINI.replace("{runs}", "runs") + '\n[tier."tiny-a"]\nlr = 2e-3\n'
+                        '\n[tier."tiny-a".smelt]\nlr = 1e-3\nweight_decay = 0.05\n')
+    runs = {(r.tier, r.arch): r.train for r in parse_plan(doc).runs}
+    assert runs[("tiny-a", "smelt")]["lr"] == 1e-3 and runs[("tiny-a", "smelt")]["weight_decay"] == 0.05
+    assert runs[("tiny-a", "baseline")]["lr"] == 2e-3 and "weight_decay" not in runs[("tiny-a", "baseline")]
+    assert runs[("tiny-b", "smelt")]["lr"] == 3e-3
+    doc["sweep"]["archs"] = ["baseline"]
+    with pytest.raises(UserError, match="overrides an architecture the sweep does not train"):
+        parse_plan(doc)
 
 
 @pytest.mark.parametrize("kw, message", [

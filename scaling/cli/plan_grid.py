@@ -48,10 +48,10 @@ def _pairs(text: Optional[str], what: str) -> dict[int, int]:
     return out
 
 
-def _lr_rule(text: str):
+def _lr_rule(text: str, flag: str = "--lr-rule"):
     from scaling.design.grid import LrRule
 
-    return LrRule.parse(text)
+    return LrRule.parse(text, flag)
 
 
 def register(app: typer.Typer) -> None:
@@ -64,6 +64,10 @@ def register(app: typer.Typer) -> None:
         lr_rule: str = typer.Option(..., "--lr-rule",
                                     help="LR,EXPONENT[,D_REF]: lr(d) = LR * (d / D_REF)^-EXPONENT "
                                          "(D_REF default 6), e.g. from an lr sweep."),
+        smelt_lr_rule: Optional[str] = typer.Option(
+            None, "--smelt-lr-rule",
+            help="LR,EXPONENT[,D_REF]: the SMELT twins' own rule, d = the Baseline's d_model (e.g. from "
+                 "the twins' lr sweep); default: each twin trains at its Baseline's lr."),
         shape: str = typer.Option("proxy-xxs", "--shape", help="Tier whose Baseline shape is scaled."),
         min_tokens: int = typer.Option(
             150_000, "--min-tokens", min=1,
@@ -101,7 +105,9 @@ def register(app: typer.Typer) -> None:
                          lr_rule=_lr_rule(lr_rule), min_tokens=min_tokens,
                          last_budget=_pairs(last_budget, "--last-budget"),
                          seed1_sizes=_ints(seed1_sizes, "--seed1-sizes"),
-                         seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"))
+                         seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"),
+                         smelt_lr_rule=None if smelt_lr_rule is None else _lr_rule(smelt_lr_rule,
+                                                                                    "--smelt-lr-rule"))
         second_out = out.with_name(f"{out.stem}-seed1{out.suffix}")
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[template])
@@ -114,7 +120,8 @@ def register(app: typer.Typer) -> None:
                                       executor=tpl.get("executor", {}))
         written: list[str] = []
         # the command as given, in a fixed order, so the header says how to write the file again
-        args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule), ("--shape", shape),
+        args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule),
+                ("--smelt-lr-rule", smelt_lr_rule), ("--shape", shape),
                 ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
                 ("--seed1-sizes", seed1_sizes), ("--seed1-budgets", seed1_budgets),
                 ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
@@ -132,11 +139,15 @@ def register(app: typer.Typer) -> None:
             emit_json(_json(plan, written))
             return
         table = Table(title=plan.summary().splitlines()[0], title_justify="left")
-        for col in ("size", "N (active)", "F (FLOPs/token)", "lr", "budgets (tokens)"):
+        twin = plan.smelt_lr_rule is not None
+        cols = ("size", "N (active)", "F (FLOPs/token)", "lr", *(("SMELT lr",) if twin else ()),
+                "budgets (tokens)")
+        for col in cols:
             table.add_column(col, justify="left" if col in ("size", "budgets (tokens)") else "right")
         for s in plan.sizes:
             served = ", ".join(f"{plan.budgets[j]:.3g}: {t:,}" for j, t in zip(s.budget_indices, s.tokens))
-            table.add_row(s.name, f"{s.active_params:,}", f"{s.flops_per_token:.4g}", f"{s.lr:.3g}", served)
+            table.add_row(s.name, f"{s.active_params:,}", f"{s.flops_per_token:.4g}", f"{s.lr:.3g}",
+                          *((f"{s.smelt_lr:.3g}",) if twin else ()), served)
         stdout.print(table)
         for w in written:
             stderr.print(f"wrote {w}", highlight=False)
@@ -146,12 +157,16 @@ def _json(plan: Any, written: list[str]) -> dict[str, Any]:
     return {
         "shape": plan.shape,
         "budgets": list(plan.budgets),
-        "lr_rule": {"lr_ref": plan.lr_rule.lr_ref, "exponent": plan.lr_rule.exponent,
-                    "d_ref": plan.lr_rule.d_ref},
+        "lr_rule": _rule_json(plan.lr_rule),
+        "smelt_lr_rule": None if plan.smelt_lr_rule is None else _rule_json(plan.smelt_lr_rule),
         "sizes": [{"name": s.name, "d_model": s.config.d_model, "active_params": s.active_params,
-                   "flops_per_token": s.flops_per_token, "lr": s.lr,
+                   "flops_per_token": s.flops_per_token, "lr": s.lr, "smelt_lr": s.smelt_lr,
                    "budgets": [plan.budgets[j] for j in s.budget_indices], "tokens": list(s.tokens)}
                   for s in plan.sizes],
         "sizes_per_budget": [len(plan.sizes_at(j)) for j in range(len(plan.budgets))],
         "plan_files": written,
     }
+
+
+def _rule_json(rule: Any) -> dict[str, float]:
+    return {"lr_ref": rule.lr_ref, "exponent": rule.exponent, "d_ref": rule.d_ref}

@@ -19,7 +19,9 @@ Rules, all stated in the plan file the documents become:
   smallest sizes stop early: at large budgets they are far from the optimum and cost the CPU's
   worst FLOP rate).
 - Learning rate per size: lr(d) = lr_ref * (d / d_ref) ** -exponent, rounded to 3 significant
-  digits (a rule fitted on an lr sweep; docs/proxy-study.md).
+  digits (a rule fitted on an lr sweep; docs/proxy-study.md), d the Baseline's d_model. The SMELT
+  twin trains at its Baseline's lr, or at its own rule (fitted on the twins' lr sweep, again as a
+  function of the Baseline's d_model) when one is given: each architecture at its own tuned lr.
 - A second seed of chosen sizes trains to chosen budgets for the seed-to-seed noise.
 
 Pure: no I/O; ``scaling.cli.plan`` writes the documents (``plan --grid``).
@@ -79,6 +81,10 @@ class LrRule:
 # 0.0346 (95% [0.022, 0.054]) and 0.00456 ([0.0037, 0.0057]), exponent 0.91 ([0.72, 1.10]). The
 # study in runs/ trained at it; `smelt-scale plan` gives proxy sizes their lr from it.
 PROXY_LR_RULE = LrRule(0.0346, 0.908)
+# The SMELT twins' own rule from the same sweep of the twins (plans/lr-sweep-smelt.toml; `python
+# plans/fit_lr_rule.py runs-lr --arch smelt`), d = the Baseline's d_model: optima 0.0246 (95%
+# [0.018, 0.033]) and 0.00492 ([0.0043, 0.0056]), exponent 0.72 ([0.60, 0.84]).
+PROXY_SMELT_LR_RULE = LrRule(0.0246, 0.721)
 # Fewest tokens a proxy run needs to be past the early loss plateau (docs/proxy-study.md section 1;
 # the study's plan-grid --min-tokens): 73 updates of 8 x 256 tokens.
 PROXY_MIN_TOKENS = 150_000
@@ -95,6 +101,7 @@ class GridSize:
     lr: float
     budget_indices: tuple[int, ...]
     tokens: tuple[int, ...]
+    smelt_lr: float | None = None  # the twin's own lr; None: its Baseline's
 
 
 @dataclass(frozen=True)
@@ -107,14 +114,21 @@ class GridPlan:
     lr_rule: LrRule
     seed1_sizes: tuple[int, ...]
     seed1_budgets: tuple[int, ...]
+    smelt_lr_rule: LrRule | None = None
+
+    def describe_lr(self) -> str:
+        if self.smelt_lr_rule is None:
+            return f"{self.lr_rule.describe()} (the SMELT twin at its Baseline's lr)"
+        return f"Baseline {self.lr_rule.describe()}; SMELT twin {self.smelt_lr_rule.describe()}"
 
     def sizes_at(self, j: int) -> list[GridSize]:
         return [s for s in self.sizes if j in s.budget_indices]
 
     def summary(self) -> str:
-        lines = [f"IsoFLOP grid on the {self.shape} shape, {self.lr_rule.describe()}"]
+        lines = [f"IsoFLOP grid on the {self.shape} shape, {self.describe_lr()}"]
         for s in self.sizes:
-            lines.append(f"{s.name}: N={s.active_params:,} F={s.flops_per_token:.4g} lr={s.lr:.3g} "
+            twin = "" if s.smelt_lr is None else f" (SMELT {s.smelt_lr:.3g})"
+            lines.append(f"{s.name}: N={s.active_params:,} F={s.flops_per_token:.4g} lr={s.lr:.3g}{twin} "
                          f"budgets={[f'{self.budgets[j]:.3g}' for j in s.budget_indices]} "
                          f"tokens={list(s.tokens)}")
         return "\n".join(lines)
@@ -126,7 +140,7 @@ MIN_SIZES_PER_BUDGET = 3  # a parabola through an IsoFLOP slice (approach 2) nee
 def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[float], *,
               lr_rule: LrRule, min_tokens: int, last_budget: Mapping[int, int] | None = None,
               seed1_sizes: Sequence[int] = (), seed1_budgets: Sequence[int] = (0, 1),
-              width_multiple: int = 1) -> GridPlan:
+              width_multiple: int = 1, smelt_lr_rule: LrRule | None = None) -> GridPlan:
     """The grid study over ``d_models`` x ``budgets`` (see the module docstring for the rules)."""
     budgets = tuple(float(c) for c in budgets)
     if (not budgets or any(not (math.isfinite(c) and c > 0) for c in budgets)
@@ -154,7 +168,8 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
         sizes.append(GridSize(
             name=f"iso-d{d:02d}", config=cfg, flops_per_token=float(b.flops_per_token),
             active_params=int(b.active_params), lr=lr_rule(d), budget_indices=uses,
-            tokens=tuple(int(math.floor(budgets[j] / b.flops_per_token)) for j in uses)))
+            tokens=tuple(int(math.floor(budgets[j] / b.flops_per_token)) for j in uses),
+            smelt_lr=None if smelt_lr_rule is None else smelt_lr_rule(d)))
     idle = [s.config.d_model for s in sizes if not s.budget_indices]
     if idle:
         raise UserError(f"grid: d_model {', '.join(map(str, idle))} serves no budget (each gives it fewer "
@@ -175,7 +190,8 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
             raise UserError(f"grid: second-seed size {d} trains at none of the second-seed budgets "
                             f"{', '.join(str(j) for j in seed1_budgets)}")
     return GridPlan(shape=shape.name, budgets=budgets, sizes=tuple(sizes), lr_rule=lr_rule,
-                    seed1_sizes=tuple(seed1_sizes), seed1_budgets=tuple(seed1_budgets))
+                    seed1_sizes=tuple(seed1_sizes), seed1_budgets=tuple(seed1_budgets),
+                    smelt_lr_rule=smelt_lr_rule)
 
 
 def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[str, Any],
@@ -186,11 +202,12 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
     for s in plan.sizes:
         models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in NOT_IN_PLAN},
                           "width_multiple": 1, "proxy": True}
-        tiers[s.name] = {"budgets": list(s.tokens), "lr": s.lr}
+        twin = {} if s.smelt_lr is None else {"smelt": {"lr": s.smelt_lr}}
+        tiers[s.name] = {"budgets": list(s.tokens), "lr": s.lr, **twin}
         seed_tokens = [t for j, t in zip(s.budget_indices, s.tokens) if j in plan.seed1_budgets]
         if seed_tokens and s.config.d_model in plan.seed1_sizes:
-            seed1[s.name] = {"budgets": seed_tokens, "lr": s.lr}
-    rule = plan.lr_rule.describe()
+            seed1[s.name] = {"budgets": seed_tokens, "lr": s.lr, **twin}
+    rule = plan.describe_lr()
     common = {"train": {**train, "lr": plan.lr_rule.lr_ref}, "executor": dict(executor)}
     per_budget = [len(plan.sizes_at(j)) for j in range(len(plan.budgets))]
     main = {
@@ -219,4 +236,4 @@ def grid_header(plan: GridPlan, command: str) -> str:
         f"# IsoFLOP proxy study: budgets {', '.join(f'{c:.3g}' for c in plan.budgets)} FLOPs, sizes d_model "
         f"{', '.join(str(s.config.d_model) for s in plan.sizes)}\n# ({plan.shape} shape scaled), one WSD "
         f"trunk per size with a cooldown branch at each budget it serves.\n# Per-size peak lr: "
-        f"{plan.lr_rule.describe()} (lr sweep, docs/proxy-study.md).\n")
+        f"{plan.describe_lr()} (lr sweep, docs/proxy-study.md).\n")

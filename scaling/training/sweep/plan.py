@@ -24,6 +24,9 @@ Format (see ``plans/cpu-proxy.toml``)::
     budgets = [1e6, 2e6]
     lr = 2e-3
 
+    [tier."proxy-l".smelt]                 # per-tier, per-architecture [train] keys ("baseline"
+    lr = 1.5e-3                            # or "smelt"), e.g. each architecture's own tuned lr
+
     [model."my-tier"]                      # a custom Baseline tier (ModelConfig keys); list it
     vocab_size = 4096                      # in [sweep] tiers; its SMELT twin is derived by the
     d_model = 80                           # matcher (width_multiple: 1 = exact integers)
@@ -293,10 +296,20 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         budgets = _as_budgets(override.pop("budgets", sweep.get("budgets")), f"{where} [{tier}]")
         tier_parallel = {**parallel, **_parallel_table(override.pop("parallel", {}), where,
                                                        f'[tier."{tier}".parallel]')}
+        by_arch = {a: override.pop(a) for a in ARCHS if a in override}
         override = check_table(override, _train_schema(), where, f'[tier."{tier}"]')
+        for arch, table in by_arch.items():
+            if not isinstance(table, dict):
+                raise UserError(f'{where}: [tier."{tier}".{arch}] must be a table of [train] keys')
+            if arch not in archs:
+                raise UserError(f'{where}: [tier."{tier}".{arch}] overrides an architecture the sweep does '
+                                f"not train ([sweep] archs: {', '.join(archs)})")
+            by_arch[arch] = check_table(table, _train_schema(), where, f'[tier."{tier}".{arch}]')
         for key in ("seed", "tokens"):
-            if key in override:
-                raise UserError(f'{where}: [tier."{tier}"] {key} is set by [sweep]; remove it')
+            for name, table in ((f'[tier."{tier}"]', override),
+                                *((f'[tier."{tier}".{a}]', t) for a, t in by_arch.items())):
+                if key in table:
+                    raise UserError(f"{where}: {name} {key} is set by [sweep]; remove it")
         for arch in archs:
             if tier in custom:
                 model, proxy = custom[tier][arch], custom[tier]["proxy"]
@@ -310,7 +323,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
                         arch=arch,
                         seed=seed,
                         budgets=budgets,
-                        train={**train, **override},
+                        train={**train, **override, **by_arch.get(arch, {})},
                         data=data_spec,
                         model=model,
                         proxy=proxy,
