@@ -453,7 +453,7 @@ def _proxy_plan(tmp_path, *extra: str, bootstrap: int = 0,
 def test_plan_gives_each_proxy_size_the_lr_rule_and_the_study_settings(tmp_path):
     """Every size trained at the template's one lr (3e-3, batch 16, warm-up 20: the first sweep's), which
     docs/proxy-study.md blames for that sweep's misfit: 41x below the rule at the smallest size."""
-    from scaling.design.grid import PROXY_LR_RULE
+    from scaling.design.grid import PROXY_LR_RULE, PROXY_SMELT_LR_RULE
 
     d, doc = _proxy_plan(tmp_path)
     assert doc["train"]["batch_size"] == 8 and doc["train"]["warmup"] == 10
@@ -461,17 +461,23 @@ def test_plan_gives_each_proxy_size_the_lr_rule_and_the_study_settings(tmp_path)
     assert len(tiers) == len(doc["model"]) >= 10
     for name, t in tiers.items():
         assert t["lr"] == PROXY_LR_RULE(doc["model"][name]["d_model"])
+        assert t["smelt"]["lr"] == PROXY_SMELT_LR_RULE(doc["model"][name]["d_model"])
     lrs = sorted(t["lr"] for t in tiers.values())
     assert lrs[-1] / lrs[0] > 3          # sizes a decade apart get lrs the rule sets apart
-    # the plan reads back as sweep runs at those lrs
+    # the plan reads back as sweep runs at those lrs, each architecture at its own
     runs = load_plan(tmp_path / "next.toml").runs
-    assert {r.train["lr"] for r in runs} == set(lrs)
-    # an explicit rule, or none (the template's one lr)
+    assert {r.train["lr"] for r in runs if r.arch == "baseline"} == set(lrs)
+    assert {r.train["lr"] for r in runs if r.arch == "smelt"} == {t["smelt"]["lr"] for t in tiers.values()}
+    # an explicit rule (the twins then train at it too, unless given their own), or none (the
+    # template's one lr)
     _, doc = _proxy_plan(tmp_path, "--lr-rule", "0.01,1", "--force")
-    assert all(t["lr"] == float(f"{0.01 * (doc['model'][n]['d_model'] / 6) ** -1:.3g}")
+    assert all(t["lr"] == float(f"{0.01 * (doc['model'][n]['d_model'] / 6) ** -1:.3g}") and "smelt" not in t
                for n, t in doc["tier"].items())
-    _, doc = _proxy_plan(tmp_path, "--lr-rule", "none", "--force")
-    assert all("lr" not in t for t in doc["tier"].values())
+    _, doc = _proxy_plan(tmp_path, "--lr-rule", "0.01,1", "--smelt-lr-rule", "0.02,0.5", "--force")
+    assert all(t["smelt"]["lr"] == float(f"{0.02 * (doc['model'][n]['d_model'] / 6) ** -0.5:.3g}")
+               for n, t in doc["tier"].items())
+    _, doc = _proxy_plan(tmp_path, "--lr-rule", "none", "--smelt-lr-rule", "none", "--force")
+    assert all("lr" not in t and "smelt" not in t for t in doc["tier"].values())
 
 
 def test_packaged_proxy_template_is_the_studys():
@@ -496,9 +502,10 @@ def test_plan_says_its_laws_are_not_identified_and_flags_plateau_runs(tmp_path):
     assert all("early loss plateau" in w for w in short)
 
 
-def test_bad_lr_rule_is_refused_before_fitting(tmp_path):
-    assert_one_line_exit_2(runner.invoke(app, ["plan", str(ROOT / "runs"), "--budget", "1e12", "--lr-rule",
-                                               "fast", "--out", str(tmp_path / "x.toml")]), "--lr-rule")
+@pytest.mark.parametrize("flag", ["--lr-rule", "--smelt-lr-rule"])
+def test_bad_lr_rule_is_refused_before_fitting(tmp_path, flag):
+    assert_one_line_exit_2(runner.invoke(app, ["plan", str(ROOT / "runs"), "--budget", "1e12", flag,
+                                               "fast", "--out", str(tmp_path / "x.toml")]), flag)
 
 
 @pytest.mark.parametrize("target", [2.30e6, 2.40e6, 2.50e6])

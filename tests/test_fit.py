@@ -174,6 +174,32 @@ def test_unidentified_fit_is_flagged():
     assert any("not identified" in w for w in fit.diagnostics["warnings"])
 
 
+def test_bootstrap_share_on_a_bound_must_be_shown_small():
+    """The verdict asks the one-sided 95% upper bound of the share of refits on a bound to be at most
+    10%, not the observed share: the verdict flipped with resampling noise at a small bootstrap. A
+    well-identified planted law with none on a bound is identified at K = 30 and not at K = 10 (0 of
+    10 cannot show <= 10%: its bound is 21%), where the warning says to raise --bootstrap."""
+    from scaling.fitting.fit import bound_share_upper
+
+    # the closed form of the one-sided Wilson bound at 0 successes: z^2 / (K + z^2), z = 1.6449
+    z2 = 1.6448536269514722 ** 2
+    for K in (10, 25, 200):
+        assert bound_share_upper(0, K) == pytest.approx(z2 / (K + z2), rel=1e-9)
+    assert bound_share_upper(12, 200) < 0.1 < bound_share_upper(14, 200)
+    N, D = grid_design()
+    df = frame(N, D, noisy(CHIN, TRUE, 0.003, 5, N=N, D=D))
+    big = fit_law(df, n_bootstrap=30, seed=1).diagnostics
+    small = fit_law(df, n_bootstrap=10, seed=1).diagnostics
+    assert big["bootstrap_on_bound_fraction"] == small["bootstrap_on_bound_fraction"] == 0
+    assert big["identified"] and big["bootstrap_on_bound_upper"] < 0.1
+    assert not small["identified"] and small["bootstrap_on_bound_upper"] == pytest.approx(z2 / (10 + z2))
+    assert any("raise it" in w for w in small["warnings"])
+    from scaling.fitting.savings import unidentified
+
+    assert "too few bootstrap resamples" in unidentified({**small, "identified": False})
+    assert unidentified(big) is None
+
+
 def test_too_few_points_is_a_user_error():
     N, D = grid_design()
     with pytest.raises(UserError, match="4 points for 5 parameters"):

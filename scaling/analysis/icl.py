@@ -4,7 +4,6 @@ in-context demonstrations k, greedy decoding, exact match, Wilson intervals."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,25 +22,8 @@ from scaling.analysis.dyck import (
 from scaling.analysis.results import Result
 from scaling.analysis.runs import LoadedRun
 from scaling.common.errors import UserError
+from scaling.common.stats import wilson_interval  # noqa: F401 - part of this module's API
 from scaling.training.data.corpus import BOS_ID
-
-
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (Wilson 1927; Agresti & Coull 1998):
-    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z the normal quantile; computed by
-    ``scipy.stats.binomtest(successes, n).proportion_ci(confidence, method="wilson")``."""
-    from scipy.stats import binomtest
-
-    if n <= 0:
-        return (math.nan, math.nan)
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes {successes} outside 0..{n}")
-    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    # At p = 0 (p = 1) the lower (upper) end is exactly 0 (1); rounding would leave 1e-17.
-    lo = 0.0 if successes == 0 else max(0.0, float(ci.low))
-    hi = 1.0 if successes == n else min(1.0, float(ci.high))
-    return lo, hi
-
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from scaling.common.errors import UserError
 from scaling.common.files import read_config
 from scaling.common.format import count, percent
 from scaling.common.run_folder import atomic_write_bytes
-from scaling.design.grid import PROXY_LR_RULE, PROXY_MIN_TOKENS, LrRule
+from scaling.design.grid import PROXY_LR_RULE, PROXY_MIN_TOKENS, PROXY_SMELT_LR_RULE, LrRule
 from scaling.design.output import sweep_plan_document
 from scaling.design.points import (
     DESIGN_BUDGETS,
@@ -185,9 +185,9 @@ def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
     return out
 
 
-def _given_lr_rule(text: Optional[str]) -> Optional[LrRule]:
+def _given_lr_rule(text: Optional[str], flag: str = "--lr-rule") -> Optional[LrRule]:
     """--lr-rule as given: None for 'none' (the template's lr for every size); UserError for a typo."""
-    return None if text.strip().lower() == "none" else LrRule.parse(text)
+    return None if text.strip().lower() == "none" else LrRule.parse(text, flag)
 
 
 def _template(template: Optional[Path], proposal: Proposal) -> tuple[Path, dict[str, Any]]:
@@ -364,6 +364,15 @@ def register(app: typer.Typer) -> None:
             f"(default for proxy shapes: {PROXY_LR_RULE.lr_ref:g},{PROXY_LR_RULE.exponent:g}, the lr "
             "sweep's; otherwise the template's one lr); 'none': the template's lr for every size.",
         ),
+        smelt_lr_rule: Optional[str] = typer.Option(
+            None,
+            "--smelt-lr-rule",
+            help="The SMELT twins' own peak lr, LR,EXPONENT[,D_REF] of the Baseline's d_model (default for "
+            "proxy shapes without --lr-rule: "
+            f"{PROXY_SMELT_LR_RULE.lr_ref:g},{PROXY_SMELT_LR_RULE.exponent:g}, "
+            "the twins' lr sweep; otherwise each twin trains at its Baseline's lr); 'none': at its "
+            "Baseline's lr.",
+        ),
         runs_dir: Optional[str] = typer.Option(
             None,
             "--runs-dir",
@@ -391,6 +400,7 @@ def register(app: typer.Typer) -> None:
         runs = one_path(runs_arg, runs)
         C = parse_budgets(budget, budgets)
         given_rule = None if lr_rule is None else _given_lr_rule(lr_rule)   # a typo: before any fitting
+        given_twin = None if smelt_lr_rule is None else _given_lr_rule(smelt_lr_rule, "--smelt-lr-rule")
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)
@@ -412,7 +422,12 @@ def register(app: typer.Typer) -> None:
         # without --lr-rule, proxy sizes take the lr sweep's rule (the template's one lr is right
         # for no proxy size: docs/proxy-study.md section 2)
         rule = given_rule if lr_rule is not None else (PROXY_LR_RULE if proposal.proxy else None)
-        doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl, lr_rule=rule)
+        # the twins' own rule belongs with the Baseline rule it was measured beside: by default only
+        # when both come from the lr sweep
+        twin_default = PROXY_SMELT_LR_RULE if proposal.proxy and lr_rule is None else None
+        twin = given_twin if smelt_lr_rule is not None else twin_default
+        doc = sweep_plan_document(proposal, name=out.stem, runs_dir=runs_dir, template=tpl, lr_rule=rule,
+                                  smelt_lr_rule=twin)
         _check_round_trip(doc, proposal, None)
         warnings = list(proposal.warnings) + [f"short run {s}" for s in _short_runs(proposal, tpl)]
         plan_file = None if dry_run else _write_plan(out, doc, proposal, src, tpl_path, tpl, json_out)

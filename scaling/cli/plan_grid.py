@@ -78,7 +78,11 @@ def register(app: typer.Typer) -> None:
                  "(default: the last)."),
         seed1_sizes: Optional[str] = typer.Option(None, "--seed1-sizes",
                                                   help="d_model values that also train with seed 1."),
-        seed1_budgets: str = typer.Option("0,1", "--seed1-budgets", help="Budget indices seed 1 trains to."),
+        seed1_budgets: str = typer.Option("0,1", "--seed1-budgets",
+                                          help="Budget indices the further seeds train to."),
+        extra_seeds: str = typer.Option("1", "--extra-seeds",
+                                        help="The further seeds of the --seed1-sizes, e.g. 1,2 (written to "
+                                             "<stem>-seed1.toml)."),
         template: Path = typer.Option(..., "--template",
                                       help="Plan whose [train] and [executor] tables the study copies "
                                            "(the lr comes from --lr-rule)."),
@@ -106,6 +110,7 @@ def register(app: typer.Typer) -> None:
                          last_budget=_pairs(last_budget, "--last-budget"),
                          seed1_sizes=_ints(seed1_sizes, "--seed1-sizes"),
                          seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"),
+                         extra_seeds=_ints(extra_seeds, "--extra-seeds"),
                          smelt_lr_rule=None if smelt_lr_rule is None else _lr_rule(smelt_lr_rule,
                                                                                     "--smelt-lr-rule"))
         second_out = out.with_name(f"{out.stem}-seed1{out.suffix}")
@@ -124,6 +129,7 @@ def register(app: typer.Typer) -> None:
                 ("--smelt-lr-rule", smelt_lr_rule), ("--shape", shape),
                 ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
                 ("--seed1-sizes", seed1_sizes), ("--seed1-budgets", seed1_budgets),
+                ("--extra-seeds", None if extra_seeds == "1" else extra_seeds),
                 ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
         command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
         header = grid_header(plan, command)

@@ -1,7 +1,10 @@
-"""Small statistics shared by the fitter, the savings, the study design and the figures: every
-quantile the project computes goes through :func:`quantiles` (one interpolation rule)."""
+"""Small statistics shared by the fitter, the savings, the study design, the analyses and the figures:
+every quantile the project computes goes through :func:`quantiles` (one interpolation rule), every
+binomial proportion's interval through :func:`wilson_interval`."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -75,3 +78,20 @@ def weighted_paired_mean(diff, weights) -> tuple[float | None, float | None]:
         return m, None
     se = float(np.sqrt((w ** 2 * (d - m) ** 2).sum() * n / (n - 1)) / total)
     return m, se
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (Wilson 1927; Agresti & Coull 1998):
+    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z the normal quantile; computed by
+    ``scipy.stats.binomtest(successes, n).proportion_ci(confidence, method="wilson")``."""
+    from scipy.stats import binomtest
+
+    if n <= 0:
+        return (math.nan, math.nan)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes {successes} outside 0..{n}")
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    # At p = 0 (p = 1) the lower (upper) end is exactly 0 (1); rounding would leave 1e-17.
+    lo = 0.0 if successes == 0 else max(0.0, float(ci.low))
+    hi = 1.0 if successes == n else min(1.0, float(ci.high))
+    return lo, hi

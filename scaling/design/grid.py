@@ -22,7 +22,7 @@ Rules, all stated in the plan file the documents become:
   digits (a rule fitted on an lr sweep; docs/proxy-study.md), d the Baseline's d_model. The SMELT
   twin trains at its Baseline's lr, or at its own rule (fitted on the twins' lr sweep, again as a
   function of the Baseline's d_model) when one is given: each architecture at its own tuned lr.
-- A second seed of chosen sizes trains to chosen budgets for the seed-to-seed noise.
+- Further seeds (1, 2, ...) of chosen sizes train to chosen budgets for the seed-to-seed noise.
 
 Pure: no I/O; ``scaling.cli.plan`` writes the documents (``plan --grid``).
 """
@@ -115,6 +115,7 @@ class GridPlan:
     seed1_sizes: tuple[int, ...]
     seed1_budgets: tuple[int, ...]
     smelt_lr_rule: LrRule | None = None
+    extra_seeds: tuple[int, ...] = (1,)
 
     def describe_lr(self) -> str:
         if self.smelt_lr_rule is None:
@@ -140,7 +141,8 @@ MIN_SIZES_PER_BUDGET = 3  # a parabola through an IsoFLOP slice (approach 2) nee
 def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[float], *,
               lr_rule: LrRule, min_tokens: int, last_budget: Mapping[int, int] | None = None,
               seed1_sizes: Sequence[int] = (), seed1_budgets: Sequence[int] = (0, 1),
-              width_multiple: int = 1, smelt_lr_rule: LrRule | None = None) -> GridPlan:
+              width_multiple: int = 1, smelt_lr_rule: LrRule | None = None,
+              extra_seeds: Sequence[int] = (1,)) -> GridPlan:
     """The grid study over ``d_models`` x ``budgets`` (see the module docstring for the rules)."""
     budgets = tuple(float(c) for c in budgets)
     if (not budgets or any(not (math.isfinite(c) and c > 0) for c in budgets)
@@ -154,6 +156,10 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
     for d, j in last_budget.items():
         if d not in d_models or not 0 <= j < len(budgets):
             raise UserError(f"grid: last budget {d}:{j} names no grid size or no budget index")
+    if seed1_sizes and (not extra_seeds or len(set(extra_seeds)) != len(extra_seeds)
+                        or any(s < 1 for s in extra_seeds)):
+        raise UserError(f"grid: the further seeds must be distinct integers >= 1 (seed 0 is the main "
+                        f"plan's), got {', '.join(map(str, extra_seeds)) or 'none'}")
     if seed1_sizes and any(j not in range(len(budgets)) for j in seed1_budgets):
         raise UserError(f"grid: a second-seed budget index is out of range (0 to {len(budgets) - 1})")
     sizes = []
@@ -191,13 +197,13 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
                             f"{', '.join(str(j) for j in seed1_budgets)}")
     return GridPlan(shape=shape.name, budgets=budgets, sizes=tuple(sizes), lr_rule=lr_rule,
                     seed1_sizes=tuple(seed1_sizes), seed1_budgets=tuple(seed1_budgets),
-                    smelt_lr_rule=smelt_lr_rule)
+                    smelt_lr_rule=smelt_lr_rule, extra_seeds=tuple(sorted(extra_seeds)))
 
 
 def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[str, Any],
                    executor: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The sweep-plan documents (``scaling.training.sweep.plan``'s TOML format): the main study
-    (seed 0, every size to its budgets) and the second seed (``None`` when no size takes one)."""
+    (seed 0, every size to its budgets) and the further seeds (``None`` when no size takes one)."""
     models, tiers, seed1 = {}, {}, {}
     for s in plan.sizes:
         models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in NOT_IN_PLAN},
@@ -219,12 +225,13 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
         **common, "tier": tiers, "model": models}
     if not seed1:
         return main, None
+    seeds = list(plan.extra_seeds)
     second = {
         "sweep": {"name": f"{name}-seed1",
-                  "description": "second seed at C = "
+                  "description": f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} at C = "
                                  f"{', '.join(f'{plan.budgets[j]:.3g}' for j in plan.seed1_budgets)}: "
                                  "the seed-to-seed noise",
-                  "tiers": list(seed1), "archs": list(ARCHS), "seeds": [1], "runs_dir": runs_dir},
+                  "tiers": list(seed1), "archs": list(ARCHS), "seeds": seeds, "runs_dir": runs_dir},
         **common, "tier": seed1, "model": {k: models[k] for k in seed1}}
     return main, second
 

@@ -31,11 +31,13 @@ def sweep_plan_document(
     template: Mapping[str, Any] | None = None,
     seeds: Sequence[int] = (0,),
     lr_rule: LrRuleLike | None = None,
+    smelt_lr_rule: LrRuleLike | None = None,
 ) -> dict[str, Any]:
     """The sweep-plan document of ``proposal``: [sweep] (``name``, ``runs_dir``, ``seeds``), one
     [model] table and one [tier] budget per size, with its own peak lr from ``lr_rule`` when given
-    (else every size trains at the template's [train] lr); [train], [data] and [executor] copied
-    from ``template`` (a plan document)."""
+    (else every size trains at the template's [train] lr) and its SMELT twin's from
+    ``smelt_lr_rule`` when given (else the twin trains at its Baseline's lr; both rules take the
+    Baseline's d_model); [train], [data] and [executor] copied from ``template`` (a plan document)."""
     template = dict(template or {})
     models: dict[str, Any] = {}
     budgets: dict[str, Any] = {}
@@ -49,6 +51,8 @@ def sweep_plan_document(
             budgets[p.tier] = {"budgets": [int(p.D)]}
             if lr_rule is not None:
                 budgets[p.tier]["lr"] = lr_rule(p.config.d_model)
+            if smelt_lr_rule is not None:
+                budgets[p.tier]["smelt"] = {"lr": smelt_lr_rule(p.config.d_model)}
     desc = "; ".join(
         f"C={s.budget:.3g}"
         + ("" if s.sparsity is None else f" S={s.sparsity:g}")
@@ -60,7 +64,8 @@ def sweep_plan_document(
             "name": name,
             "description": (f"IsoFLOP sets proposed by smelt-scale plan ({proposal.law} law, "
                             f"{proposal.shape} shape): {desc}"
-                            + ("" if lr_rule is None else f"; {lr_rule.describe()}")),
+                            + ("" if lr_rule is None else f"; {lr_rule.describe()}")
+                            + ("" if smelt_lr_rule is None else f"; SMELT {smelt_lr_rule.describe()}")),
             "tiers": proposal.tiers(),
             "archs": list(ARCHS),
             "seeds": [int(x) for x in seeds],

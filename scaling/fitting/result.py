@@ -339,7 +339,7 @@ def _checked_sections(d: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             raise TypeError(f"diagnostics.{key} must be a list of strings, got {diag[key]!r:.60}")
     if "identified" in diag and not isinstance(diag["identified"], bool):
         raise TypeError(f"diagnostics.identified must be true or false, got {diag['identified']!r:.60}")
-    for key in ("bootstrap_on_bound_fraction", "rmse_log", "objective"):
+    for key in ("bootstrap_on_bound_fraction", "bootstrap_on_bound_upper", "rmse_log", "objective"):
         v = diag.get(key)
         if v is not None and not (_is_number(v) and (math.isnan(v) or 0 <= v < math.inf)):
             raise ValueError(f"diagnostics.{key} must be a finite number >= 0, got {diag[key]!r:.60}")

@@ -188,7 +188,8 @@ def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
     the fit's own (``identified``, :func:`scaling.fitting.fit.fit_law`'s rule: no parameter of the
     best fit on its bound, no flat direction among the starts, converged, at least
     ``MIN_RESIDUAL_DOF`` residual degrees of freedom, at most ``MAX_BOOTSTRAP_ON_BOUND`` of the
-    bootstrap refits on a bound), so that ``savings`` never answers with a law that ``fit`` calls
+    bootstrap refits on a bound, shown by its one-sided upper bound ``bootstrap_on_bound_upper``), so
+    that ``savings`` never answers with a law that ``fit`` calls
     not identified. Diagnostics without the verdict (a fits file written by hand) are judged by the
     parts of that rule they hold."""
     on_bound = list(diagnostics.get("on_bound") or [])
@@ -196,8 +197,12 @@ def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
     if on_bound:
         why.append(f"{', '.join(map(str, on_bound))} on its bound")
     frac = _positive_or_none(diagnostics.get("bootstrap_on_bound_fraction"))
+    upper = _positive_or_none(diagnostics.get("bootstrap_on_bound_upper"))
     if frac is not None and frac > MAX_BOOTSTRAP_ON_BOUND:
         why.append(f"{100 * frac:.0f}% of bootstrap fits on a bound")
+    elif upper is not None and upper > MAX_BOOTSTRAP_ON_BOUND:
+        why.append(f"too few bootstrap resamples to show that at most {100 * MAX_BOOTSTRAP_ON_BOUND:.0f}% of "
+                   f"refits end on a bound ({100 * upper:.0f}% upper bound)")
     spread = _positive_or_none(diagnostics.get("best_start_param_spread"))
     if spread is not None and spread > MAX_START_SPREAD:
         why.append("a flat direction among the best starts")
