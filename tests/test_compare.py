@@ -61,6 +61,20 @@ def test_the_first_sweep_groups_its_budgets_by_tokens():
                                                 "0.999M tokens", "2M tokens"]
 
 
+def test_seed_noise_planted():
+    """seed_spread = mean max - min over cells with >= 2 seeds; seed_sd = the pooled within-cell s.d.
+    (ddof 1), on a table with planted losses: cell A seeds 5.0/5.2/5.4 (range 0.4, var 0.04), cell B
+    6.0/6.1 (range 0.1, var 0.005), a one-seed cell left out."""
+    from scaling.fitting.compare import seed_spread
+
+    rows = [("t1", "baseline", 0, s, v) for s, v in enumerate((5.0, 5.2, 5.4))]
+    rows += [("t1", "smelt", 0, s, v) for s, v in enumerate((6.0, 6.1))] + [("t2", "smelt", 0, 0, 9.0)]
+    pts = pd.DataFrame(rows, columns=["tier", "arch", "budget_index", "seed", "loss"])
+    spread, n_seeds, sd = seed_spread(pts, ("baseline", "smelt"))
+    assert spread == pytest.approx(0.25) and n_seeds == 3
+    assert sd == pytest.approx(math.sqrt((2 * 0.04 + 1 * 0.005) / 3))
+
+
 def test_cluster_se_matches_the_textbook_special_cases():
     rng = np.random.default_rng(0)
     d = rng.standard_normal(12)

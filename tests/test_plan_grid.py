@@ -93,6 +93,8 @@ def test_each_architecture_trains_at_its_own_rule(tmp_path):
     ({"last_budget": {7: 0}}, "names no grid size"),
     ({"seed1_budgets": (5,), "seed1_sizes": (6,)}, "out of range"),
     ({"seed1_sizes": (8,)}, "second-seed size 8 is not in the grid"),
+    ({"seed1_sizes": (6,), "extra_seeds": (0, 1)}, "distinct integers >= 1"),   # seed 0 is the main plan's
+    ({"seed1_sizes": (6,), "extra_seeds": (2, 2)}, "distinct integers >= 1"),
     ({"d_models": (6,)}, "has 1 size"),                                  # one size: no slice
     ({"min_tokens": 1_000_000}, r"d_model 6, 10, 14 serves no budget.*--min-tokens"),
     ({"last_budget": {6: 0, 10: 0}}, "budget 1e\\+12 has 1 size"),

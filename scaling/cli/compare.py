@@ -74,10 +74,11 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
             lt.add_row(f"{b['tier']} s{b['seed']}", f"{b['by']} [{b['lo']}, {hi})", f"{b['diff']:+.4f}", se,
                        str(b["n_sequences"]), str(b["n_tokens"]))
         stdout.print(lt)
-    spread = "—" if res.seed_spread is None else f"{res.seed_spread:.4f}"
+    spread = ("—" if res.seed_spread is None else
+              f"{res.seed_spread:.4f} nats on average ({res.n_seeds} seeds; pooled s.d. {res.seed_sd:.4f})")
     stdout.print(f"{res.candidate} better in {res.n_cells_candidate_better} of {len(res.cells)} "
-                 f"(tier, budget) cells (cell mean over seeds); seeds of one config differ by {spread} nats "
-                 f"on average ({res.n_seeds} seeds).", highlight=False)
+                 f"(tier, budget) cells (cell mean over seeds); seeds of one config differ by {spread}.",
+                 highlight=False)
     for n in res.notes:
         stdout.print(f"note: {n}", highlight=False)
     if res.dropped:

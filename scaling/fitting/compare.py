@@ -127,6 +127,7 @@ class CompareResult:
     pairs: pd.DataFrame = field(repr=False, compare=False)
     seed_spread: float | None = None
     n_seeds: int = 0
+    seed_sd: float | None = None
     by_source: Mapping[str, PairStats] = field(default_factory=dict)
     by_length: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
@@ -147,7 +148,7 @@ class CompareResult:
             "cluster": self.cluster,
             "overall": self.overall.to_dict(),
             "cells_candidate_better": self.n_cells_candidate_better, "n_cells": len(self.cells),
-            "seed_spread": self.seed_spread, "n_seeds": self.n_seeds,
+            "seed_spread": self.seed_spread, "n_seeds": self.n_seeds, "seed_sd": self.seed_sd,
             "by_tier": [s.to_dict() for s in self.by_tier],
             "by_budget": [s.to_dict() for s in self.by_budget],
             "cells": [s.to_dict() for s in self.cells],
@@ -394,12 +395,19 @@ def at_least_tokens(points: pd.DataFrame, tokens: float) -> pd.DataFrame:
     return points[d >= tokens]
 
 
-def seed_spread(points: pd.DataFrame, archs: Sequence[str]) -> tuple[float | None, int]:
-    """Mean over (tier, arch, budget) cells with >= 2 seeds of max - min loss across seeds."""
+def seed_spread(points: pd.DataFrame, archs: Sequence[str]) -> tuple[float | None, int, float | None]:
+    """Seed-to-seed noise of the loss over (tier, arch, budget) cells with >= 2 seeds: the mean of
+    max - min across seeds (grows with the number of seeds: 1.13 sigma for 2 normal draws, 1.69 for
+    3), the number of seeds, and the pooled within-cell standard deviation
+    sqrt(sum_c (n_c - 1) s_c^2 / sum_c (n_c - 1)) (comparable across studies with other numbers of
+    seeds)."""
     sub = points[points["arch"].astype(str).isin(archs)]
     g = sub.groupby(["tier", "arch", "budget_index"])["loss"]
-    span = (g.max() - g.min())[g.count() >= 2]
-    return (float(span.mean()) if len(span) else None), int(sub["seed"].nunique())
+    multi = g.count() >= 2
+    span = (g.max() - g.min())[multi]
+    dof = (g.count() - 1)[multi]
+    sd = float(np.sqrt((dof * g.var(ddof=1)[multi]).sum() / dof.sum())) if len(span) else None
+    return (float(span.mean()) if len(span) else None), int(sub["seed"].nunique()), sd
 
 
 def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = "smelt", *,
@@ -446,10 +454,10 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
         notes.append("no per-length-bucket loss: no run pair in the comparison has usable "
                      "analysis/lengths.json on both sides" if lengths or length_notes else
                      "no per-length-bucket loss: no run pair holds analysis/lengths.json for both sides")
-    spread, n_seeds = seed_spread(points, (reference, candidate))
+    spread, n_seeds, seed_sd = seed_spread(points, (reference, candidate))
     return CompareResult(reference=reference, candidate=candidate, cluster=cluster, overall=overall,
                          by_tier=by_tier, by_budget=by_budget, cells=cells, pairs=pairs,
-                         seed_spread=spread, n_seeds=n_seeds, by_source=by_source,
+                         seed_spread=spread, n_seeds=n_seeds, seed_sd=seed_sd, by_source=by_source,
                          by_length=tuple(kept), notes=tuple(notes), dropped=tuple(dropped))
 
 
