@@ -73,6 +73,10 @@ def test_seed_noise_planted():
     spread, n_seeds, sd = seed_spread(pts, ("baseline", "smelt"))
     assert spread == pytest.approx(0.25) and n_seeds == 3
     assert sd == pytest.approx(math.sqrt((2 * 0.04 + 1 * 0.005) / 3))
+    # a non-finite loss (the loaders refuse one; a direct caller may not) leaves its cell out
+    bad = pd.concat([pts, pd.DataFrame([("t3", "smelt", 0, 0, 5.0), ("t3", "smelt", 0, 1, math.inf)],
+                                       columns=pts.columns)])
+    assert seed_spread(bad, ("baseline", "smelt")) == (spread, n_seeds, sd)
 
 
 def test_cluster_se_matches_the_textbook_special_cases():

@@ -231,5 +231,6 @@ def test_slurm_jobs_have_one_task_per_gpu_and_the_tier_s_nodes(tmp_path):
         executor_parameters(plan, "local", 4, 8)
 
     path.write_text(SLURM_PLAN.replace("batch_size = 64", 'batch_size = 64\nparallel = "fsdp"'))
-    with pytest.raises(UserError, match="contradicts \\[parallel\\] mode = 'hsdp'"):
-        train_config(load_plan(path).runs[0])
+    with pytest.raises(UserError, match=r"\[train\] parallel is the parallel layout: set it as mode in "
+                                        r"\[parallel\]"):
+        load_plan(path)

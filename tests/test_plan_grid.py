@@ -40,7 +40,8 @@ def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
     res = CliRunner().invoke(app, ["plan-grid", *args, "--json"])
     assert res.exit_code == 0, res.output
     assert list(json.loads(res.stdout)) == ["schema", "shape", "budgets", "lr_rule",  # docs/json.md
-                                            "smelt_lr_rule", "sizes", "sizes_per_budget", "plan_files"]
+                                            "smelt_lr_rule", "extra_seeds", "sizes", "sizes_per_budget",
+                                            "plan_files"]
     for name in ("isoflop-study.toml", "isoflop-study-seed1.toml"):
         body = lambda p: p.read_text().split("\n", 1)[1]  # noqa: E731 - the header names the paths
         assert body(tmp_path / name) == body(PLANS / name), name
@@ -85,6 +86,15 @@ def test_each_architecture_trains_at_its_own_rule(tmp_path):
         assert lrs[(f"iso-d{d:02d}", "baseline")] == float(f"{0.05 * (d / 6) ** -1.0:.3g}")
         assert lrs[(f"iso-d{d:02d}", "smelt")] == float(f"{0.03 * (d / 6) ** -0.5:.3g}")
     assert "SMELT twin lr = 0.03 * (d_model/6)^-0.5" in out.read_text().splitlines()[3]
+    # 'none' is the default (each twin at its Baseline's lr); a rule out of range names its flag
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
+                                   "--lr-rule", "0.05,1.0", "--smelt-lr-rule", "none", "--template", str(tpl),
+                                   "--out", str(out), "--min-tokens", "1000", "--json", "--dry-run"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["smelt_lr_rule"] is None, res.output
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
+                                   "--lr-rule", "0.05,1.0", "--smelt-lr-rule", "500,1", "--template",
+                                   str(tpl), "--out", str(out), "--dry-run"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: --smelt-lr-rule: lr rule: the reference lr")
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -95,6 +105,7 @@ def test_each_architecture_trains_at_its_own_rule(tmp_path):
     ({"seed1_sizes": (8,)}, "second-seed size 8 is not in the grid"),
     ({"seed1_sizes": (6,), "extra_seeds": (0, 1)}, "distinct integers >= 1"),   # seed 0 is the main plan's
     ({"seed1_sizes": (6,), "extra_seeds": (2, 2)}, "distinct integers >= 1"),
+    ({"extra_seeds": (0,)}, "distinct integers >= 1"),        # checked without --seed1-sizes too
     ({"d_models": (6,)}, "has 1 size"),                                  # one size: no slice
     ({"min_tokens": 1_000_000}, r"d_model 6, 10, 14 serves no budget.*--min-tokens"),
     ({"last_budget": {6: 0, 10: 0}}, "budget 1e\\+12 has 1 size"),

@@ -92,6 +92,10 @@ def test_statistics_match_their_definitions_and_are_seeded(chin_design):
     # hand derivation (tests/test_savings_cli.py): savings = 1 - (k_c/k_r) (A_c/A_r)^(1/alpha)
     assert r.true_savings == pytest.approx(1 - (6.6 / 6.0) * (400.0 / 482.0) ** (1 / 0.3478), rel=1e-6)
     assert a.start_check["trials_checked"] == 2 and a.start_check["grid_lower_objective"] == 0
+    # the trials' K = 20 cannot show the share of refits on a bound under 10% (0 of 20 has a one-sided
+    # bound of 11.9%), so fit's verdict would call every trial unidentified; the rate is judged at the
+    # observed share, and this well-designed planted law is identified in every trial
+    assert a.identified_rate and set(a.identified_rate.values()) == {1.0}
     # trial t does not depend on the number of trials
     longer = simulate(truth, chin_design, [1e21], seed=3, **{**kw, "trials": 7})
     assert longer.rows[0].estimates[:6] == r.estimates

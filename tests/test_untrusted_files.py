@@ -174,6 +174,8 @@ def fits_file(tmp_path, fits_text):
     ("diagnostics", {"warnings": "x"}, "list of strings"),
     ("diagnostics", {"identified": "yes"}, "true or false"),
     ("diagnostics", {"bootstrap_on_bound_fraction": "all"}, "finite number"),
+    ("diagnostics", {"bootstrap_on_bound_upper": -0.1}, "finite number"),
+    ("diagnostics", {"identified_at_observed_share": 1}, "true or false"),
 ])
 def test_tampered_fits_files_are_refused(fits_file, field, value, message):
     out = fits_file

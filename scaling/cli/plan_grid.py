@@ -54,6 +54,11 @@ def _lr_rule(text: str, flag: str = "--lr-rule"):
     return LrRule.parse(text, flag)
 
 
+def _twin_rule(text: Optional[str]):
+    """--smelt-lr-rule: None (absent or 'none': each twin at its Baseline's lr) or the rule."""
+    return None if text is None or text.strip().lower() == "none" else _lr_rule(text, "--smelt-lr-rule")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan-grid")
     @run_cli
@@ -67,7 +72,7 @@ def register(app: typer.Typer) -> None:
         smelt_lr_rule: Optional[str] = typer.Option(
             None, "--smelt-lr-rule",
             help="LR,EXPONENT[,D_REF]: the SMELT twins' own rule, d = the Baseline's d_model (e.g. from "
-                 "the twins' lr sweep); default: each twin trains at its Baseline's lr."),
+                 "the twins' lr sweep); default or 'none': each twin trains at its Baseline's lr."),
         shape: str = typer.Option("proxy-xxs", "--shape", help="Tier whose Baseline shape is scaled."),
         min_tokens: int = typer.Option(
             150_000, "--min-tokens", min=1,
@@ -111,8 +116,7 @@ def register(app: typer.Typer) -> None:
                          seed1_sizes=_ints(seed1_sizes, "--seed1-sizes"),
                          seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"),
                          extra_seeds=_ints(extra_seeds, "--extra-seeds"),
-                         smelt_lr_rule=None if smelt_lr_rule is None else _lr_rule(smelt_lr_rule,
-                                                                                    "--smelt-lr-rule"))
+                         smelt_lr_rule=_twin_rule(smelt_lr_rule))
         second_out = out.with_name(f"{out.stem}-seed1{out.suffix}")
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[template])
@@ -165,6 +169,7 @@ def _json(plan: Any, written: list[str]) -> dict[str, Any]:
         "budgets": list(plan.budgets),
         "lr_rule": _rule_json(plan.lr_rule),
         "smelt_lr_rule": None if plan.smelt_lr_rule is None else _rule_json(plan.smelt_lr_rule),
+        "extra_seeds": list(plan.extra_seeds) if plan.seed1_sizes else [],
         "sizes": [{"name": s.name, "d_model": s.config.d_model, "active_params": s.active_params,
                    "flops_per_token": s.flops_per_token, "lr": s.lr, "smelt_lr": s.smelt_lr,
                    "budgets": [plan.budgets[j] for j in s.budget_indices], "tokens": list(s.tokens)}

@@ -65,14 +65,17 @@ class LrRule:
 
     @classmethod
     def parse(cls, text: str, flag: str = "--lr-rule") -> "LrRule":
-        """``LR,EXPONENT[,D_REF]`` as typed on a command line; UserError otherwise."""
+        """``LR,EXPONENT[,D_REF]`` as typed on a command line; UserError (naming ``flag``) otherwise."""
         try:
             parts = [float(t) for t in text.split(",")]
         except ValueError:
             raise UserError(f"{flag}: expected LR,EXPONENT[,D_REF], got {text!r}") from None
         if len(parts) not in (2, 3):
             raise UserError(f"{flag}: expected LR,EXPONENT[,D_REF], got {text!r}")
-        return cls(*parts)
+        try:
+            return cls(*parts)
+        except UserError as exc:
+            raise UserError(f"{flag}: {exc}") from None
 
 
 # The peak-lr rule of the proxy shapes (proxy-xxs scaled, 8 x 256 tokens per update, WSD, AdamW wd
@@ -156,8 +159,7 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
     for d, j in last_budget.items():
         if d not in d_models or not 0 <= j < len(budgets):
             raise UserError(f"grid: last budget {d}:{j} names no grid size or no budget index")
-    if seed1_sizes and (not extra_seeds or len(set(extra_seeds)) != len(extra_seeds)
-                        or any(s < 1 for s in extra_seeds)):
+    if not extra_seeds or len(set(extra_seeds)) != len(extra_seeds) or any(s < 1 for s in extra_seeds):
         raise UserError(f"grid: the further seeds must be distinct integers >= 1 (seed 0 is the main "
                         f"plan's), got {', '.join(map(str, extra_seeds)) or 'none'}")
     if seed1_sizes and any(j not in range(len(budgets)) for j in seed1_budgets):

@@ -403,10 +403,11 @@ def seed_spread(points: pd.DataFrame, archs: Sequence[str]) -> tuple[float | Non
     seeds)."""
     sub = points[points["arch"].astype(str).isin(archs)]
     g = sub.groupby(["tier", "arch", "budget_index"])["loss"]
-    multi = g.count() >= 2
+    var = g.var(ddof=1)
+    multi = (g.count() >= 2) & np.isfinite(var)  # a non-finite loss has no spread to pool
     span = (g.max() - g.min())[multi]
     dof = (g.count() - 1)[multi]
-    sd = float(np.sqrt((dof * g.var(ddof=1)[multi]).sum() / dof.sum())) if len(span) else None
+    sd = float(np.sqrt((dof * var[multi]).sum() / dof.sum())) if len(span) else None
     return (float(span.mean()) if len(span) else None), int(sub["seed"].nunique()), sd
 
 

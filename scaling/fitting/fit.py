@@ -293,9 +293,9 @@ def _diagnostics(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, 
     # two residual degrees of freedom at least: with one (n = P + 1) most bootstrap resamples of the
     # runs hold fewer distinct points than parameters, their refits collapse onto the estimate and
     # the 95% intervals covered the truth in 12-14 of 20 planted fits (7 points: 18-19, 8: 20)
-    identified = (not on_bound and spread <= MAX_START_SPREAD and opt.converged
-                  and p.n_all >= pm.n_free + MIN_RESIDUAL_DOF
-                  and not (K and boot_upper > MAX_BOOTSTRAP_ON_BOUND))
+    sound = (not on_bound and spread <= MAX_START_SPREAD and opt.converged
+             and p.n_all >= pm.n_free + MIN_RESIDUAL_DOF)
+    identified = sound and not (K and boot_upper > MAX_BOOTSTRAP_ON_BOUND)
     n = len(b.y)
     return {
         "objective": objective,
@@ -314,6 +314,9 @@ def _diagnostics(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, 
         "bootstrap_on_bound_upper": boot_upper,
         "bootstrap_unconverged": int((~r.converged).sum()) if K else 0,
         "identified": bool(identified),
+        # the verdict with the observed share in place of its upper bound: what a bootstrap large
+        # enough to pin the share would conclude if it held (simulate's trials, which bootstrap less)
+        "identified_at_observed_share": bool(sound and not (K and boot_bound > MAX_BOOTSTRAP_ON_BOUND)),
         "misfit": bool(gof["misfit"]),
         "goodness_of_fit": gof,
         "warnings": _warnings(p, s, r, settings, n, pm.free_params(gi), on_bound, spread, boot_bound,

@@ -337,8 +337,9 @@ def _checked_sections(d: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     for key in ("on_bound", "warnings"):   # read by savings, fit, plot: lists of text
         if key in diag and not (isinstance(diag[key], list) and all(isinstance(v, str) for v in diag[key])):
             raise TypeError(f"diagnostics.{key} must be a list of strings, got {diag[key]!r:.60}")
-    if "identified" in diag and not isinstance(diag["identified"], bool):
-        raise TypeError(f"diagnostics.identified must be true or false, got {diag['identified']!r:.60}")
+    for key in ("identified", "identified_at_observed_share"):
+        if key in diag and not isinstance(diag[key], bool):
+            raise TypeError(f"diagnostics.{key} must be true or false, got {diag[key]!r:.60}")
     for key in ("bootstrap_on_bound_fraction", "bootstrap_on_bound_upper", "rmse_log", "objective"):
         v = diag.get(key)
         if v is not None and not (_is_number(v) and (math.isnan(v) or 0 <= v < math.inf)):

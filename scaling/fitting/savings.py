@@ -57,7 +57,7 @@ import numpy as np
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
-from scaling.fitting.fit import MAX_BOOTSTRAP_ON_BOUND, MAX_START_SPREAD
+from scaling.fitting.fit import MAX_BOOTSTRAP_ON_BOUND, MAX_START_SPREAD, bound_share_upper
 from scaling.fitting.laws import Frontier, Law, TokenCost, frontier, frontier_numeric, get_law  # noqa: F401
 
 CONVENTIONS = ("candidate-budget", "reference-budget")
@@ -179,11 +179,12 @@ class FittedLaw:
             compute_min=_positive_or_none(summary.get("compute_min")),
             compute_max=_positive_or_none(summary.get("compute_max")),
             source=source,
-            unidentified=unidentified(getattr(fit, "diagnostics", None) or {}),
+            unidentified=unidentified(getattr(fit, "diagnostics", None) or {},
+                                      None if boot is None else int(np.size(boot) // law.n_params)),
         )
 
 
-def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
+def unidentified(diagnostics: Mapping[str, Any], n_resamples: int | None = None) -> str | None:
     """Why a fit is not identified, from ``FitResult.diagnostics``; None when it is. The verdict is
     the fit's own (``identified``, :func:`scaling.fitting.fit.fit_law`'s rule: no parameter of the
     best fit on its bound, no flat direction among the starts, converged, at least
@@ -191,13 +192,17 @@ def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
     bootstrap refits on a bound, shown by its one-sided upper bound ``bootstrap_on_bound_upper``), so
     that ``savings`` never answers with a law that ``fit`` calls
     not identified. Diagnostics without the verdict (a fits file written by hand) are judged by the
-    parts of that rule they hold."""
+    parts of that rule they hold; without the upper bound (a fits file written before it) it is
+    computed from the observed share and ``n_resamples``, the number of bootstrap refits."""
     on_bound = list(diagnostics.get("on_bound") or [])
     why = []
     if on_bound:
         why.append(f"{', '.join(map(str, on_bound))} on its bound")
     frac = _positive_or_none(diagnostics.get("bootstrap_on_bound_fraction"))
     upper = _positive_or_none(diagnostics.get("bootstrap_on_bound_upper"))
+    share = _finite_or_none(diagnostics.get("bootstrap_on_bound_fraction"))
+    if "bootstrap_on_bound_upper" not in diagnostics and share is not None and n_resamples:
+        upper = bound_share_upper(int(round(share * n_resamples)), n_resamples)
     if frac is not None and frac > MAX_BOOTSTRAP_ON_BOUND:
         why.append(f"{100 * frac:.0f}% of bootstrap fits on a bound")
     elif upper is not None and upper > MAX_BOOTSTRAP_ON_BOUND:
@@ -209,8 +214,16 @@ def unidentified(diagnostics: Mapping[str, Any]) -> str | None:
     if diagnostics.get("converged") is False:
         why.append("the optimiser did not converge")
     if diagnostics.get("identified") is False and not why:
-        why.append("too few points for the free parameters")
+        why.append("the fit's own verdict (`smelt-scale fit` says why)")
     return "; ".join(why) or None
+
+
+def _finite_or_none(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if np.isfinite(f) else None
 
 
 def _positive_or_none(v: Any) -> float | None:

@@ -278,6 +278,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     for key, by in (("seed", "[sweep] seeds"), ("tokens", "[sweep] budgets")):
         if key in train:
             raise UserError(f"{where}: [train] {key} is set by {by}; remove it from [train]")
+    _no_layout_keys(train, where, "[train]")
     data_spec = check_data_table(data.get("data", {}), where)
     per_tier = data.get("tier", {})
     if not isinstance(per_tier, dict) or not all(isinstance(v, dict) for v in per_tier.values()):
@@ -304,12 +305,14 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
             if arch not in archs:
                 raise UserError(f'{where}: [tier."{tier}".{arch}] overrides an architecture the sweep does '
                                 f"not train ([sweep] archs: {', '.join(archs)})")
+            _no_layout_keys(table, where, f'[tier."{tier}".{arch}]')  # before the types: a table is no mode
             by_arch[arch] = check_table(table, _train_schema(), where, f'[tier."{tier}".{arch}]')
-        for key in ("seed", "tokens"):
-            for name, table in ((f'[tier."{tier}"]', override),
-                                *((f'[tier."{tier}".{a}]', t) for a, t in by_arch.items())):
+        for name, table in ((f'[tier."{tier}"]', override),
+                            *((f'[tier."{tier}".{a}]', t) for a, t in by_arch.items())):
+            for key in ("seed", "tokens"):
                 if key in table:
                     raise UserError(f"{where}: {name} {key} is set by [sweep]; remove it")
+            _no_layout_keys(table, where, name)
         for arch in archs:
             if tier in custom:
                 model, proxy = custom[tier][arch], custom[tier]["proxy"]
@@ -345,6 +348,20 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         executor=executor,
         description=str(sweep.get("description", "")),
     )
+
+
+# TrainConfig fields that are the run's parallel layout: a plan sets them in [parallel] (or
+# [tier."x".parallel]), where the memory planner reads them, never in a [train]-keyed table, whose
+# value would train a layout the planner did not check
+LAYOUT_FIELDS = {"parallel": "mode", "grad_sync": "grad_sync", "replicate": "replicate", "ep": "ep",
+                 "loop_grad": "loop_grad"}
+
+
+def _no_layout_keys(table: dict[str, Any], where: str, name: str) -> None:
+    for key, in_parallel in LAYOUT_FIELDS.items():
+        if key in table:
+            raise UserError(f"{where}: {name} {key} is the parallel layout: set it as {in_parallel} in "
+                            "[parallel] (or [tier.\"x\".parallel]), where the memory planner checks it")
 
 
 @functools.cache
