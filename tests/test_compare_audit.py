@@ -275,17 +275,17 @@ def test_every_row_has_a_t_interval_from_its_clusters():
 def test_shipped_tier_rows_carry_their_few_cluster_intervals():
     d = _compare_json(RUNS)
     d28 = next(r for r in d["by_tier"] if r["label"] == "iso-d28")
-    # -0.074 +- 0.127 from 2 clusters: t(1) makes the interval [-1.690, +1.542], across zero
-    assert d28["n_clusters"] == 2 and d28["df"] == 1 and d28["few_clusters"]
-    assert (round(d28["ci_lo"], 3), round(d28["ci_hi"], 3)) == (-1.690, 1.542)
+    # +0.079 +- 0.151 from 3 clusters: t(2) makes the interval [-0.572, +0.729], across zero
+    assert d28["n_clusters"] == 3 and d28["df"] == 2 and d28["few_clusters"]
+    assert (round(d28["ci_lo"], 3), round(d28["ci_hi"], 3)) == (-0.572, 0.729)
     d04 = next(r for r in d["by_tier"] if r["label"] == "iso-d04")
     assert d04["ci_lo"] is None and d04["df"] is None
-    assert any("few clusters" in n and "iso-d28 (2)" in n for n in d["notes"])
+    assert any("few clusters" in n and "iso-d28 (3)" in n for n in d["notes"])
     assert any("fewer than 2 clusters" in n and "iso-d04" in n for n in d["notes"])
     o = d["overall"]
-    assert o["df"] == 15 and not o["few_clusters"] and o["ci_lo"] < o["mean"] < o["ci_hi"]
+    assert o["df"] == 22 and not o["few_clusters"] and o["ci_lo"] < o["mean"] < o["ci_hi"]
     table = runner.invoke(app, ["compare", str(RUNS)]).stdout
-    assert "df 1*" in table and "fewer than 5 clusters" in table
+    assert "df 2*" in table and "fewer than 5 clusters" in table
 
 
 # -- 6, 7: per-source losses ---------------------------------------------------------------------------
