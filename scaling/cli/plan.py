@@ -185,11 +185,6 @@ def _short_runs(proposal: Proposal, template: dict[str, Any]) -> list[str]:
     return out
 
 
-def _given_lr_rule(text: Optional[str], flag: str = "--lr-rule") -> Optional[LrRule]:
-    """--lr-rule as given: None for 'none' (the template's lr for every size); UserError for a typo."""
-    return None if text.strip().lower() == "none" else LrRule.parse(text, flag)
-
-
 def _template(template: Optional[Path], proposal: Proposal) -> tuple[Path, dict[str, Any]]:
     """The template plan (given, or the shipped one for the proposal's kind of shape) and its train,
     data and executor tables (none, with a warning, when the shipped one is missing)."""
@@ -399,8 +394,8 @@ def register(app: typer.Typer) -> None:
         """
         runs = one_path(runs_arg, runs)
         C = parse_budgets(budget, budgets)
-        given_rule = None if lr_rule is None else _given_lr_rule(lr_rule)   # a typo: before any fitting
-        given_twin = None if smelt_lr_rule is None else _given_lr_rule(smelt_lr_rule, "--smelt-lr-rule")
+        given_rule = LrRule.parse_optional(lr_rule)   # a typo: before any fitting
+        given_twin = LrRule.parse_optional(smelt_lr_rule, "--smelt-lr-rule")
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[runs, fits, template])
         src = _laws(runs, fits, law_set, law=law, n_bootstrap=n_bootstrap, seed=seed)

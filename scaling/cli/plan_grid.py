@@ -54,9 +54,10 @@ def _lr_rule(text: str, flag: str = "--lr-rule"):
     return LrRule.parse(text, flag)
 
 
-def _twin_rule(text: Optional[str]):
-    """--smelt-lr-rule: None (absent or 'none': each twin at its Baseline's lr) or the rule."""
-    return None if text is None or text.strip().lower() == "none" else _lr_rule(text, "--smelt-lr-rule")
+def _optional_rule(text: Optional[str], flag: str):
+    from scaling.design.grid import LrRule
+
+    return LrRule.parse_optional(text, flag)
 
 
 def register(app: typer.Typer) -> None:
@@ -116,7 +117,7 @@ def register(app: typer.Typer) -> None:
                          seed1_sizes=_ints(seed1_sizes, "--seed1-sizes"),
                          seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"),
                          extra_seeds=_ints(extra_seeds, "--extra-seeds"),
-                         smelt_lr_rule=_twin_rule(smelt_lr_rule))
+                         smelt_lr_rule=_optional_rule(smelt_lr_rule, "--smelt-lr-rule"))
         second_out = out.with_name(f"{out.stem}-seed1{out.suffix}")
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[template])

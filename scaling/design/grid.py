@@ -77,6 +77,11 @@ class LrRule:
         except UserError as exc:
             raise UserError(f"{flag}: {exc}") from None
 
+    @classmethod
+    def parse_optional(cls, text: str | None, flag: str = "--lr-rule") -> "LrRule | None":
+        """As :meth:`parse`, with None for an absent value or 'none' (no rule: the other lr applies)."""
+        return None if text is None or text.strip().lower() == "none" else cls.parse(text, flag)
+
 
 # The peak-lr rule of the proxy shapes (proxy-xxs scaled, 8 x 256 tokens per update, WSD, AdamW wd
 # 0.1), measured by the lr sweep on the built-in corpus (plans/lr-sweep.toml, runs-lr/, 2 seeds x 6
