@@ -149,19 +149,23 @@ def register(app: typer.Typer) -> None:
         if json_out:
             emit_json(_json(plan, written))
             return
-        table = Table(title=plan.summary().splitlines()[0], title_justify="left")
-        twin = plan.smelt_lr_rule is not None
-        cols = ("size", "N (active)", "F (FLOPs/token)", "lr", *(("SMELT lr",) if twin else ()),
-                "budgets (tokens)")
-        for col in cols:
-            table.add_column(col, justify="left" if col in ("size", "budgets (tokens)") else "right")
-        for s in plan.sizes:
-            served = ", ".join(f"{plan.budgets[j]:.3g}: {t:,}" for j, t in zip(s.budget_indices, s.tokens))
-            table.add_row(s.name, f"{s.active_params:,}", f"{s.flops_per_token:.4g}", f"{s.lr:.3g}",
-                          *((f"{s.smelt_lr:.3g}",) if twin else ()), served)
-        stdout.print(table)
+        stdout.print(_table(plan))
         for w in written:
             stderr.print(f"wrote {w}", highlight=False)
+
+
+def _table(plan: Any) -> Table:
+    table = Table(title=plan.summary().splitlines()[0], title_justify="left")
+    twin = plan.smelt_lr_rule is not None
+    cols = ("size", "N (active)", "F (FLOPs/token)", "lr", *(("SMELT lr",) if twin else ()),
+            "budgets (tokens)")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("size", "budgets (tokens)") else "right")
+    for s in plan.sizes:
+        served = ", ".join(f"{plan.budgets[j]:.3g}: {t:,}" for j, t in zip(s.budget_indices, s.tokens))
+        table.add_row(s.name, f"{s.active_params:,}", f"{s.flops_per_token:.4g}", f"{s.lr:.3g}",
+                      *((f"{s.smelt_lr:.3g}",) if twin else ()), served)
+    return table
 
 
 def _json(plan: Any, written: list[str]) -> dict[str, Any]:
