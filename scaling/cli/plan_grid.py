@@ -48,10 +48,10 @@ def _pairs(text: Optional[str], what: str) -> dict[int, int]:
     return out
 
 
-def _lr_rule(text: str, flag: str = "--lr-rule"):
+def _lr_rule(text: str):
     from scaling.design.grid import LrRule
 
-    return LrRule.parse(text, flag)
+    return LrRule.parse(text)
 
 
 def _optional_rule(text: Optional[str], flag: str):

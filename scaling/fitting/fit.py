@@ -287,8 +287,9 @@ def _diagnostics(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, 
     if s.near.sum() > 1:
         near_theta = law.from_internal(pm.z(opt.refined_z[s.near], gi))
         spread = float(np.max(np.ptp(near_theta, axis=0) / np.maximum(np.abs(theta), 1e-300)))
-    boot_bound = float(r.on_bound[:, acts].any(axis=1).mean()) if K else math.nan
-    boot_upper = bound_share_upper(int(r.on_bound[:, acts].any(axis=1).sum()), K) if K else math.nan
+    n_on_bound = int(r.on_bound[:, acts].any(axis=1).sum()) if K else 0
+    boot_bound = n_on_bound / K if K else math.nan
+    boot_upper = bound_share_upper(n_on_bound, K) if K else math.nan
     gof = goodness_of_fit(law, b.X, resid)
     # two residual degrees of freedom at least: with one (n = P + 1) most bootstrap resamples of the
     # runs hold fewer distinct points than parameters, their refits collapse onto the estimate and

@@ -273,6 +273,11 @@ def field_types() -> dict[str, Any]:
 RUN_OPTIONS = {"save_final_weights": bool, "save_budget_weights": bool}
 
 
+# [parallel] keys that are TrainConfig fields, and their field names: the run's parallel layout
+PARALLEL_TO_TRAIN = {"mode": "parallel", "grad_sync": "grad_sync", "replicate": "replicate", "ep": "ep",
+                     "loop_grad": "loop_grad"}
+
+
 def fields_of_tables(train: dict[str, Any], data: dict[str, Any], parallel: dict[str, Any],
                      what: str) -> dict[str, Any]:
     """TrainConfig fields from checked [train], [data] and [parallel] tables, the one rule shared by
@@ -290,8 +295,7 @@ def fields_of_tables(train: dict[str, Any], data: dict[str, Any], parallel: dict
             value = data[key]
             fields[name] = str(expand_path(value)) if key in ("path", "tokenizer") else value
     # the [parallel] layout that the memory planner checked is the one trained
-    for key, name in (("mode", "parallel"), ("grad_sync", "grad_sync"), ("replicate", "replicate"),
-                      ("ep", "ep"), ("loop_grad", "loop_grad")):
+    for key, name in PARALLEL_TO_TRAIN.items():
         if key in parallel:
             if name in fields and fields[name] != parallel[key]:
                 raise UserError(f"{what}: [train] {name} = {fields[name]!r} contradicts "

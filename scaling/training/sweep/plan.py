@@ -94,7 +94,13 @@ from scaling.common.files import read_config
 from scaling.training import schema
 from scaling.training.data.loader import check_data_table
 from scaling.training.loop.branches import BranchPlan
-from scaling.training.loop.config import RUN_OPTIONS, TrainConfig, field_types, fields_of_tables
+from scaling.training.loop.config import (
+    PARALLEL_TO_TRAIN,
+    RUN_OPTIONS,
+    TrainConfig,
+    field_types,
+    fields_of_tables,
+)
 from scaling.training.schema import check_name, check_table
 
 EXECUTORS = ("local", "slurm", "debug")
@@ -307,12 +313,12 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
                                 f"not train ([sweep] archs: {', '.join(archs)})")
             _no_layout_keys(table, where, f'[tier."{tier}".{arch}]')  # before the types: a table is no mode
             by_arch[arch] = check_table(table, _train_schema(), where, f'[tier."{tier}".{arch}]')
+        _no_layout_keys(override, where, f'[tier."{tier}"]')  # the per-arch tables: checked above
         for name, table in ((f'[tier."{tier}"]', override),
                             *((f'[tier."{tier}".{a}]', t) for a, t in by_arch.items())):
             for key in ("seed", "tokens"):
                 if key in table:
                     raise UserError(f"{where}: {name} {key} is set by [sweep]; remove it")
-            _no_layout_keys(table, where, name)
         for arch in archs:
             if tier in custom:
                 model, proxy = custom[tier][arch], custom[tier]["proxy"]
@@ -350,15 +356,11 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
     )
 
 
-# TrainConfig fields that are the run's parallel layout: a plan sets them in [parallel] (or
-# [tier."x".parallel]), where the memory planner reads them, never in a [train]-keyed table, whose
-# value would train a layout the planner did not check
-LAYOUT_FIELDS = {"parallel": "mode", "grad_sync": "grad_sync", "replicate": "replicate", "ep": "ep",
-                 "loop_grad": "loop_grad"}
-
-
 def _no_layout_keys(table: dict[str, Any], where: str, name: str) -> None:
-    for key, in_parallel in LAYOUT_FIELDS.items():
+    """A plan sets the parallel layout in [parallel] (or [tier."x".parallel]), where the memory planner
+    reads it, never in a [train]-keyed table, whose value would train a layout the planner did not
+    check."""
+    for in_parallel, key in PARALLEL_TO_TRAIN.items():
         if key in table:
             raise UserError(f"{where}: {name} {key} is the parallel layout: set it as {in_parallel} in "
                             "[parallel] (or [tier.\"x\".parallel]), where the memory planner checks it")
