@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 01 · Training and validation curves of the shipped runs
 #
-# The runs in `runs/` come from `plans/isoflop-study.toml` and `plans/isoflop-study-seed1.toml`: nine
+# The runs in `runs/` come from `plans/isoflop-study.toml` and `plans/isoflop-study-seeds.toml`: nine
 # **CPU proxy** sizes (4·10^3–4·10^5 active parameters, 4 layers, top-2 of 8 experts, 256-token context,
 # a peak lr per width, trained in fp32 on two CPU cores; `runs/README.md`),
 # each as a Baseline MoE and as its compute-matched SMELT twin (middle half of the layers looped

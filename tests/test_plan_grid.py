@@ -30,7 +30,7 @@ def _command_of(plan_file: Path) -> list[str]:
 
 def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
     """Rerunning the command in the header of plans/isoflop-study.toml writes both shipped files
-    byte for byte (the second seed's beside it)."""
+    byte for byte (the extra seeds' beside it)."""
     args = _command_of(PLANS / "isoflop-study.toml")
     out_at = args.index("--out") + 1
     assert args[out_at] == "plans/isoflop-study.toml"
@@ -42,7 +42,7 @@ def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
     assert list(json.loads(res.stdout)) == ["schema", "shape", "budgets", "lr_rule",  # docs/json.md
                                             "smelt_lr_rule", "extra_seeds", "sizes", "sizes_per_budget",
                                             "plan_files"]
-    for name in ("isoflop-study.toml", "isoflop-study-seed1.toml"):
+    for name in ("isoflop-study.toml", "isoflop-study-seeds.toml"):
         body = lambda p: p.read_text().split("\n", 1)[1]  # noqa: E731 - the header names the paths
         assert body(tmp_path / name) == body(PLANS / name), name
 
@@ -52,7 +52,7 @@ def test_tokens_budgets_and_lr_follow_the_rules():
     budgets = (3.56e11, 1.12e12, 3.56e12)
     rule = LrRule(0.05, 1.27)
     plan = grid_plan(shape, (4, 10, 14, 56), budgets, lr_rule=rule, min_tokens=200_000, last_budget={4: 1},
-                     seed1_sizes=(14,), seed1_budgets=(0,))
+                     extra_seed_sizes=(14,), extra_seed_budgets=(0,))
     for s in plan.sizes:
         F = costs(s.config).flops_per_token
         assert s.flops_per_token == F and s.config.d_model == int(s.name[5:])
@@ -101,11 +101,11 @@ def test_each_architecture_trains_at_its_own_rule(tmp_path):
     ({"budgets": (1e12, 1e11)}, "increasing"),
     ({"d_models": (6, 6)}, "distinct"),
     ({"last_budget": {7: 0}}, "names no grid size"),
-    ({"seed1_budgets": (5,), "seed1_sizes": (6,)}, "out of range"),
-    ({"seed1_sizes": (8,)}, "second-seed size 8 is not in the grid"),
-    ({"seed1_sizes": (6,), "extra_seeds": (0, 1)}, "distinct integers >= 1"),   # seed 0 is the main plan's
-    ({"seed1_sizes": (6,), "extra_seeds": (2, 2)}, "distinct integers >= 1"),
-    ({"extra_seeds": (0,)}, "distinct integers >= 1"),        # checked without --seed1-sizes too
+    ({"extra_seed_budgets": (5,), "extra_seed_sizes": (6,)}, "out of range"),
+    ({"extra_seed_sizes": (8,)}, "extra-seed size 8 is not in the grid"),
+    ({"extra_seed_sizes": (6,), "extra_seeds": (0, 1)}, "distinct integers >= 1"),   # seed 0 is the main plan's
+    ({"extra_seed_sizes": (6,), "extra_seeds": (2, 2)}, "distinct integers >= 1"),
+    ({"extra_seeds": (0,)}, "distinct integers >= 1"),        # checked without --extra-seed-sizes too
     ({"d_models": (6,)}, "has 1 size"),                                  # one size: no slice
     ({"min_tokens": 1_000_000}, r"d_model 6, 10, 14 serves no budget.*--min-tokens"),
     ({"last_budget": {6: 0, 10: 0}}, "budget 1e\\+12 has 1 size"),
@@ -126,12 +126,12 @@ def test_never_overwrites_without_force(tmp_path):
             "--template", str(PLANS / "isoflop-template.toml"), "--out", str(out)]
     res = CliRunner().invoke(app, base)
     assert res.exit_code == 2 and "exists; give --force" in res.output
-    assert out.read_text() == "# mine\n" and not (tmp_path / "study-seed1.toml").exists()
-    res = CliRunner().invoke(app, [*base, "--force", "--seed1-sizes", "6"])
+    assert out.read_text() == "# mine\n" and not (tmp_path / "study-seeds.toml").exists()
+    res = CliRunner().invoke(app, [*base, "--force", "--extra-seed-sizes", "6"])
     assert res.exit_code == 0, res.output
     doc = tomllib.loads(out.read_text())
     assert doc["tier"]["iso-d06"]["lr"] == 0.05 and doc["train"]["batch_size"] == 8
-    assert tomllib.loads((tmp_path / "study-seed1.toml").read_text())["sweep"]["seeds"] == [1]
+    assert tomllib.loads((tmp_path / "study-seeds.toml").read_text())["sweep"]["seeds"] == [1]
     res = CliRunner().invoke(app, [*base, "--force", "--lr-rule", "abc"])
     assert res.exit_code == 2 and "--lr-rule" in res.output
 
@@ -150,7 +150,7 @@ def test_a_bad_template_writes_nothing(tmp_path, template, message):
     out.write_text("# mine\n")
     res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
                                    "--lr-rule", "0.05,1.27", "--template", str(tpl), "--out", str(out),
-                                   "--force", "--seed1-sizes", "6"])
+                                   "--force", "--extra-seed-sizes", "6"])
     assert res.exit_code == 2 and message in res.stderr, res.output
     assert len(res.stderr.strip().splitlines()) == 1
     dry = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",

@@ -1,5 +1,5 @@
 """`smelt-scale plan-grid`: an IsoFLOP study on one shared size grid (scaling.design.grid), as
-sweep plans: the main study and, when asked, a second seed."""
+sweep plans: the main study and, when asked, further seeds."""
 
 from __future__ import annotations
 
@@ -82,19 +82,19 @@ def register(app: typer.Typer) -> None:
             None, "--last-budget",
             help="D_MODEL:INDEX pairs: the last budget (0-based) a size trains to, e.g. 4:2,6:2 "
                  "(default: the last)."),
-        seed1_sizes: Optional[str] = typer.Option(None, "--seed1-sizes",
-                                                  help="d_model values that also train with seed 1."),
-        seed1_budgets: str = typer.Option("0,1", "--seed1-budgets",
-                                          help="Budget indices the further seeds train to."),
+        extra_seed_sizes: Optional[str] = typer.Option(
+            None, "--extra-seed-sizes", help="d_model values that also train with the --extra-seeds."),
+        extra_seed_budgets: str = typer.Option("0,1", "--extra-seed-budgets",
+                                               help="Budget indices the extra seeds train to."),
         extra_seeds: str = typer.Option("1", "--extra-seeds",
-                                        help="The further seeds of the --seed1-sizes, e.g. 1,2 (written to "
-                                             "<stem>-seed1.toml)."),
+                                        help="The further seeds of the --extra-seed-sizes, e.g. 1,2 (written to "
+                                             "<stem>-seeds.toml)."),
         template: Path = typer.Option(..., "--template",
                                       help="Plan whose [train] and [executor] tables the study copies "
                                            "(the lr comes from --lr-rule)."),
         runs_dir: str = typer.Option("runs", "--runs-dir", help="Where the sweep writes the runs."),
         out: Path = typer.Option(Path("plans/isoflop-study.toml"), "--out",
-                                 help="Plan file; the second seed goes beside it as <stem>-seed1.toml."),
+                                 help="Plan file; the extra seeds go beside it as <stem>-seeds.toml."),
         force: bool = typer.Option(False, "--force", help=FORCE_HELP),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the grid; write nothing."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
@@ -114,14 +114,14 @@ def register(app: typer.Typer) -> None:
         plan = grid_plan(get_config(shape, "baseline"), _ints(grid, "--grid"), [float(c) for c in C],
                          lr_rule=_lr_rule(lr_rule), min_tokens=min_tokens,
                          last_budget=_pairs(last_budget, "--last-budget"),
-                         seed1_sizes=_ints(seed1_sizes, "--seed1-sizes"),
-                         seed1_budgets=_ints(seed1_budgets, "--seed1-budgets"),
+                         extra_seed_sizes=_ints(extra_seed_sizes, "--extra-seed-sizes"),
+                         extra_seed_budgets=_ints(extra_seed_budgets, "--extra-seed-budgets"),
                          extra_seeds=_ints(extra_seeds, "--extra-seeds"),
                          smelt_lr_rule=_optional_rule(smelt_lr_rule, "--smelt-lr-rule"))
-        second_out = out.with_name(f"{out.stem}-seed1{out.suffix}")
+        second_out = out.with_name(f"{out.stem}-seeds{out.suffix}")
         if not dry_run:
             check_output_file(out, "plan file (--out)", force=force, inputs=[template])
-            check_output_file(second_out, "second-seed plan file", force=force, inputs=[template])
+            check_output_file(second_out, "extra-seed plan file", force=force, inputs=[template])
         tpl = read_config(template)
         for table in ("train", "executor"):
             if not isinstance(tpl.get(table, {}), dict):
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule),
                 ("--smelt-lr-rule", smelt_lr_rule), ("--shape", shape),
                 ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
-                ("--seed1-sizes", seed1_sizes), ("--seed1-budgets", seed1_budgets),
+                ("--extra-seed-sizes", extra_seed_sizes), ("--extra-seed-budgets", extra_seed_budgets),
                 ("--extra-seeds", None if extra_seeds == "1" else extra_seeds),
                 ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
         command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
@@ -174,7 +174,7 @@ def _json(plan: Any, written: list[str]) -> dict[str, Any]:
         "budgets": list(plan.budgets),
         "lr_rule": _rule_json(plan.lr_rule),
         "smelt_lr_rule": None if plan.smelt_lr_rule is None else _rule_json(plan.smelt_lr_rule),
-        "extra_seeds": list(plan.extra_seeds) if plan.seed1_sizes else [],
+        "extra_seeds": list(plan.extra_seeds) if plan.extra_seed_sizes else [],
         "sizes": [{"name": s.name, "d_model": s.config.d_model, "active_params": s.active_params,
                    "flops_per_token": s.flops_per_token, "lr": s.lr, "smelt_lr": s.smelt_lr,
                    "budgets": [plan.budgets[j] for j in s.budget_indices], "tokens": list(s.tokens)}

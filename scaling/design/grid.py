@@ -114,14 +114,14 @@ class GridSize:
 
 @dataclass(frozen=True)
 class GridPlan:
-    """The grid study: budgets (FLOPs), sizes, lr rule, second-seed choice."""
+    """The grid study: budgets (FLOPs), sizes, lr rule, extra-seed choice."""
 
     shape: str
     budgets: tuple[float, ...]
     sizes: tuple[GridSize, ...]
     lr_rule: LrRule
-    seed1_sizes: tuple[int, ...]
-    seed1_budgets: tuple[int, ...]
+    extra_seed_sizes: tuple[int, ...]
+    extra_seed_budgets: tuple[int, ...]
     smelt_lr_rule: LrRule | None = None
     extra_seeds: tuple[int, ...] = (1,)
 
@@ -148,7 +148,7 @@ MIN_SIZES_PER_BUDGET = 3  # a parabola through an IsoFLOP slice (approach 2) nee
 
 def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[float], *,
               lr_rule: LrRule, min_tokens: int, last_budget: Mapping[int, int] | None = None,
-              seed1_sizes: Sequence[int] = (), seed1_budgets: Sequence[int] = (0, 1),
+              extra_seed_sizes: Sequence[int] = (), extra_seed_budgets: Sequence[int] = (0, 1),
               width_multiple: int = 1, smelt_lr_rule: LrRule | None = None,
               extra_seeds: Sequence[int] = (1,)) -> GridPlan:
     """The grid study over ``d_models`` x ``budgets`` (see the module docstring for the rules)."""
@@ -167,8 +167,8 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
     if not extra_seeds or len(set(extra_seeds)) != len(extra_seeds) or any(s < 1 for s in extra_seeds):
         raise UserError(f"grid: the further seeds must be distinct integers >= 1 (seed 0 is the main "
                         f"plan's), got {', '.join(map(str, extra_seeds)) or 'none'}")
-    if seed1_sizes and any(j not in range(len(budgets)) for j in seed1_budgets):
-        raise UserError(f"grid: a second-seed budget index is out of range (0 to {len(budgets) - 1})")
+    if extra_seed_sizes and any(j not in range(len(budgets)) for j in extra_seed_budgets):
+        raise UserError(f"grid: an extra-seed budget index is out of range (0 to {len(budgets) - 1})")
     sizes = []
     for d in d_models:
         cfg = scaled_baseline(shape, d / shape.d_model, width_multiple)
@@ -194,16 +194,16 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
         raise UserError("grid: " + "; ".join(f"budget {budgets[j]:.3g} has {n} size(s)" for j, n in thin)
                         + f": an IsoFLOP slice needs at least {MIN_SIZES_PER_BUDGET} to place its minimum "
                         "(add sizes, lower --min-tokens or move a --last-budget)")
-    for d in seed1_sizes:  # a size named for a second seed that gets none is a typo, not a choice
+    for d in extra_seed_sizes:  # a size named for the extra seeds that gets none is a typo, not a choice
         size = next((s for s in sizes if s.config.d_model == d), None)
         if size is None:
-            raise UserError(f"grid: second-seed size {d} is not in the grid "
+            raise UserError(f"grid: extra-seed size {d} is not in the grid "
                             f"({', '.join(map(str, d_models))})")
-        if not set(size.budget_indices) & set(seed1_budgets):
-            raise UserError(f"grid: second-seed size {d} trains at none of the second-seed budgets "
-                            f"{', '.join(str(j) for j in seed1_budgets)}")
+        if not set(size.budget_indices) & set(extra_seed_budgets):
+            raise UserError(f"grid: extra-seed size {d} trains at none of the extra-seed budgets "
+                            f"{', '.join(str(j) for j in extra_seed_budgets)}")
     return GridPlan(shape=shape.name, budgets=budgets, sizes=tuple(sizes), lr_rule=lr_rule,
-                    seed1_sizes=tuple(seed1_sizes), seed1_budgets=tuple(seed1_budgets),
+                    extra_seed_sizes=tuple(extra_seed_sizes), extra_seed_budgets=tuple(extra_seed_budgets),
                     smelt_lr_rule=smelt_lr_rule, extra_seeds=tuple(sorted(extra_seeds)))
 
 
@@ -211,15 +211,15 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
                    executor: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The sweep-plan documents (``scaling.training.sweep.plan``'s TOML format): the main study
     (seed 0, every size to its budgets) and the further seeds (``None`` when no size takes one)."""
-    models, tiers, seed1 = {}, {}, {}
+    models, tiers, extra = {}, {}, {}
     for s in plan.sizes:
         models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in NOT_IN_PLAN},
                           "width_multiple": 1, "proxy": True}
         twin = {} if s.smelt_lr is None else {"smelt": {"lr": s.smelt_lr}}
         tiers[s.name] = {"budgets": list(s.tokens), "lr": s.lr, **twin}
-        seed_tokens = [t for j, t in zip(s.budget_indices, s.tokens) if j in plan.seed1_budgets]
-        if seed_tokens and s.config.d_model in plan.seed1_sizes:
-            seed1[s.name] = {"budgets": seed_tokens, "lr": s.lr, **twin}
+        seed_tokens = [t for j, t in zip(s.budget_indices, s.tokens) if j in plan.extra_seed_budgets]
+        if seed_tokens and s.config.d_model in plan.extra_seed_sizes:
+            extra[s.name] = {"budgets": seed_tokens, "lr": s.lr, **twin}
     rule = plan.describe_lr()
     common = {"train": {**train, "lr": plan.lr_rule.lr_ref}, "executor": dict(executor)}
     per_budget = [len(plan.sizes_at(j)) for j in range(len(plan.budgets))]
@@ -230,16 +230,16 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
                                  f"seed 0; {rule}",
                   "tiers": list(models), "archs": list(ARCHS), "seeds": [0], "runs_dir": runs_dir},
         **common, "tier": tiers, "model": models}
-    if not seed1:
+    if not extra:
         return main, None
     seeds = list(plan.extra_seeds)
     second = {
-        "sweep": {"name": f"{name}-seed1",
+        "sweep": {"name": f"{name}-seeds",
                   "description": f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} at C = "
-                                 f"{', '.join(f'{plan.budgets[j]:.3g}' for j in plan.seed1_budgets)}: "
+                                 f"{', '.join(f'{plan.budgets[j]:.3g}' for j in plan.extra_seed_budgets)}: "
                                  "the seed-to-seed noise",
-                  "tiers": list(seed1), "archs": list(ARCHS), "seeds": seeds, "runs_dir": runs_dir},
-        **common, "tier": seed1, "model": {k: models[k] for k in seed1}}
+                  "tiers": list(extra), "archs": list(ARCHS), "seeds": seeds, "runs_dir": runs_dir},
+        **common, "tier": extra, "model": {k: models[k] for k in extra}}
     return main, second
 
 
