@@ -103,7 +103,7 @@ def test_each_architecture_trains_at_its_own_rule(tmp_path):
     ({"last_budget": {7: 0}}, "names no grid size"),
     ({"extra_seed_budgets": (5,), "extra_seed_sizes": (6,)}, "out of range"),
     ({"extra_seed_sizes": (8,)}, "extra-seed size 8 is not in the grid"),
-    ({"extra_seed_sizes": (6,), "extra_seeds": (0, 1)}, "distinct integers >= 1"),   # seed 0 is the main plan's
+    ({"extra_seed_sizes": (6,), "extra_seeds": (0, 1)}, "distinct integers >= 1"),  # seed 0: main plan
     ({"extra_seed_sizes": (6,), "extra_seeds": (2, 2)}, "distinct integers >= 1"),
     ({"extra_seeds": (0,)}, "distinct integers >= 1"),        # checked without --extra-seed-sizes too
     ({"d_models": (6,)}, "has 1 size"),                                  # one size: no slice

@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         extra_seed_budgets: str = typer.Option("0,1", "--extra-seed-budgets",
                                                help="Budget indices the extra seeds train to."),
         extra_seeds: str = typer.Option("1", "--extra-seeds",
-                                        help="The further seeds of the --extra-seed-sizes, e.g. 1,2 (written to "
+                                        help="The seeds of the --extra-seed-sizes, e.g. 1,2 (written to "
                                              "<stem>-seeds.toml)."),
         template: Path = typer.Option(..., "--template",
                                       help="Plan whose [train] and [executor] tables the study copies "
