@@ -81,8 +81,10 @@ plots.loss_curves(curves, x="flops")
 # %% [markdown]
 # ## SMELT − Baseline at each budget, beside the seed-to-seed spread
 # Validation loss at each budget's end, averaged over seeds; `gap` = SMELT − Baseline (negative:
-# SMELT better). Where a tier has two seeds, `seed spread` is the largest |seed 0 − seed 1| of the two
-# architectures at that budget: a gap smaller than it is within run-to-run noise.
+# SMELT better). Where a tier has several seeds (7 of the 9 tiers, at the three smallest budgets),
+# `seed spread` is the larger of the two architectures' max − min over seeds at that budget: the range
+# of single runs. A mean over n seeds varies far less (its s.d. is the seeds' s.d. / sqrt(n)); the
+# paired test with intervals is `smelt-scale compare runs/`.
 
 # %%
 pts = points.merge(curves.groupby("run")[["tier"]].first(), left_on="run", right_index=True)

@@ -80,7 +80,7 @@ for g, f in fits.items():
 # %% [markdown]
 # ## Data and fitted law
 # Left: loss against tokens at each size; right: loss against size at each token budget. Markers are
-# the fitted points (both seeds where there are two); lines are the fitted law.
+# the fitted points (every seed where there are several); lines are the fitted law.
 
 # %%
 plots.fits(points, fits)

@@ -38,20 +38,20 @@ def shipped() -> pd.DataFrame:
 def test_shipped_runs_reproduce_the_readme(shipped):
     res = compare(with_validation_ids(RUNS, shipped))
     o = res.overall
-    # README: "-0.093 ± 0.047 nats (mean ± cluster-robust s.e., 73 pairs in 23 run-pair clusters)"
-    assert (o.n_pairs, o.n_clusters) == (73, 23)
-    assert round(o.mean, 3) == -0.093 and round(o.se, 3) == 0.047 and round(o.se_iid, 3) == 0.027
-    assert (round(o.ci_lo, 3), round(o.ci_hi, 3), o.df) == (-0.190, 0.004, 22)
-    assert (res.n_cells_candidate_better, len(res.cells), o.n_candidate_better) == (23, 35, 53)
-    assert round(res.seed_spread, 3) == 0.255 and round(res.seed_sd, 3) == 0.158 and res.n_seeds == 3
+    # README: "-0.098 ± 0.028 nats (mean ± cluster-robust s.e., 149 pairs in 51 run-pair clusters)"
+    assert (o.n_pairs, o.n_clusters) == (149, 51)
+    assert round(o.mean, 3) == -0.098 and round(o.se, 3) == 0.028 and round(o.se_iid, 3) == 0.017
+    assert (round(o.ci_lo, 3), round(o.ci_hi, 3), o.df) == (-0.154, -0.042, 50)
+    assert (res.n_cells_candidate_better, len(res.cells), o.n_candidate_better) == (26, 35, 110)
+    assert round(res.seed_spread, 3) == 0.346 and round(res.seed_sd, 3) == 0.146 and res.n_seeds == 7
     assert not res.dropped
     # the IsoFLOP budgets, grouped by their compute (not by budget index: the larger sizes start
     # at a later budget)
     assert [(b.label, b.n_pairs) for b in res.by_budget] == [
-        ("C 3.56e+11 FLOPs", 16), ("C 6.32e+11 FLOPs", 22), ("C 1.12e+12 FLOPs", 23),
+        ("C 3.56e+11 FLOPs", 36), ("C 6.32e+11 FLOPs", 50), ("C 1.12e+12 FLOPs", 51),
         ("C 2e+12 FLOPs", 7), ("C 3.56e+12 FLOPs", 5)]
-    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.069 ± 0.042 at 0.3M tokens and above"
-    assert late.n_pairs == 44 and round(late.mean, 3) == -0.069 and round(late.se, 3) == 0.042
+    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.063 ± 0.025 at 0.3M tokens and above"
+    assert late.n_pairs == 84 and round(late.mean, 3) == -0.063 and round(late.se, 3) == 0.025
     assert any("no per-source loss" in n for n in res.notes) and not res.by_source
 
 
@@ -150,14 +150,14 @@ def test_cli_json_table_and_figure(tmp_path):
     res = runner.invoke(app, ["compare", str(RUNS), "--json"])
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
-    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 73
+    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 149
     assert d["cluster"] == "run" and len(d["by_tier"]) == 9 and len(d["cells"]) == 35 and d["dropped"] == []
     out = tmp_path / "cmp.png"
     res = runner.invoke(app, ["compare", str(RUNS), "--plot", str(out), "--cells"])
     assert res.exit_code == 0, res.stderr
-    assert out.stat().st_size > 10_000 and "23 of 35" in res.stdout
+    assert out.stat().st_size > 10_000 and "26 of 35" in res.stdout
     seed = json.loads(runner.invoke(app, ["compare", str(RUNS), "--cluster", "seed", "--json"]).stdout)
-    assert seed["overall"]["n_clusters"] == 3
+    assert seed["overall"]["n_clusters"] == 7
 
 
 # -- pairing on the actual budget and validation data (issue 26) -----------------------------------
