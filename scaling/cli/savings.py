@@ -75,7 +75,8 @@ def print_result(res: SavingsResult) -> None:
         lo, hi = res.savings_range
         stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over "
                      f"{sum(r.savings is not None for r in res.rows)} row(s).", highlight=False)
-    stdout.print("method: envelope = observed loss-compute frontiers inside the data (no law), law = fitted "
+    stdout.print("method: envelope = observed loss-compute frontiers inside the data (no law; seeds of a "
+                 "configuration averaged, computes within 2% one budget), law = fitted "
                  "or published laws. loss gap = L_ref − L_cand at equal compute (nats/token); D/param = "
                  "optimal tokens per parameter at the budget (laws only; smelt form: D/(F/6)); extrap. = "
                  "decades beyond the largest fitted compute.", highlight=False)
@@ -144,8 +145,9 @@ def register(app: typer.Typer) -> None:
         With bootstrapped fits the interval pairs the two groups' resamples by index.
 
         Default (--method auto): fitted laws that are identified and fit their points answer at every
-        budget, and inside the data the observed loss-compute frontiers (the envelope, bootstrap over
-        run pairs) cross-check them: a warning names each budget where the two intervals do not
+        budget, and inside the data the observed loss-compute frontiers (the envelope: seeds of one
+        size and token count averaged, computes within 2% one budget; bootstrap over run pairs)
+        cross-check them: a warning names each budget where the two intervals do not
         overlap. Laws that are not identified or misfit answer only outside the data; inside, the
         envelope does. Each row names its method.
 
