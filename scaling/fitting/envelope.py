@@ -54,6 +54,7 @@ import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
+from scaling.fitting.approaches import compute_buckets
 from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
 from scaling.fitting.tables import read_runs_dir, token_cost, total_flops
 
@@ -118,8 +119,9 @@ def budget_points(compute: np.ndarray, loss: np.ndarray, config: np.ndarray | No
                   weight: np.ndarray | None = None,
                   tolerance: float = BUDGET_TOLERANCE) -> tuple[np.ndarray, np.ndarray]:
     """(compute, loss) of one architecture's frontier points (module docstring): the ``weight``-ed mean
-    loss and compute of each ``config`` (points with weight 0 left out), then runs of sorted computes
-    within ``tolerance`` of the run's first merged at their geometric mean with their lowest loss."""
+    loss and compute of each ``config`` (points with weight 0 left out), then computes within
+    ``tolerance`` of the smallest not yet merged (``compute_buckets``, the buckets of approach 2)
+    merged at their geometric mean with their lowest loss."""
     C, L = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
     w = np.ones(C.size) if weight is None else np.asarray(weight, dtype=float)
     ok = (w > 0) & np.isfinite(C) & np.isfinite(L) & (C > 0) & (L > 0)
@@ -130,16 +132,7 @@ def budget_points(compute: np.ndarray, loss: np.ndarray, config: np.ndarray | No
     wt = np.bincount(cfg, w[ok])
     logc = np.bincount(cfg, w[ok] * np.log(C[ok])) / wt
     mean_loss = np.bincount(cfg, w[ok] * L[ok]) / wt
-    order = np.argsort(logc)
-    logc, mean_loss = logc[order], mean_loss[order]
-    # a new budget starts where a compute lies beyond the tolerance of the current budget's first
-    start = np.zeros(logc.size, dtype=int)
-    first = logc[0]
-    for i in range(1, logc.size):
-        if logc[i] - first > np.log1p(tolerance):
-            first = logc[i]
-            start[i] = 1
-    budget = np.cumsum(start)
+    budget = compute_buckets(logc / np.log(10), np.log10(1 + tolerance))
     n = np.bincount(budget)
     out_c = np.exp(np.bincount(budget, logc) / n)
     out_l = np.full(n.size, np.inf)
