@@ -119,3 +119,21 @@ def test_unidentified_from_diagnostics_and_published_laws_are_never_withheld():
     forced = withhold_unidentified(res, known, loose, extrapolate=True).rows[1]
     assert forced.savings == res.rows[1].savings and forced.extrapolated and forced.to_dict()["extrapolated"]
     assert withhold_unidentified(res, known, loose, max_decades=3).rows[1].savings == res.rows[1].savings
+
+
+def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():
+    from dataclasses import replace
+
+    law = get_law("chinchilla")
+    theta = {"E": 1.8, "A": 480.0, "alpha": 0.35, "B": 2100.0, "beta": 0.37}
+    known = FittedLaw("r", law, law.theta_array(theta), compute_max=1e18)
+    loose = FittedLaw("c", law, law.theta_array({**theta, "A": 400.0}), compute_max=1e18,
+                      unidentified="E on its bound")
+    clamp = "in 3 of 10 resamples the reference does not reach the matched loss within 6 decades"
+    res = replace(savings(known, loose, [3e17, 1e20]),
+                  warnings=(f"budget 3e+17: {clamp}", f"budget 1e+20: {clamp}", "something else"))
+    kept = withhold_unidentified(res, known, loose)
+    assert kept.rows[1].savings is None     # 1e20: withheld, and so is the warning about its interval
+    assert kept.warnings == (f"budget 3e+17: {clamp}", "something else")
+    forced = withhold_unidentified(res, known, loose, extrapolate=True)
+    assert f"budget 1e+20: {clamp}" in forced.warnings

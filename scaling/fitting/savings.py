@@ -419,6 +419,11 @@ def _far_warning(rows: Sequence[SavingsRow]) -> str | None:
             "extrapolations")
 
 
+def _where(budget: float, sparsity: float | None) -> str:
+    """How warnings name a row: its budget, and its sparsity where the law has one."""
+    return f"budget {budget:.3g}" + ("" if sparsity is None else f", S={sparsity:g}")
+
+
 def _decades(compute: float, top: float | None) -> float | None:
     return None if top is None else float(np.log10(compute / top))
 
@@ -480,7 +485,7 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
             m = _matched(reference, candidate, reference.theta, candidate.theta, np.array(c), s,
                          convention, span)
             st = int(m["status"])
-            where = f"budget {c:.3g}" + ("" if s is None else f", S={s:g}")
+            where = _where(float(c), s)
             if st == 1:
                 who = reference.name if solved == "reference" else candidate.name
                 raise UserError(f"the {solved} ({who}) never reaches the other's loss {float(m['loss']):.4f} "
@@ -596,5 +601,8 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
                 "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
                 extrapolation_decades=r.extrapolation_decades))
     old, new = _far_warning(result.rows), _far_warning(rows)
-    warnings = [w for w in result.warnings if w != old] + ([new] if new else [])
+    # a withheld row has no interval, so the warnings about its resamples go with it
+    gone = tuple(f"{_where(r.budget, r.sparsity)}: in " for r, kept in zip(result.rows, rows)
+                 if r.savings is not None and kept.savings is None)
+    warnings = [w for w in result.warnings if w != old and not w.startswith(gone)] + ([new] if new else [])
     return replace(result, rows=tuple(rows), warnings=tuple(warnings))
