@@ -20,6 +20,7 @@ from scipy.stats import t as student_t
 from typer.testing import CliRunner
 
 from cli import app
+from scaling.common.errors import UserError
 from scaling.fitting.compare import compare, pair_stats
 from scaling.fitting.tables import read_runs_dir
 
@@ -340,3 +341,37 @@ def test_a_source_on_some_pairs_says_how_many(tmp_path):
     res = compare(read_runs_dir(tmp_path))
     assert res.by_source["code"].n_pairs == 3 and res.by_source["code"].mean == pytest.approx(-0.1)
     assert any("only 3 of 4 pairs" in n for n in res.notes)
+
+
+# -- plans/lr_rule_gap.py: two trainings of one design, the gain's change between lr rules ---------------
+def test_lr_rule_gap_recovers_a_planted_change_of_the_gain(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lr_rule_gap", Path(__file__).resolve().parents[1]
+                                                  / "plans" / "lr_rule_gap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(4)
+    budgets = [(100_352, 1e11), (200_704, 2e11)]
+    for tier in ("t1", "t2", "t3"):
+        for seed in range(4):
+            luck = rng.normal(0, 0.2)            # a seed's luck, shared by both lr rules
+            for folder, gain in (("a", -0.15), ("b", -0.05)):
+                base = [(D, 5.0 + luck + rng.normal(0, 0.01), C) for D, C in budgets]
+                _write_run(tmp_path / folder, f"{tier}-baseline-s{seed}", "baseline", tier, seed, base)
+                _write_run(tmp_path / folder, f"{tier}-smelt-s{seed}", "smelt", tier, seed,
+                           [(D, L + gain + rng.normal(0, 0.02), C) for D, L, C in base])
+    # B holds one more cell than A: left out, and counted
+    _write_run(tmp_path / "b", "t4-baseline-s0", "baseline", "t4", 0, [(100_352, 5.0, 1e11)])
+    _write_run(tmp_path / "b", "t4-smelt-s0", "smelt", "t4", 0, [(100_352, 4.9, 1e11)])
+    res = mod.lr_rule_gap(tmp_path / "a", tmp_path / "b")
+    assert (res["cells"], res["cells_only_a"], res["cells_only_b"]) == (24, 0, 1)
+    assert res["diff_a"]["mean"] == pytest.approx(-0.15, abs=0.02)
+    assert res["diff_b"]["mean"] == pytest.approx(-0.05, abs=0.02)
+    dd = res["dd"]
+    assert dd["mean"] == pytest.approx(-0.10, abs=0.02) and dd["n_clusters"] == 12 and dd["df"] == 11
+    assert dd["ci"][0] < -0.10 < dd["ci"][1] and dd["ci"][1] < 0
+    _write_run(tmp_path / "c", "t9-baseline-s0", "baseline", "t9", 0, [(100_352, 5.0, 1e11)])
+    _write_run(tmp_path / "c", "t9-smelt-s0", "smelt", "t9", 0, [(100_352, 4.9, 1e11)])
+    with pytest.raises(UserError, match="share no"):
+        mod.lr_rule_gap(tmp_path / "a", tmp_path / "c")
