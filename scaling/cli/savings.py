@@ -21,6 +21,7 @@ from scaling.cli._util import (
 )
 from scaling.common.errors import UserError
 from scaling.common.format import number
+from scaling.fitting.envelope import BUDGET_TOLERANCE
 from scaling.fitting.fit import DEFAULT_BOOTSTRAP
 from scaling.fitting.reference_laws import LAW_SETS
 from scaling.fitting.savings import (
@@ -76,7 +77,7 @@ def print_result(res: SavingsResult) -> None:
         stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over "
                      f"{sum(r.savings is not None for r in res.rows)} row(s).", highlight=False)
     stdout.print("method: envelope = observed loss-compute frontiers inside the data (no law; seeds of a "
-                 "configuration averaged, computes within 2% one budget), law = fitted "
+                 f"configuration averaged, computes within {BUDGET_TOLERANCE:.0%} one budget), law = fitted "
                  "or published laws. loss gap = L_ref − L_cand at equal compute (nats/token); D/param = "
                  "optimal tokens per parameter at the budget (laws only; smelt form: D/(F/6)); extrap. = "
                  "decades beyond the largest fitted compute.", highlight=False)
@@ -146,7 +147,7 @@ def register(app: typer.Typer) -> None:
 
         Default (--method auto): fitted laws that are identified and fit their points answer at every
         budget, and inside the data the observed loss-compute frontiers (the envelope: seeds of one
-        size and token count averaged, computes within 2% one budget; bootstrap over run pairs)
+        size and token count averaged, computes within 5% one budget; bootstrap over run pairs)
         cross-check them: a warning names each budget where the two intervals do not
         overlap. Laws that are not identified or misfit answer only outside the data; inside, the
         envelope does. Each row names its method.
