@@ -90,7 +90,7 @@ class Envelope:
         merged budgets (``budget_points``), whose geometric means lie inside it."""
         C = np.asarray(list(compute) if not isinstance(compute, np.ndarray) else compute, dtype=float)
         L = np.asarray(list(loss) if not isinstance(loss, np.ndarray) else loss, dtype=float)
-        ok = np.isfinite(C) & np.isfinite(L) & (C > 0) & (L > 0)
+        ok = _usable(C, L)
         if not ok.any():
             raise UserError("no finite positive (compute, loss) point to build a frontier from")
         C, L = C[ok], L[ok]
