@@ -237,6 +237,24 @@ def test_seeds_of_a_runs_table_are_one_configuration():
     assert r.savings == pytest.approx(1 - 1 / 1.5, abs=0.02)
 
 
+def test_runs_of_a_configuration_repeating_a_seed_are_not_averaged():
+    from scaling.fitting.envelope import observed_savings
+
+    # the Baseline trained twice per configuration with seed 0 (two lrs, say, the second 0.6 worse):
+    # those are not seeds, so its frontier is the better run's, the law, and the saving the planted one
+    env = two_architectures(1.5)
+    rows = [pd.DataFrame({"group": env["group"], "run": env["unit"] + f"-lr{k}", "N": env["N"], "D": env["D"],
+                          "flops": env["compute"], "flops_per_token": np.nan, "seed": "0",
+                          "loss": env["loss"] + np.where(env["group"] == "baseline", 0.6 * k, 0.0)})
+            for k in (0, 1)]
+    pts = pd.concat(rows, ignore_index=True)
+    r = observed_savings(pts, None, "baseline", "smelt", [1e18], n_bootstrap=0)[0]
+    assert r.savings == pytest.approx(1 - 1 / 1.5, abs=0.02)
+    averaged = observed_savings(pts.assign(seed=np.repeat(["0", "1"], len(env))), None, "baseline", "smelt",
+                                [1e18], n_bootstrap=0)[0]
+    assert averaged.savings is None or averaged.savings > 0.5     # read as two seeds: the Baseline 0.3 worse
+
+
 def test_a_unit_drawn_twice_weighs_twice():
     from scaling.fitting.envelope import bootstrap_savings
 

@@ -135,5 +135,20 @@ def test_help():
     res = runner.invoke(app, ["fit", "--help"])
     assert res.exit_code == 0
     for opt in ("--law", "--n-col", "--d-col", "--loss-col", "--group-col", "--c-col", "--flops-col",
-                "--sparsity-col", "--bootstrap", "--seed", "--huber-delta", "--json", "--out"):
+                "--sparsity-col", "--seed-col", "--bootstrap", "--seed", "--huber-delta", "--json", "--out"):
         assert opt in res.stdout, opt
+
+
+def test_seed_column_averages_approach_1_curves_and_can_be_switched_off(tmp_path):
+    # 5 sizes x 5 budgets, each size trained with seeds 0 and 1
+    grid_table(tmp_path / "one.csv")
+    one = pd.read_csv(tmp_path / "one.csv")
+    pts = pd.concat([one.assign(seed=s, run=[f"n{i // 5}-s{s}" for i in range(len(one))]) for s in (0, 1)])
+    pts.to_csv(tmp_path / "seeds.csv", index=False)
+    modes = {}
+    for extra in ([], ["--seed-col", "none"]):
+        res = runner.invoke(app, ["fit", str(tmp_path / "seeds.csv"), "--bootstrap", "0", "--json", *extra])
+        assert res.exit_code == 0, res.output
+        modes[bool(extra)] = json.loads(res.stdout)["fits"]["baseline"]["cross_checks"]["approach1"]["mode"]
+    assert modes[False] == "training curves of 5 configurations (the seeds of each averaged: 10 runs)"
+    assert modes[True] == "training curves of 10 runs"

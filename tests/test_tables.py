@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from scaling.common.errors import UserError
+from scaling.fitting import tables
 from scaling.fitting.tables import (
     CANONICAL,
     Columns,
@@ -317,3 +318,17 @@ def test_runs_linked_into_a_study_folder_are_read_once(tmp_path):
     assert sorted(df["arch"].unique()) == ["baseline", "smelt"]
     assert len(df) == sum(len(json.loads((r / "final.json").read_text())["points"])
                           for r in shipped.glob("iso-d04-*"))
+
+
+def test_seed_is_read_as_a_label_and_can_be_switched_off(tmp_path):
+    pts = [point("b1", 1e6, 1e7, 4.0, seed=3), point("b1", 1e6, 2e7, 3.8, seed=3)]
+    write_run(tmp_path, "b1", {"run": "b1", "arch": "baseline", "tier": "proxy-xs", "complete": True,
+                               "points": pts})
+    write_run(tmp_path, "s1", point("s1", 2e6, 1e7, 3.9, arch="smelt"))          # an older point: no seed
+    table = tables.load_table(tmp_path)
+    assert table.points["seed"].tolist() == ["3", "3", ""] and table.mapping["seed"] == "'seed'"
+    t = law_table().assign(seed=["a", None] * 20)                               # any label; empty is unknown
+    assert load_points_df(t, tmp_path, Columns())["seed"].tolist() == ["a", ""] * 20
+    off = load_table_df(t, tmp_path, Columns(seed="none"))
+    assert (off.points["seed"] == "").all() and "seed" not in off.mapping
+    assert (load_points_df(law_table(), tmp_path, Columns())["seed"] == "").all()

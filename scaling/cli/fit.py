@@ -292,6 +292,8 @@ def register(app: typer.Typer) -> None:
                                       help="Column of training FLOPs per token F (smelt law)."),
         sparsity_col: str = typer.Option("sparsity",
                                          help="Column of compute-equivalent sparsity S (smelt law)."),
+        seed_col: str = typer.Option("seed", help="Column of each run's training seed: approach 1 averages "
+                                                  "the seeds of a configuration; 'none': every run apart."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0, max=MAX_BOOTSTRAP,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
         seed: int = typer.Option(0, min=0, help="Seed of the bootstrap resampling."),
@@ -360,7 +362,7 @@ def register(app: typer.Typer) -> None:
         _check_options(at, holdout_rule, cons, isoflop_estimator, isoflop_window)
         _check_outputs(path, out, holdout_figure, holdout_rule, force)
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
-                       flops_per_token=flops_col, sparsity=sparsity_col, run=run_col,
+                       flops_per_token=flops_col, sparsity=sparsity_col, seed=seed_col, run=run_col,
                        flops_per_nd=flops_per_nd, where=tuple(where or ()))
         table = load_fit_table(path, cols)
         print_table_mapping(table, json_out)

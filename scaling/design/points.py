@@ -64,6 +64,7 @@ def isoflop_design(
                             "flops": F * D,
                             "flops_per_token": F,
                             "sparsity": np.nan if s is None else float(s),
+                            "seed": "",
                         }
                     )
     return pd.DataFrame(rows, columns=list(CANONICAL))
@@ -88,6 +89,7 @@ def points_of_sweep_plan(plan: Any) -> pd.DataFrame:
                     "flops": float(b.flops_per_token) * D,
                     "flops_per_token": float(b.flops_per_token),
                     "sparsity": float(b.sparsity),
+                    "seed": str(run.seed),
                 }
             )
     if not rows:

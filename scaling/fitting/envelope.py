@@ -4,8 +4,10 @@ Points first (``budget_points``): the runs of one configuration (the same archit
 sparsity and FLOPs per token, numbers equal to 9 digits: its seeds) count as one point, at their
 mean loss; a frontier taken over single runs is a minimum over seeds, which sinks with every seed
 added (by about 1.35 s.d. for 7 seeds of normal noise) and makes the saving depend on where the
-extra seeds were spent. Runs that differ only in what a points table does not record (learning
-rate, schedule) count as one configuration too: keep one study per folder. Then computes within
+extra seeds were spent. Where the table records seeds and two runs of a configuration share one
+(an lr sweep in one folder: they differ in what the table does not record), its runs stay apart,
+each its own point (``scaling.fitting.tables.seed_replicates``); runs without a recorded seed count
+as seeds: keep one study per folder. Then computes within
 ``BUDGET_TOLERANCE`` (5%) of the smallest compute not yet merged count as one budget (greedy
 windows, ``compute_buckets``), at their geometric mean, with the lowest loss among them: an IsoFLOP
 design's sizes miss their budget by up to about 1% (tokens come in whole batches), and a frontier
@@ -68,7 +70,7 @@ from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.approaches import compute_buckets
 from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
-from scaling.fitting.tables import read_runs_dir, token_cost, total_flops
+from scaling.fitting.tables import config_keys, read_runs_dir, seed_replicates, token_cost, total_flops
 
 METHOD = "envelope"
 BUDGET_TOLERANCE = 0.05   # computes within 5% are one budget (module docstring)
@@ -288,27 +290,18 @@ def run_pair_units(path: Path, points: pd.DataFrame) -> pd.Series | None:
     return points["run"].astype(str).map(unit).fillna(points["run"].astype(str))
 
 
-def config_keys(points: pd.DataFrame) -> np.ndarray:
-    """One key per configuration of canonical points: N, D, sparsity and FLOPs per token where the
-    table has them, each to 9 significant digits (8886 and 8886.0, or two N a few ulps apart, are one
-    configuration)."""
-    cols = [c for c in ("N", "D", "sparsity", "flops_per_token") if c in points.columns]
-    parts = [np.char.mod("%.9g", pd.to_numeric(points[c], errors="coerce").to_numpy(dtype=float))
-             for c in cols]
-    return np.array(["|".join(p) for p in zip(*parts)]) if parts else np.arange(len(points)).astype(str)
-
-
 def envelope_points(points: pd.DataFrame, units: pd.Series | None = None) -> pd.DataFrame:
     """(group, compute, loss, unit, config) from canonical points (``scaling.fitting.tables``).
 
     ``units``: the resampling unit per point (e.g. tier and seed of a runs folder); default: the run.
-    ``config``: ``config_keys``, so that the seeds of one configuration are averaged.
+    ``config``: ``config_keys``, so that the seeds of one configuration are averaged; a configuration
+    whose runs repeat a seed (an lr sweep in one folder) keeps its runs apart (``seed_replicates``).
     """
     out = pd.DataFrame({
         "group": points["group"].astype(str).to_numpy(),
         "compute": total_flops(points, token_cost(points)),
         "loss": points["loss"].to_numpy(dtype=float),
-        "config": config_keys(points),
+        "config": seed_replicates(points, config_keys(points), unknown_together=True),
     })
     out["unit"] = (points["run"].astype(str).to_numpy() if units is None
                    else np.asarray(units, dtype=str))

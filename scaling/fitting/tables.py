@@ -10,6 +10,8 @@ Every reader returns one pandas DataFrame with canonical columns:
     flops            float  total training FLOPs (NaN when unknown)
     flops_per_token  float  training FLOPs per token F (NaN when unknown)
     sparsity         float  compute-equivalent sparsity S in [0, 1) (NaN when unknown)
+    seed             str    training seed of the run, as written ("" when unknown): approach 1 averages
+                            the training curves of a configuration's seeds (scaling.fitting.approaches)
 
 A runs directory is what the trainer writes: ``<dir>/<run>/config.json`` and, once its token
 budgets are reached, ``final.json`` = ``{"run", "arch", "tier", "complete", "points": [...]}``
@@ -70,7 +72,7 @@ from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
 from scaling.fitting.laws import TokenCost
 
-CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity")
+CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity", "seed")
 # Law input name (scaling.fitting.laws) -> canonical column.
 INPUT_COLUMNS = {"N": "N", "D": "D", "F": "flops_per_token", "S": "sparsity"}
 DEFAULT_GROUP = "default"
@@ -112,6 +114,7 @@ class Columns:
     c: str | None = None
     flops_per_token: str = Point.key("flops_per_token")
     sparsity: str = Point.key("sparsity")
+    seed: str = Point.key("seed")
     run: str | None = None
     flops_per_nd: float | None = None
     where: tuple[str, ...] = ()
@@ -469,6 +472,16 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         else:
             out[canon] = values(name, 1.0)
             mapping[canon] = repr(name)
+    # a seed is a label: any value is accepted, written as text (a missing cell is "", unknown)
+    if _off(c.seed) or c.seed not in cols:
+        out["seed"] = ""
+    else:
+        s = raw[c.seed]
+        # a numeric column holding a missing cell is float: seed 3 is read as 3.0, written "3"
+        text = (np.char.mod("%.15g", s.to_numpy(dtype=float)) if pd.api.types.is_numeric_dtype(s)
+                and not pd.api.types.is_bool_dtype(s) else s.astype(str).to_numpy())
+        out["seed"] = np.where(s.isna().to_numpy(), "", text)
+        mapping["seed"] = repr(c.seed)
 
     if c.group is not None and not _off(c.group):
         if c.group not in cols:
@@ -493,7 +506,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         mapping["run"] = "none: each row is its own run (the bootstrap treats rows as independent)"
 
     notes += _checked_points(out, raw, k, source, rownum)
-    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity")
+    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity", "seed")
     mapping = {key: mapping[key] for key in order if key in mapping}
     # k matters where it derived a column, or stands in for an unrecorded compute
     k_used = not (has_n and has_d) or compute is None or k_given
@@ -577,6 +590,45 @@ def law_inputs(df: pd.DataFrame, law_inputs: Iterable[str], *,
             check_positive_finite(x, col, source)
         out[name] = x
     return out
+
+
+CONFIG_COLUMNS = ("N", "D", "sparsity", "flops_per_token")
+
+
+def config_keys(points: pd.DataFrame, columns: Iterable[str] = CONFIG_COLUMNS) -> np.ndarray:
+    """One key per point naming its configuration: the ``columns`` the table has (default N, D,
+    sparsity and FLOPs per token), each to 9 significant digits (8886 and 8886.0, or two N a few ulps
+    apart, are one configuration). Without any of them every point is its own configuration."""
+    cols = [c for c in columns if c in points.columns]
+    parts = [np.char.mod("%.9g", pd.to_numeric(points[c], errors="coerce").to_numpy(dtype=float))
+             for c in cols]
+    return np.array(["|".join(p) for p in zip(*parts)]) if parts else np.arange(len(points)).astype(str)
+
+
+def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together: bool) -> np.ndarray:
+    """``keys`` (one per point, prefixed with its group) where the runs sharing a key are seeds of one
+    configuration, and the key with its run appended (each run apart) where they are not.
+
+    The runs of a key are seeds of one configuration when their seeds (the ``seed`` column, one per
+    run) are distinct. Two runs of a key with the same seed differ in something the table does not
+    record (learning rate, schedule: an lr sweep), so that key keeps all its runs apart. Runs without
+    a known seed ("" or no column) count as distinct seeds when ``unknown_together`` (the envelope's
+    reading of a folder as one study), and keep their key's runs apart otherwise (approach 1, whose
+    frontier over other schedules of one size is wanted)."""
+    keys = np.asarray(keys).astype(str)
+    if "group" in points.columns:      # the twins of a pair share N and D and a seed, not a configuration
+        keys = np.char.add(np.char.add(points["group"].astype(str).to_numpy(), "|"), keys)
+    runs = points["run"].astype(str).to_numpy()
+    seeds = (points["seed"].fillna("").astype(str).to_numpy() if "seed" in points.columns
+             else np.full(len(points), ""))
+    per_run = pd.DataFrame({"key": keys, "run": runs, "seed": seeds}).drop_duplicates(["key", "run"])
+    known = per_run["seed"] != ""
+    clash = per_run[known].duplicated(["key", "seed"], keep=False)
+    apart = set(per_run.loc[clash[clash].index, "key"])
+    if not unknown_together:
+        apart |= set(per_run.loc[~known, "key"])
+    sep = np.isin(keys, np.array(sorted(apart), dtype=str))
+    return np.where(sep, np.char.add(np.char.add(keys, "|run="), runs), keys)
 
 
 def total_flops(df: pd.DataFrame, cost: TokenCost | float = DEFAULT_FLOPS_PER_ND) -> np.ndarray:
