@@ -28,23 +28,34 @@ def _command_of(plan_file: Path) -> list[str]:
     return first.split("`")[1].split()[2:]  # after "smelt-scale plan-grid"
 
 
-def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path):
-    """Rerunning the command in the header of plans/isoflop-study.toml writes both shipped files
-    byte for byte (the extra seeds' beside it)."""
-    args = _command_of(PLANS / "isoflop-study.toml")
+@pytest.mark.parametrize("stem", ["isoflop-study", "lr-check-oldlr", "sharedlr-check"])
+def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path, stem):
+    """Rerunning the command in the header of a shipped grid plan writes both its files byte for
+    byte (the extra seeds' beside it)."""
+    args = _command_of(PLANS / f"{stem}.toml")
     out_at = args.index("--out") + 1
-    assert args[out_at] == "plans/isoflop-study.toml"
+    assert args[out_at] == f"plans/{stem}.toml"
     args[args.index("--template") + 1] = str(PLANS / "isoflop-template.toml")
     shutil.copy(PLANS / "isoflop-template.toml", tmp_path / "isoflop-template.toml")
-    args[out_at] = str(tmp_path / "isoflop-study.toml")
+    args[out_at] = str(tmp_path / f"{stem}.toml")
     res = CliRunner().invoke(app, ["plan-grid", *args, "--json"])
     assert res.exit_code == 0, res.output
     assert list(json.loads(res.stdout)) == ["schema", "shape", "budgets", "lr_rule",  # docs/json.md
                                             "smelt_lr_rule", "extra_seeds", "sizes", "sizes_per_budget",
                                             "plan_files"]
-    for name in ("isoflop-study.toml", "isoflop-study-seeds.toml"):
+    for name in (f"{stem}.toml", f"{stem}-seeds.toml"):
         body = lambda p: p.read_text().split("\n", 1)[1]  # noqa: E731 - the header names the paths
         assert body(tmp_path / name) == body(PLANS / name), name
+    if "--archs" in args:                           # one side retrained: only that architecture runs
+        archs = args[args.index("--archs") + 1].split(",")
+        assert tomllib.loads((PLANS / f"{stem}-seeds.toml").read_text())["sweep"]["archs"] == archs
+
+
+def test_archs_must_be_known():
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11",
+                                   "--lr-rule", "0.03,0.9", "--archs", "smelt,moe",
+                                   "--template", str(PLANS / "isoflop-template.toml"), "--dry-run"])
+    assert res.exit_code == 2 and "error: grid: architectures must be among baseline, smelt" in res.stderr
 
 
 def test_tokens_budgets_and_lr_follow_the_rules():

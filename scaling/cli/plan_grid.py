@@ -89,6 +89,9 @@ def register(app: typer.Typer) -> None:
         extra_seeds: str = typer.Option("1", "--extra-seeds",
                                         help="The seeds of the --extra-seed-sizes, e.g. 1,2 (written to "
                                              "<stem>-seeds.toml)."),
+        archs: str = typer.Option("baseline,smelt", "--archs",
+                                  help="Architectures to train, e.g. smelt: retrain one side of a study "
+                                       "whose other side is trained at the same settings."),
         template: Path = typer.Option(..., "--template",
                                       help="Plan whose [train] and [executor] tables the study copies "
                                            "(the lr comes from --lr-rule)."),
@@ -127,7 +130,8 @@ def register(app: typer.Typer) -> None:
             if not isinstance(tpl.get(table, {}), dict):
                 raise UserError(f"{template}: [{table}] must be a table, got {type(tpl[table]).__name__}")
         main, second = grid_documents(plan, name=out.stem, runs_dir=runs_dir, train=tpl.get("train", {}),
-                                      executor=tpl.get("executor", {}))
+                                      executor=tpl.get("executor", {}),
+                                      archs=[a.strip() for a in archs.split(",") if a.strip()])
         written: list[str] = []
         # the command as given, in a fixed order, so the header says how to write the file again
         args = [("--grid", grid), ("--budgets", budgets), ("--lr-rule", lr_rule),
@@ -135,6 +139,7 @@ def register(app: typer.Typer) -> None:
                 ("--min-tokens", str(min_tokens)), ("--last-budget", last_budget),
                 ("--extra-seed-sizes", extra_seed_sizes), ("--extra-seed-budgets", extra_seed_budgets),
                 ("--extra-seeds", None if extra_seeds == "1" else extra_seeds),
+                ("--archs", None if archs == "baseline,smelt" else archs),
                 ("--template", str(template)), ("--runs-dir", runs_dir), ("--out", str(out))]
         command = "smelt-scale plan-grid " + " ".join(f"{k} {shlex.quote(v)}" for k, v in args if v)
         header = grid_header(plan, command)

@@ -208,9 +208,16 @@ def grid_plan(shape: ModelConfig, d_models: Sequence[int], budgets: Sequence[flo
 
 
 def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[str, Any],
-                   executor: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                   executor: Mapping[str, Any], archs: Sequence[str] = ARCHS,
+                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The sweep-plan documents (``scaling.training.sweep.plan``'s TOML format): the main study
-    (seed 0, every size to its budgets) and the further seeds (``None`` when no size takes one)."""
+    (seed 0, every size to its budgets) and the further seeds (``None`` when no size takes one).
+    ``archs``: the architectures trained (default both; one of them retrains only that side of a
+    study whose other side is already trained at the same settings)."""
+    archs = list(dict.fromkeys(archs))
+    if not archs or any(a not in ARCHS for a in archs):
+        raise UserError(f"grid: architectures must be among {', '.join(ARCHS)}, "
+                        f"got {', '.join(archs) or 'none'}")
     models, tiers, extra = {}, {}, {}
     for s in plan.sizes:
         models[s.name] = {**{k: v for k, v in s.config.to_dict().items() if k not in NOT_IN_PLAN},
@@ -228,7 +235,7 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
                   "description": f"IsoFLOP sets at C = {', '.join(f'{c:.3g}' for c in plan.budgets)} FLOPs; "
                                  f"{len(plan.sizes)} sizes, {min(per_budget)}-{max(per_budget)} per budget; "
                                  f"seed 0; {rule}",
-                  "tiers": list(models), "archs": list(ARCHS), "seeds": [0], "runs_dir": runs_dir},
+                  "tiers": list(models), "archs": archs, "seeds": [0], "runs_dir": runs_dir},
         **common, "tier": tiers, "model": models}
     if not extra:
         return main, None
@@ -238,7 +245,7 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
                   "description": f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} at C = "
                                  f"{', '.join(f'{plan.budgets[j]:.3g}' for j in plan.extra_seed_budgets)}: "
                                  "the seed-to-seed noise",
-                  "tiers": list(extra), "archs": list(ARCHS), "seeds": seeds, "runs_dir": runs_dir},
+                  "tiers": list(extra), "archs": archs, "seeds": seeds, "runs_dir": runs_dir},
         **common, "tier": extra, "model": {k: models[k] for k in extra}}
     return main, second
 
