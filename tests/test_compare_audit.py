@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -375,3 +376,16 @@ def test_lr_rule_gap_recovers_a_planted_change_of_the_gain(tmp_path):
     _write_run(tmp_path / "c", "t9-smelt-s0", "smelt", "t9", 0, [(100_352, 4.9, 1e11)])
     with pytest.raises(UserError, match="share no"):
         mod.lr_rule_gap(tmp_path / "a", tmp_path / "c")
+    # A retrains only the twins (B's Baseline lr): its pairs borrow B's Baselines, and the one Baseline
+    # A trained anyway is checked against B's (equal here)
+    for tier in ("t1", "t2", "t3"):
+        for seed in range(4):
+            src = tmp_path / "b" / f"{tier}-smelt-s{seed}" / "final.json"
+            pts = [(p["D"], p["loss"] - 0.10, p["flops"]) for p in json.loads(src.read_text())["points"]]
+            _write_run(tmp_path / "s", f"{tier}-smelt-s{seed}", "smelt", tier, seed, pts)
+    shutil.copytree(tmp_path / "b" / "t1-baseline-s0", tmp_path / "s" / "t1-baseline-s0")
+    res = mod.lr_rule_gap(tmp_path / "s", tmp_path / "b", baseline_from_b=True)
+    assert (res["cells"], res["cells_only_a"], res["cells_only_b"]) == (24, 0, 1)
+    assert res["dd"]["mean"] == pytest.approx(-0.10, abs=1e-9) and res["dd"]["se"] < 1e-9
+    assert res["baseline_check"] == {"cells": 2, "max_abs_diff": 0.0}
+    assert mod.lr_rule_gap(tmp_path / "s", tmp_path / "b")["cells"] == 2   # without: A's own pairs only
