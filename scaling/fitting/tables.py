@@ -472,28 +472,10 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         else:
             out[canon] = values(name, 1.0)
             mapping[canon] = repr(name)
-    # a seed is a label: any value is accepted, written as text (a missing cell is "", unknown)
-    if _off(c.seed) or c.seed not in cols:
-        out["seed"] = ""
-    else:
-        s = raw[c.seed]
-        # a numeric column holding a missing cell is float: seed 3 is read as 3.0, written "3"
-        text = (np.char.mod("%.15g", s.to_numpy(dtype=float)) if pd.api.types.is_numeric_dtype(s)
-                and not pd.api.types.is_bool_dtype(s) else s.astype(str).to_numpy())
-        out["seed"] = np.where(s.isna().to_numpy(), "", text)
+    out["seed"] = "" if _off(c.seed) or c.seed not in cols else _labels(raw[c.seed])
+    if not _off(c.seed) and c.seed in cols:
         mapping["seed"] = repr(c.seed)
-
-    if c.group is not None and not _off(c.group):
-        if c.group not in cols:
-            raise _missing(raw, "group", c.group, source)
-        out["group"] = raw[c.group].astype(str).to_numpy()
-        mapping["group"] = repr(c.group)
-    elif c.group is None and GUESS_GROUP in cols:
-        out["group"] = raw[GUESS_GROUP].fillna(DEFAULT_GROUP).astype(str).to_numpy()
-        mapping["group"] = f"{GUESS_GROUP!r} (guessed: column named {GUESS_GROUP})"
-    else:
-        out["group"] = DEFAULT_GROUP
-        mapping["group"] = f"none: one group {DEFAULT_GROUP!r}"
+    out["group"], mapping["group"] = _group_column(raw, c.group, source)
     run_name = GUESS_RUN if c.run is None else c.run
     if not _off(run_name) and run_name in cols:
         out["run"] = raw[run_name].astype(str).to_numpy()
@@ -514,6 +496,26 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
                 "rows_read": rows_read, "rows_kept": len(out)}
     return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
                  rows_kept=len(out), settings=settings)
+
+
+def _labels(s: pd.Series) -> np.ndarray:
+    """A column of labels (seeds) as text, a missing cell "" (unknown). A numeric column holding a
+    missing cell is float, so seed 3 is read as 3.0: numbers are written "%.15g" ("3")."""
+    numeric = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
+    text = np.char.mod("%.15g", s.to_numpy(dtype=float)) if numeric else s.astype(str).to_numpy()
+    return np.where(s.isna().to_numpy(), "", text)
+
+
+def _group_column(raw: pd.DataFrame, name: str | None, source: str) -> tuple[Any, str]:
+    """(group per row, how it was read): the named column, else a guessed ``arch`` column, else one group."""
+    if name is not None and not _off(name):
+        if name not in raw.columns:
+            raise _missing(raw, "group", name, source)
+        return raw[name].astype(str).to_numpy(), repr(name)
+    if name is None and GUESS_GROUP in raw.columns:
+        return (raw[GUESS_GROUP].fillna(DEFAULT_GROUP).astype(str).to_numpy(),
+                f"{GUESS_GROUP!r} (guessed: column named {GUESS_GROUP})")
+    return DEFAULT_GROUP, f"none: one group {DEFAULT_GROUP!r}"
 
 
 def _checked_points(out: pd.DataFrame, raw: pd.DataFrame, k: float, source: str,
@@ -595,40 +597,56 @@ def law_inputs(df: pd.DataFrame, law_inputs: Iterable[str], *,
 CONFIG_COLUMNS = ("N", "D", "sparsity", "flops_per_token")
 
 
+def _significant(x: np.ndarray, digits: int = 9) -> np.ndarray:
+    """``x`` rounded to ``digits`` significant digits (NaN stays NaN): equal for numbers whose
+    ``%.{digits}g`` text is equal, computed without text."""
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = 10.0 ** np.floor(np.log10(np.abs(x)))
+        m = np.round(x / scale, digits - 1)
+    # a mantissa rounded up to 10 (9.9999999996 -> 10) is the next decade's 1, as the text would be
+    return np.where(np.isfinite(scale) & (x != 0), m * scale, x)
+
+
 def config_keys(points: pd.DataFrame, columns: Iterable[str] = CONFIG_COLUMNS) -> np.ndarray:
-    """One key per point naming its configuration: the ``columns`` the table has (default N, D,
-    sparsity and FLOPs per token), each to 9 significant digits (8886 and 8886.0, or two N a few ulps
-    apart, are one configuration). Without any of them every point is its own configuration."""
+    """One integer key per point naming its configuration: the ``columns`` the table has (default
+    N, D, sparsity and FLOPs per token), each to 9 significant digits (8886 and 8886.0, or two N a
+    few ulps apart, are one configuration). Without any of them every point is its own configuration."""
     cols = [c for c in columns if c in points.columns]
-    parts = [np.char.mod("%.9g", pd.to_numeric(points[c], errors="coerce").to_numpy(dtype=float))
-             for c in cols]
-    return np.array(["|".join(p) for p in zip(*parts)]) if parts else np.arange(len(points)).astype(str)
+    if not cols:
+        return np.arange(len(points))
+    rounded = pd.DataFrame({c: _significant(pd.to_numeric(points[c], errors="coerce").to_numpy(dtype=float))
+                            for c in cols})
+    return rounded.groupby(cols, dropna=False, sort=False).ngroup().to_numpy()
 
 
 def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together: bool) -> np.ndarray:
-    """``keys`` (one per point, prefixed with its group) where the runs sharing a key are seeds of one
-    configuration, and the key with its run appended (each run apart) where they are not.
+    """Integer labels, one per point: the same for points of one group and one key (``config_keys``)
+    whose runs are seeds of one configuration, a label per run where they are not.
 
     The runs of a key are seeds of one configuration when their seeds (the ``seed`` column, one per
     run) are distinct. Two runs of a key with the same seed differ in something the table does not
     record (learning rate, schedule: an lr sweep), so that key keeps all its runs apart. Runs without
     a known seed ("" or no column) count as distinct seeds when ``unknown_together`` (the envelope's
     reading of a folder as one study), and keep their key's runs apart otherwise (approach 1, whose
-    frontier over other schedules of one size is wanted)."""
-    keys = np.asarray(keys).astype(str)
-    if "group" in points.columns:      # the twins of a pair share N and D and a seed, not a configuration
-        keys = np.char.add(np.char.add(points["group"].astype(str).to_numpy(), "|"), keys)
+    frontier over other schedules of one size is wanted). The twins of a pair may share N, D and a
+    seed: the group is part of the key."""
+    group = (points["group"].astype(str).to_numpy() if "group" in points.columns
+             else np.zeros(len(points), dtype=int))
+    key = pd.DataFrame({"group": group, "key": np.asarray(keys)}).groupby(
+        ["group", "key"], sort=False).ngroup().to_numpy()
     runs = points["run"].astype(str).to_numpy()
     seeds = (points["seed"].fillna("").astype(str).to_numpy() if "seed" in points.columns
              else np.full(len(points), ""))
-    per_run = pd.DataFrame({"key": keys, "run": runs, "seed": seeds}).drop_duplicates(["key", "run"])
+    per_run = pd.DataFrame({"key": key, "run": runs, "seed": seeds}).drop_duplicates(["key", "run"])
     known = per_run["seed"] != ""
     clash = per_run[known].duplicated(["key", "seed"], keep=False)
     apart = set(per_run.loc[clash[clash].index, "key"])
     if not unknown_together:
         apart |= set(per_run.loc[~known, "key"])
-    sep = np.isin(keys, np.array(sorted(apart), dtype=str))
-    return np.where(sep, np.char.add(np.char.add(keys, "|run="), runs), keys)
+    sep = pd.Series(key).isin(apart).to_numpy()
+    label = pd.DataFrame({"key": key, "run": np.where(sep, runs, "")})
+    return label.groupby(["key", "run"], sort=False).ngroup().to_numpy()
 
 
 def total_flops(df: pd.DataFrame, cost: TokenCost | float = DEFAULT_FLOPS_PER_ND) -> np.ndarray:
