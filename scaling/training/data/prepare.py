@@ -758,7 +758,8 @@ def _split_chunk(docs: list[_Doc], encs: list, opts: PrepareOptions, state: _Sta
     val_off = state.val_bytes
     for d, e in zip(docs, encs):
         raw = d.text.encode()
-        text_sha = hashlib.sha256(raw).hexdigest()
+        # a record without an id took sha256(text) as its id (_record_doc): not hashed twice
+        text_sha = d.id if "id" in d.fell_back else hashlib.sha256(raw).hexdigest()
         # a document without an id has id == text_sha: the same split under either key
         split = "val" if _hash_unit(text_sha if opts.split_by == "text" else d.id) < opts.val_fraction \
             else "train"
