@@ -228,3 +228,25 @@ def test_runs_repeating_a_seed_or_without_seeds_stay_apart():
         assert approach1(table)["mode"] == "training curves of 20 runs"
     want = "training curves of 10 configurations (the seeds of each averaged: 20 runs)"
     assert approach1(pts)["mode"] == want
+
+
+def test_the_window_starts_at_the_size_with_the_lowest_mean_loss_not_the_luckiest_seed():
+    # one budget, 9 sizes around the optimum; the largest size has 7 seeds, one of them lucky enough
+    # to fall below the optimum's loss: the bracket check reads the sizes' means, so the bucket is used
+    C = 1e20
+    n_opt = optimal(CHIN, TRUE, C)["N"]
+    N = n_opt * np.geomspace(1 / 8, 8, 9)
+    L = CHIN.predict(TRUE, N=N, D=C / (6 * N))
+    seeds = L[-1] * np.exp(np.r_[-0.2, np.full(6, 0.034)])       # mean of the 7 at the law
+    N_all, L_all = np.r_[N[:-1], np.full(7, N[-1])], np.r_[L[:-1], seeds]
+    assert L_all.argmin() == len(L_all) - 7                       # the lowest single point: the edge
+    used, skipped = isoflop_optima(N_all, np.full(N_all.size, C), L_all)
+    assert not skipped and len(used) == 1
+    assert abs(np.log10(used[0]["N_opt"] / n_opt)) < 0.1
+    # sizes all below the optimum: the largest size's seeds (mean and every one) are the lowest, so the
+    # minimum is not bracketed, whichever of its tied points is the lowest
+    N = n_opt * np.geomspace(1 / 64, 1 / 4, 9)
+    L = CHIN.predict(TRUE, N=N, D=C / (6 * N))
+    N_all, L_all = np.r_[N[:-1], np.full(7, N[-1])], np.r_[L[:-1], L[-1] * np.exp(np.r_[-0.05, np.zeros(6)])]
+    used, skipped = isoflop_optima(N_all, np.full(N_all.size, C), L_all)
+    assert not used and "edge" in skipped[0]

@@ -14,10 +14,11 @@ of a is the OLS 95% t-interval of that slope (n_buckets - 2 degrees of freedom).
 Which points the parabola sees (``estimator``):
 
 - ``"window"`` (default): only the points within ``window`` decades of N (default 1, a factor
-  10 either side) around the minimum. The window starts at the lowest observed loss and is
+  10 either side) around the minimum. The window starts at the size with the lowest loss and is
   re-centred on the fitted vertex until it stops moving (at most 5 times); when it holds fewer
   than 5 points, the 5 nearest in log N are used. A bucket whose lowest loss is its smallest or
-  largest size is skipped (the minimum is not bracketed).
+  largest size is skipped (the minimum is not bracketed). Where a size has several points (its
+  seeds), the lowest loss is the size's mean; the parabola is fitted through every point.
 - ``"parabola"``: one parabola through the whole sweep (Hoffmann et al. 2022), kept as an option.
 
 Why a window: a real IsoFLOP profile is not a parabola in log N. Far from the optimum it is
@@ -138,11 +139,15 @@ def _vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[float, str]:
 
 def _window_vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray, half: float,
                    min_points: int) -> tuple[float, str, int]:
-    """Vertex of the parabola through the points within ``half`` (natural log units) of the minimum."""
-    order = np.argsort(u)
-    if np.argmin(y) in (order[0], order[-1]):
+    """Vertex of the parabola through the points within ``half`` (natural log units) of the minimum.
+    The minimum is the size with the lowest mean log loss: the points of one size (its seeds) are
+    averaged first, so the bracket check and the first centre do not follow the luckiest seed."""
+    sizes, which = np.unique(np.round(u, 9), return_inverse=True)
+    mean_y = np.bincount(which, y) / np.bincount(which)
+    best = int(np.argmin(mean_y))
+    if best in (0, sizes.size - 1):
         return math.nan, "lowest loss at the edge of the sampled N range", 0
-    centre, ustar, used = float(u[np.argmin(y)]), math.nan, 0
+    centre, ustar, used = float(sizes[best]), math.nan, 0
     for _ in range(_WINDOW_ITERS):
         dist = np.abs(u - centre)
         m = dist <= half + 1e-12
