@@ -123,9 +123,26 @@ def test_dry_run_json(tmp_path):
     assert len(data["runs"]) == 4
     for r in data["runs"]:
         assert r["status"] == "new" and r["flops"] > 0 and r["tokens_per_s"] > 0 and r["est_seconds"] > 0
+    load = data["total"]["probe_load"]          # taken before the probes, with the core count
+    assert load["cores"] >= 1 and load["load_1min"] >= 0 and isinstance(load["busy"], bool)
     paper = runner.invoke(app, ["sweep", str(ROOT / "plans" / "paper-tiers.toml"), "--dry-run", "--json"])
     rows = json.loads(paper.stdout)["runs"]
     assert all(r["gpu_hours"] > 0 and r["tokens_per_s"] is None for r in rows)
+    assert json.loads(paper.stdout)["total"]["probe_load"] is None     # no probe ran
+
+
+@pytest.mark.parametrize("load, says", [(0.1, "probe measured uncontended"),
+                                        (3.0, "probe measured on a busy machine (load average 3")])
+def test_dry_run_says_whether_the_probe_ran_on_a_busy_machine(tmp_path, monkeypatch, load, says):
+    import os
+
+    plan = tmp_path / "mini.toml"
+    plan.write_text(MINI.format(runs=tmp_path / "runs"))
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    res = runner.invoke(app, ["sweep", str(plan), "--dry-run"], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    assert says in " ".join(res.stdout.split())
 
 
 def test_mini_plan_end_to_end(tmp_path, monkeypatch):

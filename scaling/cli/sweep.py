@@ -36,6 +36,7 @@ from scaling.training.sweep.submit import (
     check_memory,
     check_recorded,
     estimate,
+    machine_load,
     run_status,
     submit_runs,
     train_config,
@@ -166,8 +167,10 @@ def register(app: typer.Typer) -> None:
 def _dry_run(plan, uses, probe: bool, choose: bool, concurrency: Optional[int], json_out: bool,
              data_errors: list[str], data_warnings: list[str]) -> None:
     """--dry-run: every run's estimates and the plan's totals, as JSON or as a table."""
+    load = machine_load() if probe else None     # before the probes: was the machine idle?
     rows = dry_run_rows(plan, estimate(plan, probe=probe), uses, choose=choose)
     total = dry_run_total(plan, rows)
+    total["probe_load"] = load if total["est_seconds_serial"] else None
     doc = {"plan": plan.name, "runs_dir": str(plan.runs_dir), "runs": rows, "total": total,
            "data_errors": data_errors, "data_warnings": data_warnings}
     finish(json_out, doc, lambda: _print_dry_run(plan, rows, total, choose, concurrency))
@@ -188,10 +191,15 @@ def _print_dry_run(plan, rows: list[dict], total: dict, choose: bool, concurrenc
         _print_choices(rows)
     conc = concurrency or int(plan.executor.get("concurrency", 1))
     if total["est_seconds_serial"]:
+        load = total.get("probe_load")
+        how = "probe measured uncontended"
+        if load and load["busy"]:
+            how = (f"probe measured on a busy machine (load average {load['load_1min']:g} on "
+                   f"{load['cores']} cores): slower than on an idle one")
         stdout.print(
             f"CPU estimate: {duration(total['est_seconds_serial'])} one at a time, about "
-            f"{duration(total['est_seconds_serial'] / conc)} with {conc} at once (probe measured "
-            "uncontended; concurrent runs share cores).",
+            f"{duration(total['est_seconds_serial'] / conc)} with {conc} at once ({how}; "
+            "concurrent runs share cores).",
             highlight=False,
         )
     if total["gpu_hours"]:

@@ -19,6 +19,7 @@ the tasks form one process group and only rank 0 writes the run folder. Runs of 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -173,6 +174,20 @@ def probe_tokens_per_s(
         return steps * batch_size * cfg.seq_len / (time.perf_counter() - t0)
     finally:
         torch.set_num_threads(old_threads)
+
+
+BUSY_LOAD_PER_CORE = 0.25   # a 1-minute load average above this share of the cores: a busy machine
+
+
+def machine_load() -> dict[str, Any] | None:
+    """The 1-minute load average and the core count (``os.getloadavg``; None where the platform has
+    none): taken before a probe, it says whether the probe ran on an idle machine."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    return {"load_1min": round(float(load), 2), "cores": cores, "busy": load > BUSY_LOAD_PER_CORE * cores}
 
 
 @dataclass(frozen=True)
