@@ -64,10 +64,7 @@ def lr_rule_gap(a: Path, b: Path, *, baseline_from_b: bool = False) -> dict:
     if baseline_from_b:
         check = _baseline_check(pa, pb)
         pa = pd.concat([pa[pa["arch"] != "baseline"], pb[pb["arch"] == "baseline"]], ignore_index=True)
-    da, db = cell_differences(pa), cell_differences(pb)
-    if baseline_from_b:      # A's pairs borrow B's Baselines: only the cells A trained a twin for count
-        da = da.merge(pa[pa["arch"] == "smelt"][["tier", "seed", "D"]].rename(columns={"D": "tokens"}),
-                      on=KEYS)
+    da, db = cell_differences(pa), cell_differences(pb)   # A's pairs: only where A trained a twin
     both = da.merge(db, on=KEYS, suffixes=("_a", "_b"))
     if both.empty:
         raise UserError(f"{a} and {b} share no (tier, seed, tokens) cell")

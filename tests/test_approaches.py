@@ -250,3 +250,11 @@ def test_the_window_starts_at_the_size_with_the_lowest_mean_loss_not_the_luckies
     N_all, L_all = np.r_[N[:-1], np.full(7, N[-1])], np.r_[L[:-1], L[-1] * np.exp(np.r_[-0.05, np.zeros(6)])]
     used, skipped = isoflop_optima(N_all, np.full(N_all.size, C), L_all)
     assert not used and "edge" in skipped[0]
+
+
+def test_the_mode_says_averaged_only_where_seeds_were():
+    # 5 one-seed sizes with curves and one extra run of a single point: nothing was averaged
+    pts = seeded_curves(0, 0.0, seeds=lambda i: 1 if i < 5 else 0)
+    one = pts.iloc[[0]].assign(run="lonely", seed="7", N=1e10)
+    mode = approach1(pd.concat([pts, one], ignore_index=True))["mode"]
+    assert mode == "training curves of 5 runs"

@@ -332,3 +332,27 @@ def test_seed_is_read_as_a_label_and_can_be_switched_off(tmp_path):
     off = load_table_df(t, tmp_path, Columns(seed="none"))
     assert (off.points["seed"] == "").all() and "seed" not in off.mapping
     assert (load_points_df(law_table(), tmp_path, Columns())["seed"] == "").all()
+
+
+def test_seed_replicates_edge_cases(tmp_path):
+    base = {"group": "g", "N": 1e6, "D": 1e8}
+    pts = lambda rows: pd.DataFrame([{**base, **r} for r in rows])   # noqa: E731
+    # 64-bit seeds one apart are two seeds, not a repeat
+    seeds = [1234567890123456, 1234567890123457]
+    big = load_points_df(pd.DataFrame({"N": [1e6, 1e6], "D": [1e8, 1e8], "loss": [3.0, 3.1],
+                                       "run": ["a", "b"], "seed": seeds}), tmp_path, Columns())
+    assert big["seed"].tolist() == ["1234567890123456", "1234567890123457"]
+    assert tables.seed_replicates(big, tables.config_keys(big), unknown_together=False).tolist() == [0, 0]
+    # run a holds seeds 1 and 2, run b seed 2: seed 2 repeats, so the runs stay apart
+    two = pts([{"run": "a", "seed": "1"}, {"run": "a", "seed": "2"}, {"run": "b", "seed": "2"}])
+    labels = tables.seed_replicates(two, tables.config_keys(two), unknown_together=True)
+    assert labels[0] == labels[1] != labels[2]
+    # a missing run or group cell is a label of its own, never dropped (NaN labels)
+    gap = pts([{"run": "a", "seed": "1"}, {"run": np.nan, "seed": "1"},
+               {"run": "c", "seed": "2", "group": None}])
+    labels = tables.seed_replicates(gap, tables.config_keys(gap), unknown_together=True)
+    assert labels.dtype.kind == "i" and labels[0] != labels[1]
+    # numbers a few ulps apart are one configuration; a subnormal or zero is itself, not NaN
+    x = np.array([8886.0, 8886.000000000002, 0.0, 5e-324, np.inf, np.nan])
+    r = tables._significant(x)
+    assert r[0] == r[1] and r[2] == 0.0 and r[3] == 5e-324 and r[4] == np.inf and np.isnan(r[5])

@@ -140,8 +140,9 @@ def _vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[float, str]:
 def _window_vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray, half: float,
                    min_points: int) -> tuple[float, str, int]:
     """Vertex of the parabola through the points within ``half`` (natural log units) of the minimum.
-    The minimum is the size with the lowest mean log loss: the points of one size (its seeds) are
-    averaged first, so the bracket check and the first centre do not follow the luckiest seed."""
+    The minimum is the size with the lowest mean log loss: the points of one size in the bucket (its
+    seeds, or anything else trained at that size and compute) are averaged first, so the bracket check
+    and the first centre do not follow the luckiest seed."""
     sizes, which = np.unique(np.round(u, 9), return_inverse=True)
     mean_y = np.bincount(which, y) / np.bincount(which)
     best = int(np.argmin(mean_y))
@@ -308,7 +309,7 @@ def envelope_optima(points: pd.DataFrame, C: np.ndarray,
             # of the covered sizes the winner is the extreme run whatever the true optimum
             if sizes[cover].min() < sizes[best] < sizes[cover].max():
                 pairs.append((float(np.exp(grid[j])), float(sizes[best])))
-        return pairs, f"training curves of {n_curves} {_of_runs(n_curves, n_runs)}"
+        return pairs, f"training curves of {n_curves} {_of_runs(n_curves, df['run'].nunique(), n_runs)}"
     # one candidate per compute bucket (its lowest loss), kept when below every smaller bucket's
     labels = compute_buckets(np.log10(C))
     pairs, best = [], np.inf
@@ -318,13 +319,16 @@ def envelope_optima(points: pd.DataFrame, C: np.ndarray,
         if df["loss"].iloc[i] < best:
             best = df["loss"].iloc[i]
             pairs.append((float(C[i]), float(df["N"].iloc[i])))
-    n_points = df["run"].nunique()
-    seeds = "" if n_points == n_runs else f"; the seeds of each configuration averaged: {n_runs} runs"
+    seeds = ("" if df["run"].nunique() == n_runs
+             else f"; the seeds of each configuration averaged: {n_runs} runs")
     return pairs, f"lower envelope of the points per compute bucket (no run has several budgets{seeds})"
 
 
-def _of_runs(n_curves: int, n_runs: int) -> str:
-    return "runs" if n_curves == n_runs else f"configurations (the seeds of each averaged: {n_runs} runs)"
+def _of_runs(n_curves: int, n_labels: int, n_runs: int) -> str:
+    """How the curves were made: runs, or configurations whose seeds were averaged (``n_labels``, the
+    seed-averaged curves of any length, fewer than the ``n_runs`` runs)."""
+    return ("runs" if n_labels == n_runs
+            else f"configurations (the seeds of each averaged: {n_runs} runs)")
 
 
 def approach1(points: pd.DataFrame, fit: Any | None = None) -> dict[str, Any]:

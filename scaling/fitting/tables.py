@@ -499,10 +499,17 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
 
 
 def _labels(s: pd.Series) -> np.ndarray:
-    """A column of labels (seeds) as text, a missing cell "" (unknown). A numeric column holding a
-    missing cell is float, so seed 3 is read as 3.0: numbers are written "%.15g" ("3")."""
-    numeric = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
-    text = np.char.mod("%.15g", s.to_numpy(dtype=float)) if numeric else s.astype(str).to_numpy()
+    """A column of labels (seeds) as text, a missing cell "" (unknown). Integers are written as
+    integers: an integer column as it is, and a float column's whole numbers (a numeric column holding
+    a missing cell is float, so seed 3 is read as 3.0) as "3"."""
+    types = pd.api.types
+    if types.is_integer_dtype(s) or types.is_bool_dtype(s) or not types.is_numeric_dtype(s):
+        text = s.astype(str).to_numpy()
+    else:
+        x = s.to_numpy(dtype=float)
+        whole = np.isfinite(x) & (np.abs(x) < 2.0 ** 53)
+        whole[whole] = x[whole] == np.round(x[whole])
+        text = np.where(whole, np.where(whole, x, 0).astype(np.int64).astype(str), np.char.mod("%.17g", x))
     return np.where(s.isna().to_numpy(), "", text)
 
 
@@ -598,14 +605,16 @@ CONFIG_COLUMNS = ("N", "D", "sparsity", "flops_per_token")
 
 
 def _significant(x: np.ndarray, digits: int = 9) -> np.ndarray:
-    """``x`` rounded to ``digits`` significant digits (NaN stays NaN): equal for numbers whose
-    ``%.{digits}g`` text is equal, computed without text."""
+    """``x`` rounded to ``digits`` significant digits (NaN stays NaN; zero, infinities and numbers
+    too small to scale stay as they are): numbers that differ by float rounding (8886 and 8886.0, N a
+    few ulps apart) come out equal, as their ``%.{digits}g`` text would, computed without text (two
+    numbers either side of a rounding edge still differ, as their text would)."""
     x = np.asarray(x, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         scale = 10.0 ** np.floor(np.log10(np.abs(x)))
         m = np.round(x / scale, digits - 1)
-    # a mantissa rounded up to 10 (9.9999999996 -> 10) is the next decade's 1, as the text would be
-    return np.where(np.isfinite(scale) & (x != 0), m * scale, x)
+        # a mantissa rounded up to 10 (9.9999999996 -> 10) is the next decade's 1, as the text would be
+        return np.where(np.isfinite(scale) & (scale > 0) & (x != 0), m * scale, x)
 
 
 def config_keys(points: pd.DataFrame, columns: Iterable[str] = CONFIG_COLUMNS) -> np.ndarray:
@@ -631,14 +640,14 @@ def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together:
     reading of a folder as one study), and keep their key's runs apart otherwise (approach 1, whose
     frontier over other schedules of one size is wanted). The twins of a pair may share N, D and a
     seed: the group is part of the key."""
-    group = (points["group"].astype(str).to_numpy() if "group" in points.columns
-             else np.zeros(len(points), dtype=int))
+    n = len(points)
+    text = lambda col: (points[col].fillna("").astype(str).to_numpy() if col in points.columns  # noqa: E731
+                        else np.full(n, ""))
+    group, runs, seeds = text("group"), text("run"), text("seed")
     key = pd.DataFrame({"group": group, "key": np.asarray(keys)}).groupby(
-        ["group", "key"], sort=False).ngroup().to_numpy()
-    runs = points["run"].astype(str).to_numpy()
-    seeds = (points["seed"].fillna("").astype(str).to_numpy() if "seed" in points.columns
-             else np.full(len(points), ""))
-    per_run = pd.DataFrame({"key": key, "run": runs, "seed": seeds}).drop_duplicates(["key", "run"])
+        ["group", "key"], sort=False, dropna=False).ngroup().to_numpy()
+    # a seed repeated by two runs of a key is a clash; a run holding several seeds is judged by each
+    per_run = pd.DataFrame({"key": key, "run": runs, "seed": seeds}).drop_duplicates()
     known = per_run["seed"] != ""
     clash = per_run[known].duplicated(["key", "seed"], keep=False)
     apart = set(per_run.loc[clash[clash].index, "key"])
@@ -646,7 +655,7 @@ def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together:
         apart |= set(per_run.loc[~known, "key"])
     sep = pd.Series(key).isin(apart).to_numpy()
     label = pd.DataFrame({"key": key, "run": np.where(sep, runs, "")})
-    return label.groupby(["key", "run"], sort=False).ngroup().to_numpy()
+    return label.groupby(["key", "run"], sort=False, dropna=False).ngroup().to_numpy()
 
 
 def total_flops(df: pd.DataFrame, cost: TokenCost | float = DEFAULT_FLOPS_PER_ND) -> np.ndarray:
