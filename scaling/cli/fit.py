@@ -169,8 +169,7 @@ def print_fit(fit: FitResult) -> None:
         label = c.get("method", key)
         if c.get("available"):
             extra = ""
-            ci = c.get("a_ci")
-            ci = f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""
+            ci = _ci_text(c.get("a_ci"))
             if key == "approach2":
                 extra = f", {c['n_buckets']} compute buckets"
                 if "design_bias" in c:
@@ -194,11 +193,20 @@ def merged_warnings(fits: "dict[str, FitResult] | list[FitResult]") -> list[str]
     return [f"{', '.join(gs)}: {w}" for w, gs in groups_of.items()]
 
 
+def _ci_text(ci: list | None) -> str:
+    """" [lo, hi]", " (no interval)" where its ends are not numbers (approach 1 when too few seed
+    resamples give an estimate), "" without one."""
+    if not ci:
+        return ""
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):
+        return " (no interval)"
+    return f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
 def _a_text(c: dict | None) -> str:
     if not c or not c.get("available"):
         return "—"
-    ci = c.get("a_ci")
-    return f"{c['a']:.3f}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+    return f"{c['a']:.3f}" + _ci_text(c.get("a_ci"))
 
 
 def print_summary(fits: "dict[str, FitResult]") -> None:

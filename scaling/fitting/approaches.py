@@ -55,7 +55,14 @@ bucket (as in approach 2) is kept when it is below every smaller bucket's, a cru
 a seed reached only some budgets, the mean there holds fewer seeds than elsewhere on its curve (the
 study's own design; the frontier does not weigh by seed count). Then log N* = a log C + const. N* is
 quantised to the run sizes, so a needs many sizes over a wide range; its OLS interval treats the
-frontier points as independent, which they are not (optimistic). The trainer's
+frontier points as independent, which they are not (optimistic). Where configurations hold several
+seeds and the fit bootstraps (``cross_checks`` passes its ``n_bootstrap`` and seed), the interval is
+instead the percentile interval of a over resamples that redraw, with replacement, the seeds within
+each configuration (the design kept, the seeds' luck redrawn; a configuration with one run adds no
+spread), and ``resampled_share`` says in how many resamples the frontier still gave an estimate:
+below half, a depends on which seeds were trained and no interval is given (a warning says so). On
+curves with 7 seeds at 2% noise that interval covered the planted a (``tests/test_approaches.py``).
+The trainer's
 ``metrics.jsonl`` adds no further curve points: its validation losses are logged at the same
 budget ends as ``final.json`` (warmup-stable-decay branches), and its per-step training loss is
 taken at an un-decayed learning rate, which is not the loss a run of that length would reach.
@@ -75,12 +82,14 @@ import pandas as pd
 from scipy import stats
 
 from scaling.common.errors import UserError
+from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import TokenCost
 from scaling.fitting.tables import config_keys, seed_replicates, total_flops
 
 MIN_BUCKET_POINTS = 5
 MIN_BUCKETS = 3
 FEW_BUDGETS = 4
+MIN_RESAMPLED_SHARE = 0.5   # approach 1 needs an estimate in at least this share of its seed resamples
 BUCKET_WIDTH_DECADES = 0.05
 ESTIMATORS = ("window", "parabola")
 DEFAULT_ESTIMATOR = "window"
@@ -262,25 +271,57 @@ def _interp_curves(x: np.ndarray, y: np.ndarray, start: np.ndarray, count: np.nd
     return L
 
 
-def seed_curves(points: pd.DataFrame, C: np.ndarray) -> tuple[pd.DataFrame, int]:
+def _configurations(points: pd.DataFrame) -> np.ndarray:
+    """The curve label of each point: one per configuration whose runs are distinct seeds, else one
+    per run (``scaling.fitting.tables.seed_replicates``)."""
+    return seed_replicates(points, config_keys(points, ("N", "sparsity", "flops_per_token")),
+                           unknown_together=False)
+
+
+def seed_curves(points: pd.DataFrame, C: np.ndarray, weight: np.ndarray | None = None,
+                labels: np.ndarray | None = None) -> tuple[pd.DataFrame, int]:
     """(curves, n_runs): training curves with columns run (the curve's id), N, C and loss, where the
     runs of one configuration (the same N, sparsity and FLOPs per token) with distinct recorded seeds
     are one curve, at their mean loss at each budget D (over the seeds that reached it); runs without
     a recorded seed, or whose configuration repeats a seed, are curves of their own
-    (``scaling.fitting.tables.seed_replicates``)."""
-    curve = seed_replicates(points, config_keys(points, ("N", "sparsity", "flops_per_token")),
-                            unknown_together=False)
+    (``scaling.fitting.tables.seed_replicates``). ``weight`` (per point, e.g. a run's multiplicity in a
+    bootstrap resample) weighs the means, 0 leaves a point out; ``labels``: ``_configurations``, when
+    already computed."""
+    curve = _configurations(points) if labels is None else labels
+    w = np.ones(len(points)) if weight is None else np.asarray(weight, dtype=float)
     df = pd.DataFrame({"run": curve, "D": config_keys(points, ("D",)), "N": points["N"].to_numpy(dtype=float),
-                       "C": C, "loss": points["loss"].to_numpy(dtype=float)})
-    out = df.groupby(["run", "D"], sort=False).agg(N=("N", "first"), C=("C", "mean"), loss=("loss", "mean"))
-    return out.reset_index()[["run", "N", "C", "loss"]], points["run"].nunique()
+                       "C": C, "lw": points["loss"].to_numpy(dtype=float) * w, "w": w})[w > 0]
+    out = df.groupby(["run", "D"], sort=False).agg(N=("N", "first"), C=("C", "mean"), lw=("lw", "sum"),
+                                                   w=("w", "sum")).reset_index()
+    out["loss"] = out["lw"] / out["w"]
+    return out[["run", "N", "C", "loss"]], points["run"][w > 0].nunique()
 
 
-def envelope_optima(points: pd.DataFrame, C: np.ndarray,
-                    n_grid: int = 50) -> tuple[list[tuple[float, float]], str]:
-    """(C, N*) pairs on the lower envelope of the seed-averaged curves (``seed_curves``); the second
-    value names the mode used."""
-    df, n_runs = seed_curves(points, C)
+def _seed_resamples(points: pd.DataFrame, labels: np.ndarray, n: int, seed: int) -> np.ndarray | None:
+    """(n, points) weights: each resample draws, within every configuration, as many runs as it has
+    with replacement (a run's weight is how often it was drawn); None when no configuration holds two
+    runs (nothing to resample)."""
+    runs, run_of_point = np.unique(points["run"].astype(str).to_numpy(), return_inverse=True)
+    conf = np.zeros(runs.size, dtype=np.int64)
+    conf[run_of_point] = labels
+    order = np.argsort(conf, kind="stable")                     # runs grouped by configuration
+    _, start, size = np.unique(conf[order], return_index=True, return_counts=True)
+    if size.max() < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    slot_start, slot_size = np.repeat(start, size), np.repeat(size, size)
+    out = np.empty((n, len(points)))
+    for b in range(n):
+        drawn = order[slot_start + (rng.random(runs.size) * slot_size).astype(np.int64)]
+        out[b] = np.bincount(drawn, minlength=runs.size)[run_of_point]
+    return out
+
+
+def envelope_optima(points: pd.DataFrame, C: np.ndarray, n_grid: int = 50, weight: np.ndarray | None = None,
+                    labels: np.ndarray | None = None) -> tuple[list[tuple[float, float]], str]:
+    """(C, N*) pairs on the lower envelope of the seed-averaged curves (``seed_curves``, with its
+    ``weight`` and ``labels``); the second value names the mode used."""
+    df, n_runs = seed_curves(points, C, weight, labels)
     df = df.sort_values(["run", "C"], kind="stable").reset_index(drop=True)
     C = df["C"].to_numpy()
     run_id = pd.factorize(df["run"])[0]
@@ -331,19 +372,45 @@ def _of_runs(n_curves: int, n_labels: int, n_runs: int) -> str:
             else f"configurations (the seeds of each averaged: {n_runs} runs)")
 
 
-def approach1(points: pd.DataFrame, fit: Any | None = None) -> dict[str, Any]:
-    """Frontier estimate of a (see module doc)."""
-    C = total_flops(points, fit.cost if fit is not None else 6.0)
-    pairs, mode = envelope_optima(points, C)
-    out: dict[str, Any] = {"method": "approach 1 (frontier of training curves)", "mode": mode,
-                           "n_frontier": len(pairs)}
+def _frontier_slope(pairs: list[tuple[float, float]]) -> tuple[float, float, float, float] | str:
+    """(a, intercept, lo, hi) of log N* on log C over the frontier pairs, or why there is none."""
     sizes = {round(n, 3) for _, n in pairs}
     if len(pairs) < 3 or len(sizes) < 3:
-        out.update(available=False, reason=f"the frontier has {len(pairs)} points and {len(sizes)} "
-                   "distinct sizes (need 3 of each)")
+        return f"the frontier has {len(pairs)} points and {len(sizes)} distinct sizes (need 3 of each)"
+    return _slope_ci(np.log([p[0] for p in pairs]), np.log([p[1] for p in pairs]))
+
+
+def approach1(points: pd.DataFrame, fit: Any | None = None, *, n_bootstrap: int = 0,
+              seed: int = 0) -> dict[str, Any]:
+    """Frontier estimate of a (see module doc). With ``n_bootstrap`` and configurations holding several
+    seeds, the seeds are resampled within each configuration (``_seed_resamples``) and a recomputed
+    per resample: ``a_ci`` becomes the percentile interval of the resamples that give an estimate
+    (the OLS interval stays as ``a_ci_ols``), and ``resampled_share`` says how many do; below
+    ``MIN_RESAMPLED_SHARE`` the estimate depends on which seeds were trained, ``a_ci`` is NaN and a
+    warning says so (``agreement``)."""
+    C = total_flops(points, fit.cost if fit is not None else 6.0)
+    labels = _configurations(points)
+    pairs, mode = envelope_optima(points, C, labels=labels)
+    out: dict[str, Any] = {"method": "approach 1 (frontier of training curves)", "mode": mode,
+                           "n_frontier": len(pairs)}
+    got = _frontier_slope(pairs)
+    if isinstance(got, str):
+        out.update(available=False, reason=got)
         return out
-    a, c, lo, hi = _slope_ci(np.log([p[0] for p in pairs]), np.log([p[1] for p in pairs]))
-    out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, a_ci=[lo, hi], n_sizes=len(sizes))
+    a, c, lo, hi = got
+    out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, a_ci=[lo, hi],
+               n_sizes=len({round(n, 3) for _, n in pairs}))
+    weights = _seed_resamples(points, labels, n_bootstrap, seed) if n_bootstrap > 0 else None
+    if weights is None:
+        return out
+    boot = np.full(n_bootstrap, np.nan)
+    for b, w in enumerate(weights):
+        got = _frontier_slope(envelope_optima(points, C, weight=w, labels=labels)[0])
+        boot[b] = math.nan if isinstance(got, str) else got[0]
+    share = float(np.isfinite(boot).mean())
+    blo, bhi = percentile_interval(boot) if share >= MIN_RESAMPLED_SHARE else (math.nan, math.nan)
+    out.update(a_ci=[float(blo), float(bhi)], a_ci_ols=[lo, hi], n_resamples=n_bootstrap,
+               resampled_share=share, ci_method="bootstrap over the seeds of each configuration")
     return out
 
 
@@ -360,14 +427,19 @@ def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
         c = checks.get(key) or {}
         if not c.get("available"):
             continue
-        lo, hi = c.get("a_ci", (math.nan, math.nan))
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo, hi = (math.nan if x is None else float(x) for x in c.get("a_ci") or (None, None))
+        if not (math.isfinite(lo) and math.isfinite(hi)):     # no interval (read from JSON: null)
             continue
         apart = (hi < lo3 or lo > hi3) if has3 else not (lo <= a3 <= hi)
         if apart:
             ref = f"approach 3's interval [{lo3:.3f}, {hi3:.3f}]" if has3 else f"approach 3's a = {a3:.3f}"
             out.append(f"{name} disagrees with approach 3 beyond their intervals: a = {c['a']:.3f} "
                        f"[{lo:.3f}, {hi:.3f}] vs {ref}")
+    c1 = checks.get("approach1") or {}
+    if c1.get("available") and c1.get("resampled_share", 1.0) < MIN_RESAMPLED_SHARE:
+        out.append(f"approach 1 gives an exponent in {c1['resampled_share']:.0%} of {c1['n_resamples']} "
+                   "resamples of the seeds of each configuration: it depends on which seeds were trained "
+                   "(no interval)")
     c2 = checks.get("approach2") or {}
     if c2.get("available") and c2["n_buckets"] < FEW_BUDGETS:
         out.append(f"approach 2 rests on {c2['n_buckets']} compute budgets (fewer than {FEW_BUDGETS}): "
@@ -386,7 +458,8 @@ def cross_checks(points: pd.DataFrame, fit: Any, *, estimator: str = DEFAULT_EST
                   "for laws of N and D only")
         return {**{key: {"available": False, "reason": reason} for key in ("approach1", "approach2")},
                 "warnings": []}
-    out = {"approach1": approach1(points, fit),
+    out = {"approach1": approach1(points, fit, n_bootstrap=int(fit.settings.get("n_bootstrap", 0)),
+                                  seed=int(fit.settings.get("seed", 0))),
            "approach2": approach2(points, fit, estimator=estimator, window=window)}
     out["warnings"] = agreement(out, fit)
     return out
