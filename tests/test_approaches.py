@@ -250,6 +250,14 @@ def test_the_window_starts_at_the_size_with_the_lowest_mean_loss_not_the_luckies
     N_all, L_all = np.r_[N[:-1], np.full(7, N[-1])], np.r_[L[:-1], L[-1] * np.exp(np.r_[-0.05, np.zeros(6)])]
     used, skipped = isoflop_optima(N_all, np.full(N_all.size, C), L_all)
     assert not used and "edge" in skipped[0]
+    # a digitised table's tie: the smallest size repeats the interior minimum's loss (Open Athena's
+    # ml_scalefit Chinchilla subset at 1e20): still bracketed, whichever comes first in the table
+    N = n_opt * np.geomspace(1 / 8, 8, 9)
+    L = CHIN.predict(TRUE, N=N, D=C / (6 * N))
+    L[0] = L.min()
+    for order in (np.arange(9), np.arange(9)[::-1]):
+        used, skipped = isoflop_optima(N[order], np.full(9, C), L[order])
+        assert len(used) == 1 and not skipped
 
 
 def test_the_mode_says_averaged_only_where_seeds_were():

@@ -154,10 +154,12 @@ def _window_vertex(u: np.ndarray, v: np.ndarray, y: np.ndarray, half: float,
     and the first centre do not follow the luckiest seed."""
     sizes, which = np.unique(np.round(u, 9), return_inverse=True)
     mean_y = np.bincount(which, y) / np.bincount(which)
-    best = int(np.argmin(mean_y))
-    if best in (0, sizes.size - 1):
+    # digitised tables repeat losses: an edge size tied with an interior one still brackets the minimum
+    lowest = np.flatnonzero(mean_y == mean_y.min())
+    inside = lowest[(lowest > 0) & (lowest < sizes.size - 1)]
+    if not inside.size:
         return math.nan, "lowest loss at the edge of the sampled N range", 0
-    centre, ustar, used = float(sizes[best]), math.nan, 0
+    centre, ustar, used = float(sizes[inside[0]]), math.nan, 0
     for _ in range(_WINDOW_ITERS):
         dist = np.abs(u - centre)
         m = dist <= half + 1e-12
