@@ -272,7 +272,7 @@ def test_seed_resamples_draw_within_each_configuration():
     from scaling.fitting.approaches import _configurations, _seed_resamples
 
     pts = seeded_curves(1, 0.01)                    # sizes 0, 2, .. with 7 seeds, 1, 3, .. with 1
-    labels = _configurations(pts)
+    labels = _configurations(pts)[0]
     w = _seed_resamples(pts, labels, 30, seed=5)
     assert w.shape == (30, len(pts)) and (w == _seed_resamples(pts, labels, 30, seed=5)).all()
     per_run = pd.DataFrame(w.T).groupby(pts["run"].to_numpy()).first()      # a run's points share a weight
@@ -281,7 +281,7 @@ def test_seed_resamples_draw_within_each_configuration():
     assert (totals.loc[["n0", "n2", "n4"]] == 7).all().all()                  # 7 draws from 7 seeds
     assert (per_run.loc[["n1-s0", "n3-s0"]] == 1).all().all()                # a lone run is always drawn
     assert per_run.loc[per_run.index.str.startswith("n0")].std(axis=1).gt(0).any()
-    assert _seed_resamples(pts.assign(seed=""), _configurations(pts.assign(seed="")), 5, 0) is None
+    assert _seed_resamples(pts.assign(seed=""), _configurations(pts.assign(seed=""))[0], 5, 0) is None
 
 
 def test_approach1_interval_comes_from_the_seeds_and_says_when_they_decide_the_answer():

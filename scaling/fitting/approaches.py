@@ -273,25 +273,27 @@ def _interp_curves(x: np.ndarray, y: np.ndarray, start: np.ndarray, count: np.nd
     return L
 
 
-def _configurations(points: pd.DataFrame) -> np.ndarray:
-    """The curve label of each point: one per configuration whose runs are distinct seeds, else one
-    per run (``scaling.fitting.tables.seed_replicates``)."""
-    return seed_replicates(points, config_keys(points, ("N", "sparsity", "flops_per_token")),
-                           unknown_together=False)
+def _configurations(points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(curve label, budget key) of each point: the label is one per configuration whose runs are
+    distinct seeds, else one per run (``scaling.fitting.tables.seed_replicates``); the key is D to 9
+    digits (``config_keys``). Computed once per table, reused by every bootstrap resample."""
+    curve = seed_replicates(points, config_keys(points, ("N", "sparsity", "flops_per_token")),
+                            unknown_together=False)
+    return curve, config_keys(points, ("D",))
 
 
 def seed_curves(points: pd.DataFrame, C: np.ndarray, weight: np.ndarray | None = None,
-                labels: np.ndarray | None = None) -> tuple[pd.DataFrame, int]:
+                keys: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[pd.DataFrame, int]:
     """(curves, n_runs): training curves with columns run (the curve's id), N, C and loss, where the
     runs of one configuration (the same N, sparsity and FLOPs per token) with distinct recorded seeds
     are one curve, at their mean loss at each budget D (over the seeds that reached it); runs without
     a recorded seed, or whose configuration repeats a seed, are curves of their own
     (``scaling.fitting.tables.seed_replicates``). ``weight`` (per point, e.g. a run's multiplicity in a
-    bootstrap resample) weighs the means, 0 leaves a point out; ``labels``: ``_configurations``, when
+    bootstrap resample) weighs the means, 0 leaves a point out; ``keys``: ``_configurations``, when
     already computed."""
-    curve = _configurations(points) if labels is None else labels
+    curve, d = _configurations(points) if keys is None else keys
     w = np.ones(len(points)) if weight is None else np.asarray(weight, dtype=float)
-    df = pd.DataFrame({"run": curve, "D": config_keys(points, ("D",)), "N": points["N"].to_numpy(dtype=float),
+    df = pd.DataFrame({"run": curve, "D": d, "N": points["N"].to_numpy(dtype=float),
                        "C": C, "lw": points["loss"].to_numpy(dtype=float) * w, "w": w})[w > 0]
     out = df.groupby(["run", "D"], sort=False).agg(N=("N", "first"), C=("C", "mean"), lw=("lw", "sum"),
                                                    w=("w", "sum")).reset_index()
@@ -320,10 +322,11 @@ def _seed_resamples(points: pd.DataFrame, labels: np.ndarray, n: int, seed: int)
 
 
 def envelope_optima(points: pd.DataFrame, C: np.ndarray, n_grid: int = 50, weight: np.ndarray | None = None,
-                    labels: np.ndarray | None = None) -> tuple[list[tuple[float, float]], str]:
+                    keys: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[list[tuple[float, float]], str]:
     """(C, N*) pairs on the lower envelope of the seed-averaged curves (``seed_curves``, with its
-    ``weight`` and ``labels``); the second value names the mode used."""
-    df, n_runs = seed_curves(points, C, weight, labels)
+    ``weight`` and ``keys``); the second value names the mode used."""
+    df, n_runs = seed_curves(points, C, weight, keys)
     df = df.sort_values(["run", "C"], kind="stable").reset_index(drop=True)
     C = df["C"].to_numpy()
     run_id = pd.factorize(df["run"])[0]
@@ -391,8 +394,8 @@ def approach1(points: pd.DataFrame, fit: Any | None = None, *, n_bootstrap: int 
     ``MIN_RESAMPLED_SHARE`` the estimate depends on which seeds were trained, ``a_ci`` is NaN and a
     warning says so (``agreement``)."""
     C = total_flops(points, fit.cost if fit is not None else 6.0)
-    labels = _configurations(points)
-    pairs, mode = envelope_optima(points, C, labels=labels)
+    keys = _configurations(points)
+    pairs, mode = envelope_optima(points, C, keys=keys)
     out: dict[str, Any] = {"method": "approach 1 (frontier of training curves)", "mode": mode,
                            "n_frontier": len(pairs)}
     got = _frontier_slope(pairs)
@@ -402,12 +405,12 @@ def approach1(points: pd.DataFrame, fit: Any | None = None, *, n_bootstrap: int 
     a, c, lo, hi = got
     out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, a_ci=[lo, hi],
                n_sizes=len({round(n, 3) for _, n in pairs}))
-    weights = _seed_resamples(points, labels, n_bootstrap, seed) if n_bootstrap > 0 else None
+    weights = _seed_resamples(points, keys[0], n_bootstrap, seed) if n_bootstrap > 0 else None
     if weights is None:
         return out
     boot = np.full(n_bootstrap, np.nan)
     for b, w in enumerate(weights):
-        got = _frontier_slope(envelope_optima(points, C, weight=w, labels=labels)[0])
+        got = _frontier_slope(envelope_optima(points, C, weight=w, keys=keys)[0])
         boot[b] = math.nan if isinstance(got, str) else got[0]
     share = float(np.isfinite(boot).mean())
     blo, bhi = percentile_interval(boot) if share >= MIN_RESAMPLED_SHARE else (math.nan, math.nan)

@@ -640,9 +640,10 @@ def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together:
     reading of a folder as one study), and keep their key's runs apart otherwise (approach 1, whose
     frontier over other schedules of one size is wanted). The twins of a pair may share N, D and a
     seed: the group is part of the key."""
-    n = len(points)
-    text = lambda col: (points[col].fillna("").astype(str).to_numpy() if col in points.columns  # noqa: E731
-                        else np.full(n, ""))
+    def text(col: str) -> np.ndarray:
+        return (points[col].fillna("").astype(str).to_numpy() if col in points.columns
+                else np.full(len(points), ""))
+
     group, runs, seeds = text("group"), text("run"), text("seed")
     key = pd.DataFrame({"group": group, "key": np.asarray(keys)}).groupby(
         ["group", "key"], sort=False, dropna=False).ngroup().to_numpy()
