@@ -124,8 +124,17 @@ for g, f in fits.items():
           f"(large-budget limit {f.derived['a']:.3f})")
     for key in ("approach1", "approach2"):
         c = f.cross_checks[key]
-        print(f"   {c.get('method', key)}: " + (f"a = {c['a']:.3f}" if c.get("available")
-                                                 else f"not available ({c['reason']})"))
+        if not c.get("available"):
+            print(f"   {c.get('method', key)}: not available ({c['reason']})")
+            continue
+        lo, hi = c["a_ci"]
+        ci = f"[{lo:.3f}, {hi:.3f}]" if np.isfinite([lo, hi]).all() else "no interval"
+        details = [c["mode"]] if key == "approach1" else [f"{c['n_buckets']} budgets"]
+        if "resampled_share" in c:
+            details.append(f"an estimate in {c['resampled_share']:.0%} of the seed resamples")
+        print(f"   {c.get('method', key)}: a = {c['a']:.3f} {ci} ({'; '.join(details)})")
+    for w in f.cross_checks.get("warnings", []):
+        print(f"   warning: {w}")
 
 # %% [markdown]
 # ## Parameter intervals
