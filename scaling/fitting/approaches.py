@@ -355,7 +355,7 @@ def envelope_optima(points: pd.DataFrame, C: np.ndarray, n_grid: int = 50, weigh
             # of the covered sizes the winner is the extreme run whatever the true optimum
             if sizes[cover].min() < sizes[best] < sizes[cover].max():
                 pairs.append((float(np.exp(grid[j])), float(sizes[best])))
-        return pairs, f"training curves of {n_curves} {_of_runs(n_curves, df['run'].nunique(), n_runs)}"
+        return pairs, f"training curves of {n_curves} {_of_runs(df['run'].nunique(), n_runs)}"
     # one candidate per compute bucket (its lowest loss), kept when below every smaller bucket's
     labels = compute_buckets(np.log10(C))
     pairs, best = [], np.inf
@@ -370,7 +370,7 @@ def envelope_optima(points: pd.DataFrame, C: np.ndarray, n_grid: int = 50, weigh
     return pairs, f"lower envelope of the points per compute bucket (no run has several budgets{seeds})"
 
 
-def _of_runs(n_curves: int, n_labels: int, n_runs: int) -> str:
+def _of_runs(n_labels: int, n_runs: int) -> str:
     """How the curves were made: runs, or configurations whose seeds were averaged (``n_labels``, the
     seed-averaged curves of any length, fewer than the ``n_runs`` runs)."""
     return ("runs" if n_labels == n_runs

@@ -472,9 +472,10 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         else:
             out[canon] = values(name, 1.0)
             mapping[canon] = repr(name)
-    out["seed"] = "" if _off(c.seed) or c.seed not in cols else _labels(raw[c.seed])
-    if not _off(c.seed) and c.seed in cols:
-        mapping["seed"] = repr(c.seed)
+    if _off(c.seed) or c.seed not in cols:
+        out["seed"] = ""
+    else:
+        out["seed"], mapping["seed"] = _labels(raw[c.seed]), repr(c.seed)
     out["group"], mapping["group"] = _group_column(raw, c.group, source)
     run_name = GUESS_RUN if c.run is None else c.run
     if not _off(run_name) and run_name in cols:
