@@ -95,6 +95,41 @@ def test_compute_for_loss_inverts_the_closed_form_power_law():
     assert (int(never), int(already)) == (1, -1)
 
 
+def test_compute_for_loss_with_a_nonlinear_flops_model_agrees_with_a_root_of_the_frontier():
+    # A CPU-proxy-like F(N) = k N + e sqrt(N) + c (the e, c terms dominate at small N) and
+    # bootstrap-like laws: the one-bisection inverse must land where brentq on the frontier's own
+    # L*(C) (an independent root finder around the frontier's bisection in N) does.
+    from scipy.optimize import brentq
+
+    from scaling.fitting.laws import TokenCost, frontier_by_size
+
+    cost = TokenCost(k=6.0, e=4.0e3, c=2.0e6)
+    rng = np.random.default_rng(3)
+    thetas = np.stack([CHIN.theta_array({**BASE, "E": BASE["E"] * f, "alpha": BASE["alpha"] * g,
+                                         "beta": BASE["beta"] * h})
+                       for f, g, h in rng.uniform(0.7, 1.3, size=(6, 3))])
+    around = 1e14
+    targets = np.array([float(frontier(CHIN, t, c, cost=cost).loss)
+                        for t, c in zip(thetas, np.logspace(11, 17, 6))])
+    got, status = compute_for_loss(CHIN, thetas, targets, around, cost=cost)
+    assert (status == 0).all()
+    for t, target, c in zip(thetas, targets, got):
+        def excess(logc: float) -> float:
+            return float(frontier(CHIN, t, np.exp(logc), cost=cost).loss) - target
+
+        ref = np.exp(brentq(excess, np.log(around) - 14.0, np.log(around) + 14.0, xtol=1e-13, rtol=1e-15))
+        assert c == pytest.approx(ref, rel=1e-9)
+        assert float(frontier(CHIN, t, c, cost=cost).loss) == pytest.approx(target, rel=1e-12)
+    # the size-parametrised frontier is the frontier: its budget's optimum is that size, at that loss
+    log_c, loss = frontier_by_size(CHIN, thetas[0], np.log(3e4), cost=cost)
+    f = frontier(CHIN, thetas[0], np.exp(log_c), cost=cost)
+    assert (float(f.size), float(f.loss)) == pytest.approx((3e4, float(loss)), rel=1e-10)
+    # a target no law reaches, or no target, is not answered with a number
+    c, status = compute_for_loss(CHIN, thetas[:2], np.array([np.nan, 0.5]), around, cost=cost)
+    assert np.isnan(c[0]) and (int(status[0]), int(status[1])) == (0, 1)
+    assert c[1] == pytest.approx(around * 1e6)
+
+
 # -- closed-form savings -------------------------------------------------------------------
 @pytest.mark.parametrize("convention", ["candidate-budget", "reference-budget"])
 def test_laws_differing_only_in_A_give_the_hand_derived_savings(convention):

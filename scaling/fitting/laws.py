@@ -439,6 +439,34 @@ def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | 
         return Frontier(law.size_input, C, x, y, L, y / law.params_per_size(x))
 
 
+def frontier_by_size(law: Law, theta: Mapping[str, float] | np.ndarray, log_x: np.ndarray | float, *,
+                     cost: TokenCost | float = 6.0, S: float | np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The frontier read the other way: (log C, L*) of the budget whose optimal size is x = e^log_x.
+
+    At the optimum of L = E + P x^-p + Q y^-q along y = C / F(x) (``frontier``), the derivative in
+    log x vanishes: p P x^-p = q Q y^-q s(x), s = d log F / d log x (``TokenCost.log_slope``; 1 when
+    F = k x, and F(x) = x, s = 1, for the smelt form, whose budget is x y = C). Hence
+    y^-q = p P x^-p / (q Q s), so L* = E + P x^-p (1 + p / (q s)) and
+    log C = log F(x) + (log(q Q s) + p log x - log(p P)) / q, both explicit in x. Both are monotone
+    (x* grows with C because the profile is convex in log x; s is non-decreasing, log F being convex
+    in log x): L* falls and C rises with x, so a loss target is met by one bisection in x, not a
+    bisection in C around a bisection in x. Logs throughout: no overflow for bootstrap exponents.
+    theta may be (..., P) and broadcasts against log_x.
+    """
+    arr = law.theta_array(theta)
+    t = {name: arr[..., i] for i, name in enumerate(law.params)}
+    E, P, p, Q, q = law.frontier_terms(t, _fixed(law, S))
+    cost = TokenCost.of(cost) if law.budget_uses_k else TokenCost(k=1.0)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+        u = np.asarray(log_x, dtype=float)
+        x = np.exp(u)
+        s = cost.log_slope(x)
+        log_c = np.log(cost(x)) + (np.log(q * Q) + np.log(s) + p * u - np.log(p * P)) / q
+        loss = E + P * np.exp(-p * u) * (1.0 + p / (q * s))
+    return log_c, loss
+
+
 def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float, *,
                      cost: TokenCost | float = 6.0, S: float | None = None) -> tuple[float, float, float]:
     """(size*, D*, L*) by minimising ``law.predict`` along the budget numerically (a cross-check).
