@@ -46,6 +46,7 @@ from scaling.fitting.tables import Columns
 ROLE_FLAGS = {"parameter column": "--n-col", "token column": "--d-col", "loss column": "--loss-col",
               "compute column": "--c-col", "group column": "--group-col", "run column": "--run-col",
               "FLOPs-per-token column": "--flops-col", "sparsity column": "--sparsity-col",
+              "lr column": "--lr-col",
               "row filter": "--where", "unit": "--n-col/--d-col/--c-col NAME:UNIT",
               "FLOPs per parameter per token": "--flops-per-nd", "holdout": "--holdout",
               "IsoFLOP": "--isoflop-estimator/--isoflop-window"}
@@ -302,6 +303,10 @@ def register(app: typer.Typer) -> None:
                                          help="Column of compute-equivalent sparsity S (smelt law)."),
         seed_col: str = typer.Option("seed", help="Column of each run's training seed: approach 1 averages "
                                                   "the seeds of a configuration; 'none': every run apart."),
+        lr_col: str = typer.Option("lr", help="Column of each run's peak learning rate (a runs folder: "
+                                              "each run's config.json): where a configuration was "
+                                              "trained at several lrs, only its best lr is fitted; "
+                                              "'none': every point."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0, max=MAX_BOOTSTRAP,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
         seed: int = typer.Option(0, min=0, help="Seed of the bootstrap resampling."),
@@ -370,8 +375,8 @@ def register(app: typer.Typer) -> None:
         _check_options(at, holdout_rule, cons, isoflop_estimator, isoflop_window)
         _check_outputs(path, out, holdout_figure, holdout_rule, force)
         cols = Columns(n=n_col, d=d_col, loss=loss_col, group=group_col, c=c_col,
-                       flops_per_token=flops_col, sparsity=sparsity_col, seed=seed_col, run=run_col,
-                       flops_per_nd=flops_per_nd, where=tuple(where or ()))
+                       flops_per_token=flops_col, sparsity=sparsity_col, seed=seed_col, lr=lr_col,
+                       run=run_col, flops_per_nd=flops_per_nd, where=tuple(where or ()))
         table = load_fit_table(path, cols)
         print_table_mapping(table, json_out)
         if holdout_rule is not None:

@@ -12,6 +12,7 @@ Every reader returns one pandas DataFrame with canonical columns:
     sparsity         float  compute-equivalent sparsity S in [0, 1) (NaN when unknown)
     seed             str    training seed of the run, as written ("" when unknown): approach 1 averages
                             the training curves of a configuration's seeds (scaling.fitting.approaches)
+    lr               float  the run's peak learning rate (NaN when unknown); see "Learning rates" below
 
 A runs directory is what the trainer writes: ``<dir>/<run>/config.json`` and, once its token
 budgets are reached, ``final.json`` = ``{"run", "arch", "tier", "complete", "points": [...]}``
@@ -51,6 +52,20 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
   empty cells are missing values.
 - Runs: without a run column every row is its own run, so the bootstrap treats rows as
   independent; a run column clusters them.
+
+Learning rates. A scaling law describes each size at its tuned learning rate; a folder or table
+that also holds an lr sweep (runs of one configuration at several peak lrs) would otherwise fit
+the law through the mistuned runs too, and average them as if they were seeds. Each run's peak lr
+is read from its ``config.json`` (``train.lr``) in a runs directory, or from the ``lr`` column of a
+table (``Columns.lr``; "none": not read). Where one group's configuration (N, D, sparsity, FLOPs
+per token) holds points at several lrs, only the points of the lr with the lowest loss, averaged
+over its seeds, are kept, and a note says how many were left out: the compute-optimal frontier is
+the lower envelope over learning rates, as in an IsoFLOP study tuned per size (Hoffmann et al.
+2022, section 3; Porian et al. 2024, "Resolving Discrepancies in Compute-Optimal Scaling",
+tune per size and budget). The minimum over lrs reads a little low by seed noise (a winner's
+curse of order the seed spread divided by the square root of the seeds), which the note says.
+Without an lr column, two runs of one configuration with one seed (something the table does not
+record differs between them) get a note instead: every such run counts in the fit.
 """
 
 from __future__ import annotations
@@ -72,7 +87,7 @@ from scaling.common.filter import parse_filter
 from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
 from scaling.fitting.laws import TokenCost
 
-CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity", "seed")
+CANONICAL = ("group", "run", "N", "D", "loss", "flops", "flops_per_token", "sparsity", "seed", "lr")
 # Law input name (scaling.fitting.laws) -> canonical column.
 INPUT_COLUMNS = {"N": "N", "D": "D", "F": "flops_per_token", "S": "sparsity"}
 DEFAULT_GROUP = "default"
@@ -90,6 +105,7 @@ GUESS_C, GUESS_GROUP, GUESS_RUN = Point.key("flops"), Point.key("arch"), Point.k
 # Column of read_runs_dir: the run folder's path relative to the runs directory (see module doc).
 RUN_DIR = "run_dir"
 SOURCE_LOSS_PREFIX = "val_loss/"   # per-source validation losses a point may carry (val_loss/<source>)
+LR = "lr"   # column of each run's peak learning rate (read_runs_dir takes it from config.json)
 
 
 DEFAULT_N, DEFAULT_D = Point.key("N"), Point.key("D")  # the columns of Columns(n=None, d=None)
@@ -115,6 +131,7 @@ class Columns:
     flops_per_token: str = Point.key("flops_per_token")
     sparsity: str = Point.key("sparsity")
     seed: str = Point.key("seed")
+    lr: str = LR   # a runs directory's lr comes from each run's config.json (module doc)
     run: str | None = None
     flops_per_nd: float | None = None
     where: tuple[str, ...] = ()
@@ -302,6 +319,7 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
             n_corrupt += 1
             skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
             continue
+        lr = _peak_lr(run)
         for p in pts:
             loss = p.get("loss")
             if "loss" in p and (loss is None or not np.isfinite(loss) or loss <= 0):
@@ -311,7 +329,7 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
                 skipped.append(SkippedRun(f"{name} (D={p.get('D')})", f"{why}; that point is left out"))
                 continue
             # the folder's own path last: final.json's "run" must not stand in for where the run lies
-            rows.append({GUESS_RUN: name, **p, RUN_DIR: str(run.path.relative_to(root))})
+            rows.append({GUESS_RUN: name, LR: lr, **p, RUN_DIR: str(run.path.relative_to(root))})
     if warn is not None:
         for s in skipped:
             warn(str(s))
@@ -320,6 +338,16 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
                         f"{n_unfinished} unfinished, {n_corrupt} unreadable)")
     df = pd.DataFrame(rows)
     return (df, skipped) if return_skipped else df
+
+
+def _peak_lr(run: Any) -> float:
+    """The run's peak lr from its config.json (``train.lr``); NaN when the config is missing or
+    unreadable or holds none (the points are final.json's: a config problem must not lose them)."""
+    try:
+        lr = (run.config().get("train") or {}).get("lr")
+    except (UserError, AttributeError):
+        return math.nan
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else math.nan
 
 
 # -- canonical columns and validation -----------------------------------------------------
@@ -476,6 +504,10 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         out["seed"] = ""
     else:
         out["seed"], mapping["seed"] = _labels(raw[c.seed]), repr(c.seed)
+    if _off(c.lr) or c.lr not in cols:
+        out["lr"] = np.nan
+    else:
+        out["lr"], mapping["lr"] = _positive_or_missing(raw, c.lr, source, rownum), repr(c.lr)
     out["group"], mapping["group"] = _group_column(raw, c.group, source)
     run_name = GUESS_RUN if c.run is None else c.run
     if not _off(run_name) and run_name in cols:
@@ -489,14 +521,70 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         mapping["run"] = "none: each row is its own run (the bootstrap treats rows as independent)"
 
     notes += _checked_points(out, raw, k, source, rownum)
-    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity", "seed")
+    n_kept = len(out)   # by the row filters; the lr selection's share is said apart
+    out, lr_notes, lr_left_out = _at_tuned_lr(out)
+    notes += lr_notes
+    order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity", "seed", "lr")
     mapping = {key: mapping[key] for key in order if key in mapping}
     # k matters where it derived a column, or stands in for an unrecorded compute
     k_used = not (has_n and has_d) or compute is None or k_given
     settings = {"columns": mapping, "where": list(c.where), "flops_per_nd": k, "flops_per_nd_used": k_used,
-                "rows_read": rows_read, "rows_kept": len(out)}
+                "rows_read": rows_read, "rows_kept": n_kept, "lr_left_out": lr_left_out}
     return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
-                 rows_kept=len(out), settings=settings)
+                 rows_kept=n_kept, settings=settings)
+
+
+def _positive_or_missing(raw: pd.DataFrame, name: str, source: str, rownum: np.ndarray) -> np.ndarray:
+    """A numeric column whose cells are positive and finite or empty (NaN: unknown)."""
+    x = _numeric(raw, name, source, rownum)
+    given = ~raw[name].isna().to_numpy()
+    if given.any():
+        check_positive_finite(x[given], name, source, rows=rownum[given])
+    return np.where(given, x, np.nan)
+
+
+def _at_tuned_lr(points: pd.DataFrame) -> tuple[pd.DataFrame, list[str], int]:
+    """The points of each group's configuration at its best peak lr, the notes, and how many points
+    were left out (module doc, "Learning rates")."""
+    lr = points["lr"].to_numpy(dtype=float)
+    known = np.isfinite(lr)
+    if not known.any():
+        return points, _unrecorded_variants(points), 0
+    cell = pd.DataFrame({"group": points["group"].astype(str).to_numpy(), "key": config_keys(points),
+                         "lr": np.where(known, _significant(lr), -1.0), "loss": points["loss"].to_numpy()})
+    by_lr = cell.groupby(["group", "key", "lr"], sort=False)["loss"].mean().reset_index()
+    n_lrs = by_lr.groupby(["group", "key"], sort=False)["lr"].transform("size")
+    best = by_lr.loc[by_lr.groupby(["group", "key"], sort=False)["loss"].idxmin(), ["group", "key", "lr"]]
+    keep = cell.merge(best.assign(best=True), on=["group", "key", "lr"], how="left")["best"].notna()
+    keep = keep.to_numpy()
+    if keep.all():
+        return points, [], 0
+    swept = by_lr[n_lrs > 1]
+    counts = swept.groupby(["group", "key"], sort=False).size()
+    span = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()} to {counts.max()}"
+    note = (f"{len(counts)} configurations (group, N, D) hold points at several peak lrs ({span} each, "
+            f"lr column): each keeps the lr with the lowest loss averaged over its seeds, so "
+            f"{int((~keep).sum())} of {len(points)} points are left out (the best of several lrs reads a "
+            "little low by seed noise; the lr column set to none keeps every point)")
+    return points[keep].reset_index(drop=True), [note], int((~keep).sum())
+
+
+def _unrecorded_variants(points: pd.DataFrame) -> list[str]:
+    """A note where runs of one group's configuration share a seed: they differ in something the
+    table does not record (an lr or schedule sweep, or a repeated run), and all count in a fit."""
+    seeds = points["seed"].to_numpy()
+    if not (seeds != "").any():
+        return []
+    runs = pd.DataFrame({"group": points["group"].astype(str).to_numpy(), "key": config_keys(points),
+                         "run": points["run"].to_numpy(), "seed": seeds})
+    runs = runs[runs["seed"] != ""].drop_duplicates()
+    clash = runs.duplicated(["group", "key", "seed"], keep=False)
+    if not clash.any():
+        return []
+    n = runs[clash].groupby(["group", "key"]).ngroups
+    return [f"{n} configurations (group, N, D) hold two or more runs with one seed: they differ in something "
+            "the table does not record (an lr sweep?), and every one of them counts in a law fit; give "
+            "each run's peak lr (lr column) to keep only the best lr of each configuration"]
 
 
 def _labels(s: pd.Series) -> np.ndarray:

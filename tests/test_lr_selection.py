@@ -1,0 +1,119 @@
+"""A folder or table that holds an lr sweep: each configuration is fitted at its best peak lr.
+
+Planted truth: a Chinchilla law (Besiroglu et al. 2024's refit) at the tuned lr, and a loss penalty
+that grows with the distance from it in octaves (the bowl of a real lr sweep), two seeds apart by
+0.2% noise. Fitted through every lr the law is wrong; at the best lr of each configuration it is
+the planted one.
+"""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling.common.errors import UserError
+from scaling.fitting.fit import fit_law
+from scaling.fitting.laws import get_law
+from scaling.fitting.tables import Columns, canonicalize_table, load_table
+
+TRUTH = {"E": 1.82, "A": 482.0, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
+OCTAVES = (-2, -1, 0, 1)       # lr = tuned x 2^octave; 0 is the tuned one
+PENALTY = 0.04                 # relative loss per squared octave off the tuned lr
+
+
+def sweep_table(seed: int = 0) -> pd.DataFrame:
+    law = get_law("chinchilla")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for N in np.logspace(6.5, 8.5, 5):
+        tuned = 3e-3 * (N / 1e7) ** -0.3
+        for D in np.logspace(8.0, 10.0, 5):
+            true = float(law.predict(law.theta_array(TRUTH), N=np.array([N]), D=np.array([D]))[0])
+            for o in OCTAVES:
+                for s in (0, 1):
+                    loss = true * (1 + PENALTY * o * o) * (1 + 0.002 * rng.standard_normal())
+                    rows.append({"run": f"n{N:.3g}-o{o}-s{s}", "arch": "baseline", "N": N, "D": D,
+                                 "loss": loss, "seed": s, "lr": tuned * 2.0 ** o, "octave": o})
+    return pd.DataFrame(rows)
+
+
+def test_each_configuration_keeps_its_best_lr_and_the_law_is_the_planted_one():
+    raw = sweep_table()
+    table = canonicalize_table(raw)
+    pts = table.points
+    # the tuned lr of every (N, D) is kept, with both seeds, and nothing else
+    assert len(pts) == 25 * 2
+    merged = pts.merge(raw[["run", "D", "octave"]], on=["run", "D"])
+    assert (merged["octave"] == 0).all()
+    assert table.settings["lr_left_out"] == 150
+    assert any("25 configurations (group, N, D) hold points at several peak lrs (4 each" in n and
+               "150 of 200 points are left out" in n for n in table.notes)
+    tuned = fit_law(pts, "chinchilla", n_bootstrap=0)
+    swept = fit_law(canonicalize_table(raw, Columns(lr="none")).points, "chinchilla", n_bootstrap=0)
+    for name in ("alpha", "beta"):
+        assert tuned.params[name] == pytest.approx(TRUTH[name], abs=0.03)
+    # through every lr the law misses the truth: the mistuned runs (mean penalty 6%) lift it by 4.0%
+    law = get_law("chinchilla")
+    N, D = pts["N"].to_numpy(), pts["D"].to_numpy()
+    truth = law.predict(law.theta_array(TRUTH), N=N, D=D)
+
+    def error(fit):
+        return float(np.mean(law.predict(law.theta_array(fit.params), N=N, D=D) / truth - 1))
+
+    assert abs(error(tuned)) < 0.002
+    assert error(swept) > 0.035 and swept.params["E"] > TRUTH["E"] + 0.05
+
+
+def test_without_an_lr_column_the_shared_seeds_are_named():
+    raw = sweep_table().drop(columns=["lr"])
+    table = canonicalize_table(raw)
+    assert len(table.points) == 200 and table.settings["lr_left_out"] == 0
+    assert any("25 configurations (group, N, D) hold two or more runs with one seed" in n
+               for n in table.notes)
+    # distinct seeds of one configuration are seeds, not a sweep: no note
+    one_lr = canonicalize_table(sweep_table().query("octave == 0"))
+    assert not [n for n in one_lr.notes if "lr" in n]
+
+
+def test_a_runs_folder_reads_each_runs_peak_lr_from_its_config(tmp_path):
+    def run(name, lr, loss, config=True):
+        d = tmp_path / name
+        d.mkdir()
+        if config:
+            (d / "config.json").write_text(json.dumps({"tier": "t", "train": {"lr": lr}}))
+        point = {"run": name, "arch": "baseline", "tier": "t", "N": 1e6, "D": 1e8, "loss": loss, "seed": 0}
+        (d / "final.json").write_text(json.dumps({"run": name, "arch": "baseline", "tier": "t",
+                                                  "complete": True, "points": [point]}))
+
+    run("lo", 1e-3, 3.2)
+    run("hi", 4e-3, 3.0)
+    run("mid", 2e-3, 3.1)
+    table = load_table(tmp_path)
+    assert table.points["run"].tolist() == ["hi"] and table.points["lr"].tolist() == [4e-3]
+    assert table.mapping["lr"] == "'lr'"
+    # a run without a readable config keeps its points, its lr unknown (a variant of its own)
+    run("noconf", None, 2.9, config=False)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    (tmp_path / "broken" / "final.json").write_text((tmp_path / "noconf" / "final.json").read_text())
+    pts = load_table(tmp_path).points
+    assert len(pts) == 2 and np.isnan(pts["lr"]).all() and (pts["loss"] == 2.9).all()
+    assert len(load_table(tmp_path, Columns(lr="none")).points) == 5
+
+
+NOT_FINITE = "'lr' has a value that is not a finite number: row 4 reads"
+
+
+@pytest.mark.parametrize("value, message", [("fast", f"{NOT_FINITE} 'fast'"), (-1e-3, "lr must be > 0"),
+                                            (float("inf"), f"{NOT_FINITE} inf")])
+def test_a_bad_lr_cell_is_a_one_line_error(value, message):
+    raw = sweep_table().head(8).astype({"lr": object})
+    raw.loc[3, "lr"] = value
+    with pytest.raises(UserError, match=message) as exc:
+        canonicalize_table(raw)
+    assert "\n" not in str(exc.value)
+    # an empty cell is an unknown lr (a variant of its own, here not the best), not an error
+    raw.loc[3, "lr"] = None
+    pts = canonicalize_table(raw.astype({"lr": float})).points
+    assert len(pts) == 2 and (pts["lr"] == raw["lr"].iloc[4]).all()
