@@ -117,3 +117,13 @@ def test_a_bad_lr_cell_is_a_one_line_error(value, message):
     raw.loc[3, "lr"] = None
     pts = canonicalize_table(raw.astype({"lr": float})).points
     assert len(pts) == 2 and (pts["lr"] == raw["lr"].iloc[4]).all()
+
+
+@pytest.mark.parametrize("role", ["lr", "seed"])
+def test_a_named_seed_or_lr_column_must_exist(role):
+    # a typo in --lr-col or --seed-col must not quietly fit every point as if none were named
+    with pytest.raises(UserError, match=f"no {role} column 'peak_{role}'"):
+        canonicalize_table(sweep_table(), Columns(**{role: f"peak_{role}"}))
+    renamed = sweep_table().rename(columns={role: f"peak_{role}"})
+    named = canonicalize_table(renamed, Columns(**{role: f"peak_{role}"}))
+    assert named.mapping[role] == f"'peak_{role}'" and role not in canonicalize_table(renamed).mapping

@@ -46,7 +46,7 @@ from scaling.fitting.tables import Columns
 ROLE_FLAGS = {"parameter column": "--n-col", "token column": "--d-col", "loss column": "--loss-col",
               "compute column": "--c-col", "group column": "--group-col", "run column": "--run-col",
               "FLOPs-per-token column": "--flops-col", "sparsity column": "--sparsity-col",
-              "lr column": "--lr-col",
+              "lr column": "--lr-col", "seed column": "--seed-col",
               "row filter": "--where", "unit": "--n-col/--d-col/--c-col NAME:UNIT",
               "FLOPs per parameter per token": "--flops-per-nd", "holdout": "--holdout",
               "IsoFLOP": "--isoflop-estimator/--isoflop-window"}
@@ -301,12 +301,15 @@ def register(app: typer.Typer) -> None:
                                       help="Column of training FLOPs per token F (smelt law)."),
         sparsity_col: str = typer.Option("sparsity",
                                          help="Column of compute-equivalent sparsity S (smelt law)."),
-        seed_col: str = typer.Option("seed", help="Column of each run's training seed: approach 1 averages "
-                                                  "the seeds of a configuration; 'none': every run apart."),
-        lr_col: str = typer.Option("lr", help="Column of each run's peak learning rate (a runs folder: "
-                                              "each run's config.json): where a configuration was "
-                                              "trained at several lrs, only its best lr is fitted; "
-                                              "'none': every point."),
+        seed_col: Optional[str] = typer.Option(None, help="Column of each run's training seed (default: "
+                                                          "one named seed, if any): approach 1 averages "
+                                                          "the seeds of a configuration; 'none': every "
+                                                          "run apart."),
+        lr_col: Optional[str] = typer.Option(None, help="Column of each run's peak learning rate (default: "
+                                                        "one named lr, if any; a runs folder: each run's "
+                                                        "config.json): where a configuration was trained "
+                                                        "at several lrs, only its best lr is fitted; "
+                                                        "'none': every point."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0, max=MAX_BOOTSTRAP,
                                         help="Bootstrap resamples over runs (0 = no intervals)."),
         seed: int = typer.Option(0, min=0, help="Seed of the bootstrap resampling."),

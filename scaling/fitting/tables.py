@@ -102,6 +102,7 @@ PLAUSIBLE_K = (0.5, 100.0)
 log = logging.getLogger(__name__)
 # Source columns guessed when not named (Columns): the trainer's point fields for compute, group, run.
 GUESS_C, GUESS_GROUP, GUESS_RUN = Point.key("flops"), Point.key("arch"), Point.key("run")
+GUESS_SEED = Point.key("seed")
 # Column of read_runs_dir: the run folder's path relative to the runs directory (see module doc).
 RUN_DIR = "run_dir"
 SOURCE_LOSS_PREFIX = "val_loss/"   # per-source validation losses a point may carry (val_loss/<source>)
@@ -117,10 +118,10 @@ class Columns:
 
     ``n`` and ``d`` None: the columns ``N`` and ``D``, either derived from the compute when absent (a
     named column must exist). ``group``, ``c`` and ``run`` None: guess (``arch``, ``flops``, ``run``
-    when present); ``"none"``:
-    no such column. ``flops_per_nd``: k in C = k N D for deriving N or D, and for the compute of
-    points without a compute column; None means 6 and, without a compute column, leaves the
-    compute unrecorded (the fitter then uses 6).
+    when present); ``seed`` and ``lr`` None: the columns ``seed`` and ``lr`` when present; a named
+    column must exist; ``"none"``: no such column. ``flops_per_nd``: k in C = k N D for deriving N
+    or D, and for the compute of points without a compute column; None means 6 and, without a
+    compute column, leaves the compute unrecorded (the fitter then uses 6).
     """
 
     n: str | None = None   # None: column N, or derived from C and D when there is none
@@ -130,8 +131,8 @@ class Columns:
     c: str | None = None
     flops_per_token: str = Point.key("flops_per_token")
     sparsity: str = Point.key("sparsity")
-    seed: str = Point.key("seed")
-    lr: str = LR   # a runs directory's lr comes from each run's config.json (module doc)
+    seed: str | None = None   # None: a column named seed when there is one
+    lr: str | None = None     # None: a column named lr when there is one (a runs directory: config.json)
     run: str | None = None
     flops_per_nd: float | None = None
     where: tuple[str, ...] = ()
@@ -353,7 +354,7 @@ def _peak_lr(run: Any) -> float:
 # -- canonical columns and validation -----------------------------------------------------
 # Roles as library messages name them (the CLI maps each to its option).
 ROLES = {"N": "parameter", "D": "token", "loss": "loss", "C": "compute", "group": "group", "run": "run",
-         "F": "FLOPs-per-token", "S": "sparsity"}
+         "F": "FLOPs-per-token", "S": "sparsity", "seed": "seed", "lr": "lr"}
 
 
 def _numeric(df: pd.DataFrame, col: str, source: str, rows: np.ndarray | None = None) -> np.ndarray:
@@ -500,14 +501,13 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         else:
             out[canon] = values(name, 1.0)
             mapping[canon] = repr(name)
-    if _off(c.seed) or c.seed not in cols:
-        out["seed"] = ""
-    else:
-        out["seed"], mapping["seed"] = _labels(raw[c.seed]), repr(c.seed)
-    if _off(c.lr) or c.lr not in cols:
-        out["lr"] = np.nan
-    else:
-        out["lr"], mapping["lr"] = _positive_or_missing(raw, c.lr, source, rownum), repr(c.lr)
+    seed_name = _optional(raw, "seed", c.seed, GUESS_SEED, source)
+    lr_name = _optional(raw, "lr", c.lr, LR, source)
+    out["seed"] = "" if seed_name is None else _labels(raw[seed_name])
+    out["lr"] = np.nan if lr_name is None else _positive_or_missing(raw, lr_name, source, rownum)
+    for canon, name in (("seed", seed_name), ("lr", lr_name)):
+        if name is not None:
+            mapping[canon] = repr(name)
     out["group"], mapping["group"] = _group_column(raw, c.group, source)
     run_name = GUESS_RUN if c.run is None else c.run
     if not _off(run_name) and run_name in cols:
@@ -532,6 +532,18 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
                 "rows_read": rows_read, "rows_kept": n_kept, "lr_left_out": lr_left_out}
     return Table(points=out[list(CANONICAL)], mapping=mapping, notes=notes, rows_read=rows_read,
                  rows_kept=n_kept, settings=settings)
+
+
+def _optional(raw: pd.DataFrame, role: str, name: str | None, default: str, source: str) -> str | None:
+    """The column of an optional role: the one named (it must exist; "none": no column), else the
+    default name when the table has it, else None."""
+    if name is None:
+        return default if default in raw.columns else None
+    if _off(name):
+        return None
+    if name not in raw.columns:
+        raise _missing(raw, role, name, source)
+    return name
 
 
 def _positive_or_missing(raw: pd.DataFrame, name: str, source: str, rownum: np.ndarray) -> np.ndarray:
