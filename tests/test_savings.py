@@ -130,6 +130,38 @@ def test_compute_for_loss_with_a_nonlinear_flops_model_agrees_with_a_root_of_the
     assert c[1] == pytest.approx(around * 1e6)
 
 
+def test_compute_for_loss_agrees_with_bisection_in_compute_on_wild_bootstrap_laws():
+    # Bootstrap resamples reach any exponent: wherever the explicit root cannot be trusted (the
+    # frontier clamps its optimum below one token; overflow) the answer must still be the bisection
+    # in log C around the frontier's own L*(C), which it was before the explicit form.
+    from scaling.fitting.laws import TokenCost
+    from scaling.fitting.savings import _bisect_compute
+
+    cost = TokenCost(k=6.0, e=4.0e3, c=2.0e6)
+    # a law whose optimum at this budget has under one token: the frontier clamps it
+    clamped = np.array([2.305, 78465.0, 0.2763, 105.8, 0.4891])
+    target = float(frontier(CHIN, clamped, 1.94e8, cost=cost).loss)
+    c = float(compute_for_loss(CHIN, clamped, target, 1e14, cost=cost)[0])
+    assert c == pytest.approx(1.94e8, rel=1e-9)
+    rng = np.random.default_rng(0)
+    n = 3000
+    thetas = np.column_stack([rng.uniform(0.01, 4, n), 10 ** rng.uniform(-1, 6, n), rng.uniform(1e-3, 1.5, n),
+                              10 ** rng.uniform(-1, 6, n), rng.uniform(1e-3, 1.5, n)])
+    for k in (cost, 6.0):
+        targets = frontier(CHIN, thetas, 10 ** rng.uniform(8, 22, n), cost=k).loss
+        around = 10 ** rng.uniform(10, 20, n)
+        got, status = compute_for_loss(CHIN, thetas, targets, around, cost=k)
+        lo = np.log(around) - 6 * np.log(10.0)
+        want = _bisect_compute(CHIN, thetas, targets, lo, lo + 12 * np.log(10.0), k, None)
+        inside = status == 0
+        assert inside.mean() > 0.5
+        # where L* is distinguishable from its floor E, the compute is determined and both agree
+        steep = inside & (targets - thetas[:, 0] > 1e-9 * targets)
+        assert np.abs(np.log(got[steep]) - want[steep]).max() < 1e-6
+        reached = frontier(CHIN, thetas[inside], got[inside], cost=k).loss
+        assert np.abs(reached / targets[inside] - 1).max() < 1e-9
+
+
 # -- closed-form savings -------------------------------------------------------------------
 @pytest.mark.parametrize("convention", ["candidate-budget", "reference-budget"])
 def test_laws_differing_only_in_A_give_the_hand_derived_savings(convention):

@@ -73,7 +73,8 @@ SPAN_DECADES = 6.0
 EXTRAPOLATION_WARN_DECADES = 1.0
 WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law beyond its data
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
-_BISECT_STEPS = 64  # a bracket of tens of nats in log x / 2^64: below float64 resolution
+_BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
+_ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
 
 
 # -- frontier --------------------------------------------------------------------------------
@@ -108,15 +109,16 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
 
     Returns (C, status): status 0 where the root lies inside the bracket, +1 where the law never
     gets down to the target within the bracket (C clamped to the top edge), -1 where it is
-    already below the target at the bottom edge (C clamped to the bottom edge). NaN where the
-    law or the target has no finite frontier. Vectorised: theta (..., P), target and around
-    broadcast together.
+    already below the target at the bottom edge (C clamped to the bottom edge); C is NaN where
+    the target is. Vectorised: theta (..., P), target and around broadcast together.
 
     L* falls monotonically along the frontier's optimal size x, and both L* and C are explicit in
     x (``frontier_by_size``): the root is one bisection in log x between the optimal sizes of the
-    bracket's two budgets, then C at that size. (The nested alternative, a bisection in C around
-    the frontier's own bisection in x for a non-linear F(N), took 5,760 frontier steps per
-    budget; ``tests/test_savings.py`` checks the two agree.)
+    bracket's two budgets, then C at that size, checked by the frontier itself. Where the check
+    fails (the frontier clamps its optimum to less than one token, or a bootstrap sample's
+    exponents overflow the explicit form) the element is solved by bisection in log C around the
+    frontier (``_bisect_compute``), as before: the explicit form only saves time (5,760 frontier
+    steps per budget for a non-linear F(N)), never changes an answer.
     """
     theta = law.theta_array(theta)
     target = np.asarray(target, dtype=float)
@@ -124,6 +126,7 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
     hi = lo + 2.0 * span * np.log(10.0)
     shape = np.broadcast_shapes(theta.shape[:-1], target.shape, lo.shape)
     lo, hi, target = (np.broadcast_to(v, shape).copy() for v in (lo, hi, target))
+    theta = np.broadcast_to(theta, shape + theta.shape[-1:])
     bottom = frontier(law, theta, np.exp(lo), cost=cost, S=S)
     top = frontier(law, theta, np.exp(hi), cost=cost, S=S)
     never = top.loss - target > 0.0      # still above the target with 10^span more compute
@@ -135,11 +138,32 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
         above = frontier_by_size(law, theta, mid, cost=cost, S=S)[1] > target  # x* must grow
         u_lo = np.where(above, mid, u_lo)
         u_hi = np.where(above, u_hi, mid)
-    logc = np.clip(frontier_by_size(law, theta, 0.5 * (u_lo + u_hi), cost=cost, S=S)[0], lo, hi)
+    logc = np.broadcast_to(frontier_by_size(law, theta, 0.5 * (u_lo + u_hi), cost=cost, S=S)[0],
+                           shape).copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        reached = frontier(law, theta, np.exp(logc), cost=cost, S=S).loss
+        ok = np.isfinite(logc) & (logc >= lo) & (logc <= hi) & \
+            (np.abs(reached - target) <= _ROOT_RTOL * np.abs(target))
+    interior = ~never & ~already & np.isfinite(target)
+    redo = interior & ~ok
+    if redo.any():
+        logc[redo] = _bisect_compute(law, theta[redo], target[redo], lo[redo], hi[redo], cost, S)
     logc = np.where(never, hi, np.where(already, lo, logc))
-    logc = np.where(np.isfinite(target) & np.isfinite(bottom.loss) & np.isfinite(top.loss), logc, np.nan)
+    logc = np.where(np.isfinite(target), logc, np.nan)
     status = np.where(never, 1, np.where(already, -1, 0))
     return np.exp(logc), status
+
+
+def _bisect_compute(law: Law, theta: np.ndarray, target: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                    cost: TokenCost | float, S: float | None) -> np.ndarray:
+    """log C with L*(C) = target by bisection in log C on [lo, hi], L* from ``frontier`` (the
+    fallback of ``compute_for_loss``; elementwise over theta (n, P) and the (n,) arrays)."""
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (lo + hi)
+        above = frontier(law, theta, np.exp(mid), cost=cost, S=S).loss > target  # root above mid
+        lo = np.where(above, mid, lo)
+        hi = np.where(above, hi, mid)
+    return 0.5 * (lo + hi)
 
 
 # -- fitted laws -----------------------------------------------------------------------------
