@@ -47,7 +47,7 @@ def test_each_configuration_keeps_its_best_lr_and_the_law_is_the_planted_one():
     merged = pts.merge(raw[["run", "D", "octave"]], on=["run", "D"])
     assert (merged["octave"] == 0).all()
     assert table.settings["lr_left_out"] == 150
-    assert any("25 configurations (group, N, D) hold points at several peak lrs (4 each" in n and
+    assert any("5 sizes (group, N) were trained at several peak lrs (4 each" in n and
                "150 of 200 points are left out" in n for n in table.notes)
     tuned = fit_law(pts, "chinchilla", n_bootstrap=0)
     swept = fit_law(canonicalize_table(raw, Columns(lr="none")).points, "chinchilla", n_bootstrap=0)
@@ -92,13 +92,13 @@ def test_a_runs_folder_reads_each_runs_peak_lr_from_its_config(tmp_path):
     table = load_table(tmp_path)
     assert table.points["run"].tolist() == ["hi"] and table.points["lr"].tolist() == [4e-3]
     assert table.mapping["lr"] == "'lr'"
-    # a run without a readable config keeps its points, its lr unknown (a variant of its own)
+    # a run without a readable config keeps its points, its lr unknown (kept beside the best lr)
     run("noconf", None, 2.9, config=False)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
     (tmp_path / "broken" / "final.json").write_text((tmp_path / "noconf" / "final.json").read_text())
     pts = load_table(tmp_path).points
-    assert len(pts) == 2 and np.isnan(pts["lr"]).all() and (pts["loss"] == 2.9).all()
+    assert len(pts) == 3 and np.isnan(pts["lr"]).sum() == 2 and sorted(pts["loss"]) == [2.9, 2.9, 3.0]
     assert len(load_table(tmp_path, Columns(lr="none")).points) == 5
 
 
@@ -113,10 +113,11 @@ def test_a_bad_lr_cell_is_a_one_line_error(value, message):
     with pytest.raises(UserError, match=message) as exc:
         canonicalize_table(raw)
     assert "\n" not in str(exc.value)
-    # an empty cell is an unknown lr (a variant of its own, here not the best), not an error
+    # an empty cell is an unknown lr (kept beside the best lr), not an error
     raw.loc[3, "lr"] = None
     pts = canonicalize_table(raw.astype({"lr": float})).points
-    assert len(pts) == 2 and (pts["lr"] == raw["lr"].iloc[4]).all()
+    assert len(pts) == 3 and np.isnan(pts["lr"]).sum() == 1
+    assert (pts["lr"].dropna() == raw["lr"].iloc[4]).all()
 
 
 @pytest.mark.parametrize("role", ["lr", "seed"])
@@ -127,3 +128,37 @@ def test_a_named_seed_or_lr_column_must_exist(role):
     renamed = sweep_table().rename(columns={role: f"peak_{role}"})
     named = canonicalize_table(renamed, Columns(**{role: f"peak_{role}"}))
     assert named.mapping[role] == f"'peak_{role}'" and role not in canonicalize_table(renamed).mapping
+
+
+def frame(rows):
+    return pd.DataFrame([dict(zip(("arch", "N", "D", "loss", "seed", "lr", "run"), r)) for r in rows])
+
+
+def test_one_lr_per_size_keeps_curves_whole_and_groups_apart():
+    # lr 1e-3 wins at the small D, 2e-3 at the large one; over both 2e-3 is better on average: the
+    # size keeps 2e-3 at both D (one curve per seed), not a mix. The other group's best is 1e-3.
+    rows = []
+    for s in (0, 1):
+        rows += [("a", 1e6, 1e8, 3.00, s, 1e-3, f"a1-{s}"), ("a", 1e6, 1e9, 2.80, s, 1e-3, f"a1-{s}"),
+                 ("a", 1e6, 1e8, 3.01, s, 2e-3, f"a2-{s}"), ("a", 1e6, 1e9, 2.60, s, 2e-3, f"a2-{s}"),
+                 ("b", 1e6, 1e8, 3.00, s, 1e-3, f"b1-{s}"), ("b", 1e6, 1e9, 2.60, s, 1e-3, f"b1-{s}"),
+                 ("b", 1e6, 1e8, 3.10, s, 2e-3, f"b2-{s}"), ("b", 1e6, 1e9, 2.70, s, 2e-3, f"b2-{s}")]
+    pts = canonicalize_table(frame(rows)).points
+    kept = pts.groupby("group")["lr"].unique().to_dict()
+    assert kept["a"].tolist() == [2e-3] and kept["b"].tolist() == [1e-3]
+    assert len(pts) == 8 and sorted(pts["run"].unique()) == ["a2-0", "a2-1", "b1-0", "b1-1"]
+
+
+def test_unknown_lrs_are_kept_and_lrs_without_a_shared_budget_choose_per_budget():
+    rows = [("a", 1e6, 1e8, 3.0, 0, 1e-3, "k1"), ("a", 1e6, 1e8, 2.9, 0, 2e-3, "k2"),
+            ("a", 1e6, 1e8, 3.5, 1, None, "unknown"),
+            # a size whose two lrs never reached one token count: each count keeps its own
+            ("a", 4e6, 1e8, 2.8, 0, 1e-3, "d1"), ("a", 4e6, 2e8, 2.7, 0, 2e-3, "d2"),
+            ("a", 4e6, 2e8, 2.9, 0, 4e-3, "d3")]
+    table = canonicalize_table(frame(rows))
+    assert sorted(table.points["run"]) == ["d1", "d2", "k2", "unknown"]
+    note = next(n for n in table.notes if "peak lrs" in n)
+    assert "2 sizes (group, N) were trained at several peak lrs (2 to 3 each" in note
+    assert "(1 with no such count choose per token count)" in note
+    assert "(1 points of unknown lr are kept)" in note
+    assert "2 of 6 points are left out" in note

@@ -54,18 +54,19 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
   independent; a run column clusters them.
 
 Learning rates. A scaling law describes each size at its tuned learning rate; a folder or table
-that also holds an lr sweep (runs of one configuration at several peak lrs) would otherwise fit
-the law through the mistuned runs too, and average them as if they were seeds. Each run's peak lr
-is read from its ``config.json`` (``train.lr``) in a runs directory, or from the ``lr`` column of a
-table (``Columns.lr``; "none": not read). Where one group's configuration (N, D, sparsity, FLOPs
-per token) holds points at several lrs, only the points of the lr with the lowest loss, averaged
-over its seeds, are kept, and a note says how many were left out: the compute-optimal frontier is
-the lower envelope over learning rates, as in an IsoFLOP study tuned per size (Hoffmann et al.
-2022, section 3; Porian et al. 2024, "Resolving Discrepancies in Compute-Optimal Scaling",
-tune per size and budget). The minimum over lrs reads a little low by seed noise (a winner's
-curse of order the seed spread divided by the square root of the seeds), which the note says.
-Without an lr column, two runs of one configuration with one seed (something the table does not
-record differs between them) get a note instead: every such run counts in the fit.
+that also holds an lr sweep (runs of one size at several peak lrs) would otherwise fit the law
+through the mistuned runs too, and average them as if they were seeds. Each run's peak lr is read
+from its ``config.json`` (``train.lr``; a missing, unreadable or non-positive one is unknown) in a
+runs directory, or from the ``lr`` column of a table (``Columns.lr``; "none": not read). Where one
+group's size (N, sparsity, FLOPs per token) was trained at several lrs, only the points of its best
+lr are kept: the lowest mean log loss over the token counts every one of its lrs reached, seeds
+averaged first (one lr per size, as an lr rule per width gives, so a run's curve stays whole; a
+size whose lrs share no token count chooses per count). Points of unknown lr are kept. A note says
+how many points were left out. This is the lower envelope over learning rates of an IsoFLOP study
+tuned per size (Hoffmann et al. 2022, section 3); the best of several lrs reads a little low by
+seed noise (a winner's curse of order the seed spread over the square root of the seeds), which
+the note says. Without any lr, two runs of one configuration with one seed (something the table
+does not record differs between them) get a note instead: every such run counts in the fit.
 """
 
 from __future__ import annotations
@@ -348,7 +349,8 @@ def _peak_lr(run: Any) -> float:
         lr = (run.config().get("train") or {}).get("lr")
     except (UserError, AttributeError):
         return math.nan
-    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else math.nan
+    ok = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
+    return float(lr) if ok else math.nan
 
 
 # -- canonical columns and validation -----------------------------------------------------
@@ -522,7 +524,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
 
     notes += _checked_points(out, raw, k, source, rownum)
     n_kept = len(out)   # by the row filters; the lr selection's share is said apart
-    out, lr_notes, lr_left_out = _at_tuned_lr(out)
+    out, lr_notes, lr_left_out = _at_tuned_lr(out, lr_off=_off(c.lr))
     notes += lr_notes
     order = ("N", "D", "C", "loss", "group", "run", "flops_per_token", "sparsity", "seed", "lr")
     mapping = {key: mapping[key] for key in order if key in mapping}
@@ -555,33 +557,58 @@ def _positive_or_missing(raw: pd.DataFrame, name: str, source: str, rownum: np.n
     return np.where(given, x, np.nan)
 
 
-def _at_tuned_lr(points: pd.DataFrame) -> tuple[pd.DataFrame, list[str], int]:
-    """The points of each group's configuration at its best peak lr, the notes, and how many points
-    were left out (module doc, "Learning rates")."""
+SIZE_COLUMNS = ("N", "sparsity", "flops_per_token")   # a configuration without its token count
+
+
+def _at_tuned_lr(points: pd.DataFrame, lr_off: bool = False) -> tuple[pd.DataFrame, list[str], int]:
+    """The points of each size at its best peak lr, the notes, and how many points were left out.
+
+    A size is one group's (N, sparsity, FLOPs per token). Among the lrs a size was trained at, the
+    best has the lowest mean log loss over the token counts every one of them reached (seeds of a
+    cell averaged first): one lr per size, so a run's training curve stays whole and its seeds stay
+    seeds. Where a size's lrs share no token count, each (size, D) keeps its own best lr. Points of
+    unknown lr are kept as they are (module doc, "Learning rates")."""
     lr = points["lr"].to_numpy(dtype=float)
     known = np.isfinite(lr)
     if not known.any():
-        return points, _unrecorded_variants(points), 0
-    cell = pd.DataFrame({"group": points["group"].astype(str).to_numpy(), "key": config_keys(points),
-                         "lr": np.where(known, _significant(lr), -1.0), "loss": points["loss"].to_numpy()})
-    by_lr = cell.groupby(["group", "key", "lr"], sort=False)["loss"].mean().reset_index()
-    n_lrs = by_lr.groupby(["group", "key"], sort=False)["lr"].transform("size")
-    best = by_lr.loc[by_lr.groupby(["group", "key"], sort=False)["loss"].idxmin(), ["group", "key", "lr"]]
-    keep = cell.merge(best.assign(best=True), on=["group", "key", "lr"], how="left")["best"].notna()
-    keep = keep.to_numpy()
-    if keep.all():
+        return points, _unrecorded_variants(points, hint=not lr_off), 0
+    cells = pd.DataFrame({"group": points["group"].astype(str).to_numpy(),
+                          "size": config_keys(points, SIZE_COLUMNS), "lr": _significant(lr),
+                          "D": _significant(points["D"].to_numpy(dtype=float)),
+                          "log_loss": np.log(points["loss"].to_numpy(dtype=float))})[known]
+    by = ["group", "size"]
+    cell = cells.groupby([*by, "lr", "D"], sort=False)["log_loss"].mean().reset_index()
+    cell["n_lrs"] = cell.groupby(by, sort=False)["lr"].transform("nunique")
+    cell = cell[cell["n_lrs"] > 1]
+    if cell.empty:
         return points, [], 0
-    swept = by_lr[n_lrs > 1]
-    counts = swept.groupby(["group", "key"], sort=False).size()
+    # a token count every lr of its size reached; sizes without one choose per (size, D)
+    cell["shared"] = cell.groupby([*by, "D"], sort=False)["lr"].transform("nunique") == cell["n_lrs"]
+    per_size = cell.groupby(by, sort=False)["shared"].transform("any")
+    whole = cell[per_size & cell["shared"]].groupby([*by, "lr"], sort=False)["log_loss"].mean().reset_index()
+    best = whole.loc[whole.groupby(by, sort=False)["log_loss"].idxmin(), [*by, "lr"]]
+    split = cell[~per_size]
+    best_d = split.loc[split.groupby([*by, "D"], sort=False)["log_loss"].idxmin(), [*by, "D", "lr"]]
+    swept = cells.merge(cell[by].drop_duplicates().assign(swept=True), on=by, how="left")["swept"].notna()
+    won = (cells.merge(best.assign(w=True), on=[*by, "lr"], how="left")["w"].notna().to_numpy()
+           | cells.merge(best_d.assign(w=True), on=[*by, "D", "lr"], how="left")["w"].notna().to_numpy())
+    keep = np.ones(len(points), dtype=bool)
+    keep[np.flatnonzero(known)] = ~swept.to_numpy() | won
+    counts = cell.groupby(by, sort=False)["n_lrs"].first()
     span = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()} to {counts.max()}"
-    note = (f"{len(counts)} configurations (group, N, D) hold points at several peak lrs ({span} each, "
-            f"lr column): each keeps the lr with the lowest loss averaged over its seeds, so "
-            f"{int((~keep).sum())} of {len(points)} points are left out (the best of several lrs reads a "
-            "little low by seed noise; the lr column set to none keeps every point)")
-    return points[keep].reset_index(drop=True), [note], int((~keep).sum())
+    dropped = int((~keep).sum())
+    per_d = int(split[by].drop_duplicates().shape[0])
+    unknown = int((~known).sum())
+    note = (f"{len(counts)} sizes (group, N) were trained at several peak lrs ({span} each, lr column): "
+            "each keeps the lr with the lowest loss, averaged over seeds and the token counts all its lrs "
+            f"reached{f' ({per_d} with no such count choose per token count)' if per_d else ''}, so "
+            f"{dropped} of {len(points)} points are left out"
+            f"{f' ({unknown} points of unknown lr are kept)' if unknown else ''}; the best of several "
+            "lrs reads a little low by seed noise; the lr column set to none keeps every point")
+    return points[keep].reset_index(drop=True), [note], dropped
 
 
-def _unrecorded_variants(points: pd.DataFrame) -> list[str]:
+def _unrecorded_variants(points: pd.DataFrame, hint: bool = True) -> list[str]:
     """A note where runs of one group's configuration share a seed: they differ in something the
     table does not record (an lr or schedule sweep, or a repeated run), and all count in a fit."""
     seeds = points["seed"].to_numpy()
@@ -595,8 +622,8 @@ def _unrecorded_variants(points: pd.DataFrame) -> list[str]:
         return []
     n = runs[clash].groupby(["group", "key"]).ngroups
     return [f"{n} configurations (group, N, D) hold two or more runs with one seed: they differ in something "
-            "the table does not record (an lr sweep?), and every one of them counts in a law fit; give "
-            "each run's peak lr (lr column) to keep only the best lr of each configuration"]
+            "the table does not record (an lr sweep?), and every one of them counts in a law fit"
+            + ("; give each run's peak lr (lr column) to fit each size at its best lr" if hint else "")]
 
 
 def _labels(s: pd.Series) -> np.ndarray:
