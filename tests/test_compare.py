@@ -130,6 +130,10 @@ def test_duplicate_and_missing_pairs_are_errors():
     pts = _points(False)
     with pytest.raises(UserError, match="share tier"):
         compare(pd.concat([pts, pts.iloc[:1]]))
+    # two runs of one tier and seed at two peak lrs (an lr sweep in one tier): the message says so
+    twice = pd.concat([pts.assign(lr=1e-3), pts.iloc[:1].assign(lr=2e-3)])
+    with pytest.raises(UserError, match=r"they trained at peak lrs 0\.001, 0\.002: an lr sweep pairs"):
+        compare(twice)
     with pytest.raises(UserError, match="no runs of architecture 'dense'"):
         compare(pts, candidate="dense")
     with pytest.raises(UserError, match="budget_index"):

@@ -270,8 +270,12 @@ def match_pairs(points: pd.DataFrame, reference: str, candidate: str
         dup = sub.duplicated(list(_KEYS))
         if dup.any():
             k = sub.loc[dup, list(_KEYS)].iloc[0].to_dict()
+            same = sub[(sub[list(_KEYS)] == pd.Series(k)).all(axis=1)]
+            lrs = sorted(set(same["lr"].dropna())) if "lr" in same.columns else []
+            why = (f" (they trained at peak lrs {', '.join(f'{v:g}' for v in lrs)}: an lr sweep pairs "
+                   "twins per lr when each lr is its own tier or folder)" if len(lrs) > 1 else "")
             raise UserError(f"two {g} points share tier {k['tier']}, budget index {k['budget_index']} "
-                            f"and seed {k['seed']}: a runs folder must hold each run once")
+                            f"and seed {k['seed']}: a runs folder must hold each run once{why}")
         out = sub[["tier", "seed", "budget_index", *[c for c in cols if c in sub.columns]]].copy()
         out["_row"] = np.arange(len(out))
         return out
