@@ -293,12 +293,19 @@ def seed_curves(points: pd.DataFrame, C: np.ndarray, weight: np.ndarray | None =
     already computed."""
     curve, d = _configurations(points) if keys is None else keys
     w = np.ones(len(points)) if weight is None else np.asarray(weight, dtype=float)
-    df = pd.DataFrame({"run": curve, "D": d, "N": points["N"].to_numpy(dtype=float),
-                       "C": C, "lw": points["loss"].to_numpy(dtype=float) * w, "w": w})[w > 0]
-    out = df.groupby(["run", "D"], sort=False).agg(N=("N", "first"), C=("C", "mean"), lw=("lw", "sum"),
-                                                   w=("w", "sum")).reset_index()
-    out["loss"] = out["lw"] / out["w"]
-    return out[["run", "N", "C", "loss"]], points["run"][w > 0].nunique()
+    # bincounts over (curve, D) cells, not a groupby: a bootstrap calls this once per resample
+    curve, d = np.asarray(curve, dtype=np.int64), np.asarray(d, dtype=np.int64)
+    span = int(d.max(initial=0)) + 1
+    _, first, cell = np.unique(curve * span + d, return_index=True, return_inverse=True)
+    used = (w > 0).astype(float)
+    wsum = np.bincount(cell, weights=w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = np.bincount(cell, weights=points["loss"].to_numpy(dtype=float) * w) / wsum
+        c = np.bincount(cell, weights=np.asarray(C, dtype=float) * used) / np.bincount(cell, weights=used)
+    here = wsum > 0
+    out = pd.DataFrame({"run": curve[first][here], "N": points["N"].to_numpy(dtype=float)[first][here],
+                        "C": c[here], "loss": loss[here]})
+    return out, points["run"][w > 0].nunique()
 
 
 def _seed_resamples(points: pd.DataFrame, labels: np.ndarray, n: int, seed: int) -> np.ndarray | None:
