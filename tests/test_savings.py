@@ -349,3 +349,15 @@ def test_paper_extrapolated_1e22(paper):
     res = savings(paper.fitted("baseline"), paper.fitted("smelt"), [1e22], sparsities=paper.sparsities)
     assert res.savings_range[1] == pytest.approx(paper.published["savings_extrapolated"]["1e22"], abs=0.003)
     assert all(0 < r.extrapolation_decades < 1 for r in res.rows)
+
+
+def test_the_savings_speed_benchmark_compares_equal_answers(bench):
+    # benchmarks/savings_speed.py times the inverse against the bisection in C it replaced; at a
+    # tiny size its two answers must still be the same roots
+    from scaling.fitting.laws import TokenCost
+
+    speed = bench("savings_speed")
+    for cost in (TokenCost(k=13.4, e=495.0, c=1.25e6), TokenCost(k=6.0)):
+        out = speed.case(cost, resamples=4, budgets=3, repeat=1)
+        assert out["roots"] == 12 and out["max_dlogc"] < 1e-9
+        assert out["ours_s"] > 0 and out["reference_s"] > 0
