@@ -378,6 +378,7 @@ class TokenCost:
 
 
 _FRONTIER_STEPS = 90      # bisection steps in log x over a 120-nat bracket: width 1e-25 nats
+_FRONTIER_BRACKET = 120.0  # nats of log x below x = C/k searched by the bisection
 
 
 def _general_optimum(E, P, p, Q, q, C, cost: TokenCost):
@@ -392,7 +393,7 @@ def _general_optimum(E, P, p, Q, q, C, cost: TokenCost):
     E, P, p, Q, q, C = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (E, P, p, Q, q, C)))
     with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
         hi = np.log(C / cost.k)
-        lo = hi - 120.0
+        lo = hi - _FRONTIER_BRACKET
         logPp, logQq, logC = np.log(p * P), np.log(q * Q), np.log(C)
 
         def rising(u: np.ndarray) -> np.ndarray:
@@ -437,6 +438,19 @@ def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | 
         x, y, L = two_term_optimum(E, P, p, Q, q, C / cost.k if law.budget_uses_k else C)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):  # as above
         return Frontier(law.size_input, C, x, y, L, y / law.params_per_size(x))
+
+
+def frontier_is_exact(law: Law, log_c: np.ndarray, log_x: np.ndarray, cost: TokenCost | float = 6.0
+                      ) -> np.ndarray:
+    """Where ``frontier`` at budget e^log_c returns the optimum e^log_x itself: everywhere for the
+    closed forms; for a non-linear F(N) where log x lies inside the bracket ``_general_optimum``
+    searches (an optimum outside it, under one token or 120 nats below, is clamped to its edge)."""
+    cost = TokenCost.of(cost)
+    log_c, log_x = np.asarray(log_c, dtype=float), np.asarray(log_x, dtype=float)
+    if not (law.budget_uses_k and not cost.linear):
+        return np.ones(np.broadcast_shapes(log_c.shape, log_x.shape), dtype=bool)
+    top = log_c - np.log(cost.k)
+    return (log_x <= top) & (log_x >= top - _FRONTIER_BRACKET)
 
 
 def frontier_by_size(law: Law, theta: Mapping[str, float] | np.ndarray, log_x: np.ndarray | float, *,

@@ -64,6 +64,7 @@ from scaling.fitting.laws import (  # noqa: F401
     TokenCost,
     frontier,
     frontier_by_size,
+    frontier_is_exact,
     frontier_numeric,
     get_law,
 )
@@ -114,11 +115,12 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
 
     L* falls monotonically along the frontier's optimal size x, and both L* and C are explicit in
     x (``frontier_by_size``): the root is one bisection in log x between the optimal sizes of the
-    bracket's two budgets, then C at that size, checked by the frontier itself. Where the check
-    fails (the frontier clamps its optimum to less than one token, or a bootstrap sample's
-    exponents overflow the explicit form) the element is solved by bisection in log C around the
-    frontier (``_bisect_compute``), as before: the explicit form only saves time (5,760 frontier
-    steps per budget for a non-linear F(N)), never changes an answer.
+    bracket's two budgets, then C at that size. Where that root cannot stand for the frontier's
+    (its loss misses the target, the frontier would clamp that optimum to its bracket,
+    ``frontier_is_exact``: under one token, or a bootstrap sample's exponents overflow the explicit
+    form) the element is solved by bisection in log C around the frontier (``_bisect_compute``), as
+    before: the explicit form only saves time (5,760 frontier steps per budget for a non-linear
+    F(N)), never changes an answer.
     """
     theta = law.theta_array(theta)
     target = np.asarray(target, dtype=float)
@@ -138,11 +140,11 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
         above = frontier_by_size(law, theta, mid, cost=cost, S=S)[1] > target  # x* must grow
         u_lo = np.where(above, mid, u_lo)
         u_hi = np.where(above, u_hi, mid)
-    logc = np.broadcast_to(frontier_by_size(law, theta, 0.5 * (u_lo + u_hi), cost=cost, S=S)[0],
-                           shape).copy()
+    u = 0.5 * (u_lo + u_hi)
+    logc, reached = (np.broadcast_to(v, shape).copy() for v in frontier_by_size(law, theta, u, cost=cost, S=S))
     with np.errstate(over="ignore", invalid="ignore"):
-        reached = frontier(law, theta, np.exp(logc), cost=cost, S=S).loss
-        ok = np.isfinite(logc) & (logc >= lo) & (logc <= hi) & \
+        # the root is one where the frontier at that budget has that optimum, unclamped
+        ok = np.isfinite(logc) & (logc >= lo) & (logc <= hi) & frontier_is_exact(law, logc, u, cost) & \
             (np.abs(reached - target) <= _ROOT_RTOL * np.abs(target))
     interior = ~never & ~already & np.isfinite(target)
     redo = interior & ~ok
