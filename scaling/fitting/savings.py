@@ -141,7 +141,8 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
         u_lo = np.where(above, mid, u_lo)
         u_hi = np.where(above, u_hi, mid)
     u = 0.5 * (u_lo + u_hi)
-    logc, reached = (np.broadcast_to(v, shape).copy() for v in frontier_by_size(law, theta, u, cost=cost, S=S))
+    at_root = frontier_by_size(law, theta, u, cost=cost, S=S)
+    logc, reached = (np.broadcast_to(v, shape).copy() for v in at_root)
     with np.errstate(over="ignore", invalid="ignore"):
         # the root is one where the frontier at that budget has that optimum, unclamped
         ok = np.isfinite(logc) & (logc >= lo) & (logc <= hi) & frontier_is_exact(law, logc, u, cost) & \
