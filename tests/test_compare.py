@@ -55,6 +55,35 @@ def test_shipped_runs_reproduce_the_readme(shipped):
     assert any("no per-source loss" in n for n in res.notes) and not res.by_source
 
 
+def test_the_top_budget_seeds_extend_runs_bitwise_and_give_the_readme_numbers(tmp_path):
+    # runs-isoflop-topseeds-2026-12-07/ retrains seeds 1-2 further: where they overlap runs/ they
+    # must be the same trainings, and the merged view gives the README's top-budget numbers
+    import importlib.util
+
+    top = RUNS.parent / "runs-isoflop-topseeds-2026-12-07"
+    spec = importlib.util.spec_from_file_location("same_runs", RUNS.parent / "plans" / "same_runs.py")
+    same = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(same)
+    out = same.compare(RUNS, top)
+    assert (out["runs"], out["points_equal"], out["points_different"]) == (24, 64, 0)
+    assert (out["lines_equal"], out["lines_different"]) == (5920, 0)
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    for folder in (RUNS, top):          # the extension replaces its shorter namesakes
+        for run in folder.iterdir():
+            if run.is_dir():
+                link = merged / run.name
+                if link.is_symlink():
+                    link.unlink()
+                link.symlink_to(run)
+    res = compare(with_validation_ids(merged, read_runs_dir(merged)))
+    o = res.overall
+    assert (o.n_pairs, o.n_clusters, round(o.mean, 3), round(o.se, 3)) == (175, 53, -0.089, 0.025)
+    top_two = {b.label: b for b in res.by_budget if b.label in ("C 2e+12 FLOPs", "C 3.56e+12 FLOPs")}
+    got = [(b.n_pairs, round(b.mean, 3), round(b.se, 3)) for b in top_two.values()]
+    assert got == [(21, -0.030, 0.028), (15, -0.057, 0.021)]
+
+
 def test_the_first_sweep_groups_its_budgets_by_tokens():
     res = compare(read_runs_dir(FIRST))
     assert res.overall.n_pairs == 48 and round(res.overall.mean, 3) == 0.074
