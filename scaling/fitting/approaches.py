@@ -84,7 +84,7 @@ from scipy import stats
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import TokenCost
-from scaling.fitting.tables import config_keys, seed_replicates, total_flops
+from scaling.fitting.tables import SIZE_COLUMNS, config_keys, seed_replicates, total_flops
 
 MIN_BUCKET_POINTS = 5
 MIN_BUCKETS = 3
@@ -277,7 +277,7 @@ def _configurations(points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(curve label, budget key) of each point: the label is one per configuration whose runs are
     distinct seeds, else one per run (``scaling.fitting.tables.seed_replicates``); the key is D to 9
     digits (``config_keys``). Computed once per table, reused by every bootstrap resample."""
-    curve = seed_replicates(points, config_keys(points, ("N", "sparsity", "flops_per_token")),
+    curve = seed_replicates(points, config_keys(points, SIZE_COLUMNS),
                             unknown_together=False)
     return curve, config_keys(points, ("D",))
 

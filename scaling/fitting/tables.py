@@ -557,9 +557,6 @@ def _positive_or_missing(raw: pd.DataFrame, name: str, source: str, rownum: np.n
     return np.where(given, x, np.nan)
 
 
-SIZE_COLUMNS = ("N", "sparsity", "flops_per_token")   # a configuration without its token count
-
-
 def _at_tuned_lr(points: pd.DataFrame, lr_off: bool = False) -> tuple[pd.DataFrame, list[str], int]:
     """The points of each size at its best peak lr, the notes, and how many points were left out.
 
@@ -730,6 +727,7 @@ def law_inputs(df: pd.DataFrame, law_inputs: Iterable[str], *,
 
 
 CONFIG_COLUMNS = ("N", "D", "sparsity", "flops_per_token")
+SIZE_COLUMNS = ("N", "sparsity", "flops_per_token")   # a configuration without its token count
 
 
 def _significant(x: np.ndarray, digits: int = 9) -> np.ndarray:
