@@ -55,7 +55,7 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
 
 Learning rates. A scaling law describes each size at its tuned learning rate; a folder or table
 that also holds an lr sweep (runs of one size at several peak lrs) would otherwise fit the law
-through the mistuned runs too, and average them as if they were seeds. Each run's peak lr is read
+through the mistuned runs too (and, where their seeds differ, average them as if they were seeds). Each run's peak lr is read
 from its ``config.json`` (``train.lr``; a missing, unreadable or non-positive one is unknown) in a
 runs directory, or from the ``lr`` column of a table (``Columns.lr``; "none": not read). Where one
 group's size (N, sparsity, FLOPs per token) was trained at several lrs, only the points of its best
