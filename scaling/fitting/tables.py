@@ -55,18 +55,19 @@ Tables a user brings (:func:`load_table`), and the traps this module guards agai
 
 Learning rates. A scaling law describes each size at its tuned learning rate; a folder or table
 that also holds an lr sweep (runs of one size at several peak lrs) would otherwise fit the law
-through the mistuned runs too (and, where their seeds differ, average them as if they were seeds). Each run's peak lr is read
-from its ``config.json`` (``train.lr``; a missing, unreadable or non-positive one is unknown) in a
-runs directory, or from the ``lr`` column of a table (``Columns.lr``; "none": not read). Where one
-group's size (N, sparsity, FLOPs per token) was trained at several lrs, only the points of its best
-lr are kept: the lowest mean log loss over the token counts every one of its lrs reached, seeds
-averaged first (one lr per size, as an lr rule per width gives, so a run's curve stays whole; a
-size whose lrs share no token count chooses per count). Points of unknown lr are kept. A note says
-how many points were left out. This is the lower envelope over learning rates of an IsoFLOP study
-tuned per size (Hoffmann et al. 2022, section 3); the best of several lrs reads a little low by
-seed noise (a winner's curse of order the seed spread over the square root of the seeds), which
-the note says. Without any lr, two runs of one configuration with one seed (something the table
-does not record differs between them) get a note instead: every such run counts in the fit.
+through the mistuned runs too (and, where their seeds differ, average them as if they were seeds).
+Each run's peak lr is read from its ``config.json`` (``train.lr``; a missing, unreadable or
+non-positive one is unknown) in a runs directory, or from the ``lr`` column of a table
+(``Columns.lr``; "none": not read). Where one group's size (N, sparsity, FLOPs per token) was
+trained at several lrs, only the points of its best lr are kept: the lowest mean log loss over the
+token counts every one of its lrs reached, seeds averaged first (one lr per size, as an lr rule per
+width gives, so a run's curve stays whole; a size whose lrs share no token count chooses per
+count). Points of unknown lr are kept. A note says how many points were left out. This is the lower
+envelope over learning rates of an IsoFLOP study tuned per size (Hoffmann et al. 2022, section 3);
+the best of several lrs reads a little low by seed noise (a winner's curse of order the seed spread
+over the square root of the seeds), which the note says. Without any lr, two runs of one
+configuration with one seed (something the table does not record differs between them) get a note
+instead: every such run counts in the fit.
 """
 
 from __future__ import annotations
