@@ -609,16 +609,11 @@ def _at_tuned_lr(points: pd.DataFrame, lr_off: bool = False) -> tuple[pd.DataFra
 def _unrecorded_variants(points: pd.DataFrame, hint: bool = True) -> list[str]:
     """A note where runs of one group's configuration share a seed: they differ in something the
     table does not record (an lr or schedule sweep, or a repeated run), and all count in a fit."""
-    seeds = points["seed"].to_numpy()
-    if not (seeds != "").any():
+    if not (points["seed"].to_numpy() != "").any():
         return []
-    runs = pd.DataFrame({"group": points["group"].astype(str).to_numpy(), "key": config_keys(points),
-                         "run": points["run"].to_numpy(), "seed": seeds})
-    runs = runs[runs["seed"] != ""].drop_duplicates()
-    clash = runs.duplicated(["group", "key", "seed"], keep=False)
-    if not clash.any():
+    n = len(_seed_clashes(points, config_keys(points))[2])
+    if not n:
         return []
-    n = runs[clash].groupby(["group", "key"]).ngroups
     return [f"{n} configurations (group, N, D) hold two or more runs with one seed: they differ in something "
             "the table does not record (an lr sweep?), and every one of them counts in a law fit"
             + ("; give each run's peak lr (lr column) to fit each size at its best lr" if hint else "")]
@@ -756,6 +751,23 @@ def config_keys(points: pd.DataFrame, columns: Iterable[str] = CONFIG_COLUMNS) -
     return rounded.groupby(cols, dropna=False, sort=False).ngroup().to_numpy()
 
 
+def _seed_clashes(points: pd.DataFrame, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, set, set]:
+    """(key per point, run per point, keys whose runs repeat a seed, keys holding a run of unknown
+    seed); a key is a group's ``keys`` value. A seed repeated by two runs of a key is a clash; a run
+    holding several seeds is judged by each."""
+    def text(col: str) -> np.ndarray:
+        return (points[col].fillna("").astype(str).to_numpy() if col in points.columns
+                else np.full(len(points), ""))
+
+    group, runs, seeds = text("group"), text("run"), text("seed")
+    key = pd.DataFrame({"group": group, "key": np.asarray(keys)}).groupby(
+        ["group", "key"], sort=False, dropna=False).ngroup().to_numpy()
+    per_run = pd.DataFrame({"key": key, "run": runs, "seed": seeds}).drop_duplicates()
+    known = per_run["seed"] != ""
+    clash = per_run[known].duplicated(["key", "seed"], keep=False)
+    return key, runs, set(per_run.loc[clash[clash].index, "key"]), set(per_run.loc[~known, "key"])
+
+
 def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together: bool) -> np.ndarray:
     """Integer labels, one per point: the same for points of one group and one key (``config_keys``)
     whose runs are seeds of one configuration, a label per run where they are not.
@@ -767,20 +779,9 @@ def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together:
     reading of a folder as one study), and keep their key's runs apart otherwise (approach 1, whose
     frontier over other schedules of one size is wanted). The twins of a pair may share N, D and a
     seed: the group is part of the key."""
-    def text(col: str) -> np.ndarray:
-        return (points[col].fillna("").astype(str).to_numpy() if col in points.columns
-                else np.full(len(points), ""))
-
-    group, runs, seeds = text("group"), text("run"), text("seed")
-    key = pd.DataFrame({"group": group, "key": np.asarray(keys)}).groupby(
-        ["group", "key"], sort=False, dropna=False).ngroup().to_numpy()
-    # a seed repeated by two runs of a key is a clash; a run holding several seeds is judged by each
-    per_run = pd.DataFrame({"key": key, "run": runs, "seed": seeds}).drop_duplicates()
-    known = per_run["seed"] != ""
-    clash = per_run[known].duplicated(["key", "seed"], keep=False)
-    apart = set(per_run.loc[clash[clash].index, "key"])
+    key, runs, apart, unknown = _seed_clashes(points, keys)
     if not unknown_together:
-        apart |= set(per_run.loc[~known, "key"])
+        apart |= unknown
     sep = pd.Series(key).isin(apart).to_numpy()
     label = pd.DataFrame({"key": key, "run": np.where(sep, runs, "")})
     return label.groupby(["key", "run"], sort=False, dropna=False).ngroup().to_numpy()
