@@ -413,6 +413,20 @@ def _general_optimum(E, P, p, Q, q, C, cost: TokenCost):
         return np.where(bad, nan, x), np.where(bad, nan, y), np.where(bad, nan, L)
 
 
+def _terms(law: Law, theta: Mapping[str, float] | np.ndarray, S: object) -> tuple:
+    """(E, P, p, Q, q) of the law along a budget (``Law.frontier_terms``); theta may be (..., P)."""
+    if law.frontier_terms is None:
+        raise UserError(f"law {law.name!r} has no closed-form frontier")
+    arr = law.theta_array(theta)
+    return law.frontier_terms({name: arr[..., i] for i, name in enumerate(law.params)}, _fixed(law, S))
+
+
+def _budget_cost(law: Law, cost: TokenCost | float) -> TokenCost:
+    """F(x) with C = F(x) D: ``cost`` for a law whose size input is parameters, x itself (the smelt
+    form, whose size input is the FLOPs per token) otherwise."""
+    return TokenCost.of(cost) if law.budget_uses_k else TokenCost(k=1.0)
+
+
 def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | float, *,
              cost: TokenCost | float = 6.0, S: float | np.ndarray | None = None) -> Frontier:
     """Compute-optimal allocation and loss L*(C) of any registry law.
@@ -425,12 +439,8 @@ def frontier(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | 
     y* = (C/k) / x*; for F with a sqrt or constant term, the unique minimum of the convex profile in
     log x (``_general_optimum``). theta may be (..., P) (bootstrap samples) and broadcasts against C.
     """
-    if law.frontier_terms is None:
-        raise UserError(f"law {law.name!r} has no closed-form frontier")
-    arr = law.theta_array(theta)
-    t = {name: arr[..., i] for i, name in enumerate(law.params)}
+    E, P, p, Q, q = _terms(law, theta, S)
     C = np.asarray(C, dtype=float)
-    E, P, p, Q, q = law.frontier_terms(t, _fixed(law, S))
     cost = TokenCost.of(cost)
     if law.budget_uses_k and not cost.linear:
         x, y, L = _general_optimum(E, P, p, Q, q, C, cost)
@@ -468,10 +478,8 @@ def frontier_by_size(law: Law, theta: Mapping[str, float] | np.ndarray, log_x: n
     bisection in C around a bisection in x. Logs throughout: no overflow for bootstrap exponents.
     theta may be (..., P) and broadcasts against log_x.
     """
-    arr = law.theta_array(theta)
-    t = {name: arr[..., i] for i, name in enumerate(law.params)}
-    E, P, p, Q, q = law.frontier_terms(t, _fixed(law, S))
-    cost = TokenCost.of(cost) if law.budget_uses_k else TokenCost(k=1.0)
+    E, P, p, Q, q = _terms(law, theta, S)
+    cost = _budget_cost(law, cost)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
         u = np.asarray(log_x, dtype=float)
         x = np.exp(u)
@@ -492,7 +500,7 @@ def frontier_numeric(law: Law, theta: np.ndarray | Mapping[str, float], C: float
     from scipy.optimize import minimize_scalar
 
     theta = law.theta_array(theta)
-    cost = TokenCost.of(cost) if law.budget_uses_k else TokenCost(k=1.0)
+    cost = _budget_cost(law, cost)
     fixed = _fixed(law, S)
     top = np.log(C / cost.k)
 

@@ -51,7 +51,7 @@ on its bound, or most bootstrap fits on one): such a row keeps only its budget a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -135,12 +135,8 @@ def compute_for_loss(law: Law, theta: np.ndarray, target: np.ndarray, around: np
     already = bottom.loss - target < 0.0  # below the target even with 10^-span of the compute
     with np.errstate(divide="ignore", invalid="ignore"):
         u_lo, u_hi = np.log(bottom.size), np.log(top.size)
-    for _ in range(_BISECT_STEPS):
-        mid = 0.5 * (u_lo + u_hi)
-        above = frontier_by_size(law, theta, mid, cost=cost, S=S)[1] > target  # x* must grow
-        u_lo = np.where(above, mid, u_lo)
-        u_hi = np.where(above, u_hi, mid)
-    u = 0.5 * (u_lo + u_hi)
+    # L* above the target at that optimal size: the root's size is larger
+    u = _bisect(u_lo, u_hi, lambda mid: frontier_by_size(law, theta, mid, cost=cost, S=S)[1] > target)
     at_root = frontier_by_size(law, theta, u, cost=cost, S=S)
     logc, reached = (np.broadcast_to(v, shape).copy() for v in at_root)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -161,11 +157,17 @@ def _bisect_compute(law: Law, theta: np.ndarray, target: np.ndarray, lo: np.ndar
                     cost: TokenCost | float, S: float | None) -> np.ndarray:
     """log C with L*(C) = target by bisection in log C on [lo, hi], L* from ``frontier`` (the
     fallback of ``compute_for_loss``; elementwise over theta (n, P) and the (n,) arrays)."""
+    return _bisect(lo, hi, lambda mid: frontier(law, theta, np.exp(mid), cost=cost, S=S).loss > target)
+
+
+def _bisect(lo: np.ndarray, hi: np.ndarray, above: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Elementwise bisection on [lo, hi] (``_BISECT_STEPS`` halvings): ``above(mid)`` is True where the
+    root lies above mid. Returns the final midpoints."""
     for _ in range(_BISECT_STEPS):
         mid = 0.5 * (lo + hi)
-        above = frontier(law, theta, np.exp(mid), cost=cost, S=S).loss > target  # root above mid
-        lo = np.where(above, mid, lo)
-        hi = np.where(above, hi, mid)
+        up = above(mid)
+        lo = np.where(up, mid, lo)
+        hi = np.where(up, hi, mid)
     return 0.5 * (lo + hi)
 
 
