@@ -27,25 +27,24 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import t as student_t
 
+from scaling.fitting.tables import read_runs_dir
+
 
 def load(root: Path, budget_index: int,
          arch: str = "baseline") -> dict[int, dict[float, dict[int, tuple[float, float]]]]:
     """{d_model: {lr: {seed: (tokens, loss)}}} of the finished lr-sweep runs of ``arch`` under ``root``.
 
-    d_model is the Baseline's of the run's tier (``lr-dNN-...``), so a SMELT twin (narrower) is
-    keyed by the Baseline it is matched to."""
+    The points come from the package's one runs-folder reader (``read_runs_dir``). d_model is
+    the Baseline's of the run's tier (``lr-dNN-...``), so a SMELT twin (narrower) is keyed by
+    the Baseline it is matched to."""
+    pts = read_runs_dir(root)
+    pts = pts[(pts["arch"] == arch) & (pts["budget_index"] == budget_index)]
     out: dict[int, dict[float, dict[int, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))
-    for final in sorted(root.glob("*/final.json")):
-        doc = json.loads(final.read_text())
-        cfg = json.loads((final.parent / "config.json").read_text())
-        if not doc.get("complete") or cfg.get("arch", "baseline") != arch:
-            continue
-        pts = [p for p in doc["points"] if p["budget_index"] == budget_index]
-        if pts:
-            tier = re.fullmatch(r"lr-d(\d+)-.*", str(cfg.get("tier", "")))
-            d = int(tier.group(1)) if tier else int(cfg["model"]["d_model"])
-            lr, seed = float(cfg["train"]["lr"]), int(cfg["seed"])
-            out[d][lr][seed] = (float(pts[0]["D"]), float(pts[0]["loss"]))
+    for p in pts.sort_values("run_dir").itertuples():
+        tier = re.fullmatch(r"lr-d(\d+)-.*", str(p.tier))
+        if tier is None or not np.isfinite(p.lr):
+            raise SystemExit(f"error: {p.run_dir} is not an lr-sweep run (tier lr-dNN-..., a peak lr)")
+        out[int(tier.group(1))][float(p.lr)][int(p.seed)] = (float(p.D), float(p.loss))
     return {d: dict(sorted(v.items())) for d, v in sorted(out.items())}
 
 
