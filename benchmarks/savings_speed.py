@@ -22,24 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from scaling.fitting.laws import TokenCost, frontier, get_law
-from scaling.fitting.savings import SPAN_DECADES, _bisect_compute, compute_for_loss
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fit_speed import _best_of  # noqa: E402  (the benchmarks' one best-of timer)
+
+from scaling.fitting.laws import TokenCost, frontier, get_law  # noqa: E402
+from scaling.fitting.savings import SPAN_DECADES, _bisect_compute, compute_for_loss  # noqa: E402
 
 EPOCH = {"E": 1.82, "A": 482.0, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
-
-
-def timed(fn, repeat: int) -> tuple[float, float, object]:
-    best_wall, best_cpu, out = np.inf, np.inf, None
-    for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
-        best_wall = min(best_wall, time.perf_counter() - w0)
-        best_cpu = min(best_cpu, time.process_time() - c0)
-    return best_wall, best_cpu, out
 
 
 def case(cost: TokenCost, resamples: int, budgets: int, repeat: int) -> dict:
@@ -59,8 +54,8 @@ def case(cost: TokenCost, resamples: int, budgets: int, repeat: int) -> dict:
         th = np.broadcast_to(thetas[:, None, :], targets.shape + (base.size,))
         return np.exp(_bisect_compute(law, th, targets, lo, lo + 2 * SPAN_DECADES * np.log(10.0), cost, None))
 
-    ours_s, ours_cpu, got = timed(ours, repeat)
-    ref_s, ref_cpu, want = timed(reference, 1)
+    ours_s, ours_cpu, got = _best_of(repeat, ours)
+    ref_s, ref_cpu, want = _best_of(1, reference)
     return {"flops_per_token": cost.describe(), "roots": int(targets.size),
             "ours_s": ours_s, "ours_cpu_s": ours_cpu, "reference_s": ref_s, "reference_cpu_s": ref_cpu,
             "ratio": ref_s / ours_s, "ratio_cpu": ref_cpu / ours_cpu,
