@@ -54,3 +54,55 @@ def test_skip_only_the_same_finished_run_with_its_outputs(tmp_path, env):
     assert "run tiny-a-baseline-s0" in errors[0] and "another configuration" in errors[0]
     assert "train.lr 0.003 -> 0.001" in errors[0]
     assert before == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
+
+
+def _budgets_plan(tmp_path, budgets: str, runs: str, schedule: str = "wsd"):
+    text = (MINI.replace('"tiny-a", "tiny-b"', '"tiny-a"').replace('["baseline", "smelt"]', '["baseline"]')
+            .replace("budgets = [1024, 2048, 4096]", f"budgets = [{budgets}]")
+            .replace("lr = 3e-3", f'lr = 3e-3\nschedule = "{schedule}"')
+            .replace('kind = "local"', 'kind = "debug"'))
+    path = tmp_path / f"plan-{runs}-{budgets.replace(', ', '-')}.toml"
+    path.write_text(text.format(runs=tmp_path / runs))
+    return path
+
+
+def test_a_finished_wsd_run_trained_further_is_the_shorter_plans_run(tmp_path, env):
+    for budgets, runs in (("1024, 2048", "a"), ("1024, 2048, 4096", "b")):
+        plan = _budgets_plan(tmp_path, budgets, runs)
+        res = runner.invoke(app, ["sweep", str(plan), "--no-probe", "--json"])
+        assert res.exit_code == 0, res.output
+    points = {k: json.loads((tmp_path / k / "tiny-a-baseline-s0" / "final.json").read_text())["points"]
+              for k in ("a", "b")}
+    # the premise, bitwise: the longer run's points at the shorter plan's budgets are that plan's
+    assert [p["loss"] for p in points["a"]] == [p["loss"] for p in points["b"][:2]]
+    assert [p["D"] for p in points["a"]] == [p["D"] for p in points["b"][:2]]
+    # so the shorter plan finds its run done in the longer run's folder, and leaves it alone
+    into_b = _budgets_plan(tmp_path, "1024, 2048", "b")
+    assert planned_status(load_plan(into_b).runs[0], tmp_path / "b") == "done"
+    folder = tmp_path / "b" / "tiny-a-baseline-s0"
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
+    res = runner.invoke(app, ["sweep", str(into_b), "--no-probe", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["skipped"] == ["tiny-a-baseline-s0"], res.output
+    assert before == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
+    # not the other way: a longer plan over a shorter finished run is another configuration
+    into_a = _budgets_plan(tmp_path, "1024, 2048, 4096", "a")
+    res = runner.invoke(app, ["sweep", str(into_a), "--no-probe", "--dry-run"])
+    assert res.exit_code == 2 and "train.tokens" in res.stderr and "another configuration" in res.stderr
+    # nor budgets that are not a prefix, nor a longer run that has not finished
+    other = _budgets_plan(tmp_path, "2048", "b")
+    assert planned_status(load_plan(other).runs[0], tmp_path / "b") == "differs"
+    (folder / "final.json").unlink()
+    assert planned_status(load_plan(into_b).runs[0], tmp_path / "b") == "differs"
+
+
+def test_extends_is_wsd_budget_prefixes_only():
+    from scaling.training.sweep.submit import extends
+
+    wsd = {"schedule": "wsd", "tokens": [1.0, 2.0, 3.0]}
+    assert extends(wsd, {"schedule": "wsd", "tokens": [1.0, 2.0]})
+    assert not extends(wsd, {"schedule": "wsd", "tokens": [1.0, 2.0, 3.0]})      # the same: no diff anyway
+    assert not extends(wsd, {"schedule": "wsd", "tokens": [2.0]})
+    assert not extends(wsd, {"schedule": "wsd", "tokens": []})
+    assert not extends({**wsd, "schedule": "cosine"}, {"schedule": "cosine", "tokens": [1.0]})
+    assert not extends(wsd, {"schedule": "wsd", "tokens": [1.0], "save_final_weights": True})
+    assert not extends({"schedule": "wsd", "tokens": "1,2"}, {"schedule": "wsd", "tokens": [1.0]})

@@ -49,7 +49,9 @@ def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
     """What the run folder's recorded config.json says differently from the plan's run, as
     ``section.key old -> new`` strings (empty: the same run, or no run there yet). The keys a
     resume may change (``trainer.RESUME_FREE``: logging, checkpoint cadence, device, threads,
-    parallel layout) are not compared; an unreadable config.json is a difference."""
+    parallel layout) are not compared; an unreadable config.json is a difference. A finished WSD
+    run trained to more budgets than the plan's, the plan's budgets first (:func:`extends`), is
+    the plan's run: its points at those budgets are the plan's trainings."""
     from scaling.training.loop.trainer import RESUME_FREE
 
     path = runs_dir / run.name / CONFIG
@@ -66,11 +68,31 @@ def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
         for key in sorted(set(a) | set(b)):
             if section == "train" and key in RESUME_FREE:
                 continue
+            if ((section, key) == ("train", "tokens") and extends(a, b)
+                    and run_status(runs_dir, run.name) == "done"):
+                continue
             if key in a and key in b and a[key] != b[key]:
                 out.append(f"{section}.{key} {_short(a[key])} -> {_short(b[key])}")
             elif (key in a) != (key in b) and section == "model":
                 out.append(f"{section}.{key}")
     return out
+
+
+def extends(recorded: dict, planned: dict) -> bool:
+    """Whether a run of train config ``recorded`` holds the run of ``planned``: both WSD, the same
+    but for token budgets, and the recorded budgets the planned ones followed by more. A WSD run is
+    one trunk at constant lr with a cooldown branched off at each budget, each branch the schedule
+    of a standalone run to that budget (``scaling.training.loop``), so nothing before a budget
+    depends on the budgets after it (`runs/README.md` shows it bitwise on 24 runs). Not when the
+    plan asks for final weights: the longer run's are those of its own last budget."""
+    old, new = recorded.get("tokens"), planned.get("tokens")
+    if recorded.get("schedule") != "wsd" or planned.get("schedule") != "wsd":
+        return False
+    if planned.get("save_final_weights"):
+        return False
+    if not isinstance(old, list) or not isinstance(new, list) or not new:
+        return False
+    return len(old) > len(new) and old[:len(new)] == new
 
 
 def _short(value: Any) -> str:
