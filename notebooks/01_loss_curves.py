@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -16,7 +16,8 @@
 # %% [markdown]
 # # 01 · Training and validation curves of the shipped runs
 #
-# The runs in `runs/` come from `plans/isoflop-study.toml` and `plans/isoflop-study-seeds.toml`: nine
+# The runs in `runs/` come from `plans/isoflop-study.toml` and its three seed plans
+# (`plans/isoflop-study-seeds.toml`, `isoflop-topseeds-seeds.toml`, `isoflop-d04seeds-seeds.toml`): nine
 # **CPU proxy** sizes (4·10^3–4·10^5 active parameters, 4 layers, top-2 of 8 experts, 256-token context,
 # a peak lr per width, trained in fp32 on two CPU cores; `runs/README.md`),
 # each as a Baseline MoE and as its compute-matched SMELT twin (middle half of the layers looped
@@ -81,7 +82,8 @@ plots.loss_curves(curves, x="flops")
 # %% [markdown]
 # ## SMELT − Baseline at each budget, beside the seed-to-seed spread
 # Validation loss at each budget's end, averaged over seeds; `gap` = SMELT − Baseline (negative:
-# SMELT better). Where a tier has several seeds (7 of the 9 tiers, at the three smallest budgets),
+# SMELT better). Every tier has several seeds (3 at every budget, 7 for d_model 6–56 at the three
+# smallest budgets);
 # `seed spread` is the larger of the two architectures' max − min over seeds at that budget: the range
 # of single runs. A mean over n seeds varies far less (its s.d. is the seeds' s.d. / sqrt(n)); the
 # paired test with intervals is `smelt-scale compare runs/`.

@@ -38,50 +38,36 @@ def shipped() -> pd.DataFrame:
 def test_shipped_runs_reproduce_the_readme(shipped):
     res = compare(with_validation_ids(RUNS, shipped))
     o = res.overall
-    # README: "-0.098 ± 0.028 nats (mean ± cluster-robust s.e., 149 pairs in 51 run-pair clusters)"
-    assert (o.n_pairs, o.n_clusters) == (149, 51)
-    assert round(o.mean, 3) == -0.098 and round(o.se, 3) == 0.028 and round(o.se_iid, 3) == 0.017
-    assert (round(o.ci_lo, 3), round(o.ci_hi, 3), o.df) == (-0.154, -0.042, 50)
-    assert (res.n_cells_candidate_better, len(res.cells), o.n_candidate_better) == (26, 35, 110)
-    assert round(res.seed_spread, 3) == 0.346 and round(res.seed_sd, 3) == 0.146 and res.n_seeds == 7
+    # README: "-0.090 ± 0.025 nats (mean ± cluster-robust s.e., 181 pairs in 55 run-pair clusters)"
+    assert (o.n_pairs, o.n_clusters) == (181, 55)
+    assert round(o.mean, 3) == -0.090 and round(o.se, 3) == 0.025 and round(o.se_iid, 3) == 0.015
+    assert (round(o.ci_lo, 3), round(o.ci_hi, 3), o.df) == (-0.140, -0.041, 54)
+    assert (res.n_cells_candidate_better, len(res.cells), o.n_candidate_better) == (27, 35, 132)
+    assert round(res.seed_spread, 3) == 0.240 and round(res.seed_sd, 3) == 0.135 and res.n_seeds == 7
     assert not res.dropped
     # the IsoFLOP budgets, grouped by their compute (not by budget index: the larger sizes start
-    # at a later budget)
-    assert [(b.label, b.n_pairs) for b in res.by_budget] == [
-        ("C 3.56e+11 FLOPs", 36), ("C 6.32e+11 FLOPs", 50), ("C 1.12e+12 FLOPs", 51),
-        ("C 2e+12 FLOPs", 7), ("C 3.56e+12 FLOPs", 5)]
-    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.063 ± 0.025 at 0.3M tokens and above"
-    assert late.n_pairs == 84 and round(late.mean, 3) == -0.063 and round(late.se, 3) == 0.025
+    # at a later budget); three seeds or more in every cell, so the top budgets have intervals
+    assert [(b.label, b.n_pairs, round(b.mean, 3), round(b.se, 3)) for b in res.by_budget] == [
+        ("C 3.56e+11 FLOPs", 38, -0.100, 0.041), ("C 6.32e+11 FLOPs", 52, -0.134, 0.033),
+        ("C 1.12e+12 FLOPs", 55, -0.075, 0.022), ("C 2e+12 FLOPs", 21, -0.030, 0.028),
+        ("C 3.56e+12 FLOPs", 15, -0.057, 0.021)]
+    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.057 ± 0.022 at 0.3M tokens and above"
+    assert late.n_pairs == 112 and round(late.mean, 3) == -0.057 and round(late.se, 3) == 0.022
     assert any("no per-source loss" in n for n in res.notes) and not res.by_source
 
 
-def test_the_top_budget_seeds_extend_runs_bitwise_and_give_the_readme_numbers(tmp_path):
-    # runs-isoflop-topseeds-2026-12-07/ retrains seeds 1-2 further: where they overlap runs/ they
-    # must be the same trainings, and the merged view gives the README's top-budget numbers
-    import importlib.util
-
-    top = RUNS.parent / "runs-isoflop-topseeds-2026-12-07"
-    spec = importlib.util.spec_from_file_location("same_runs", RUNS.parent / "plans" / "same_runs.py")
-    same = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(same)
-    out = same.compare(RUNS, top)
-    assert (out["runs"], out["points_equal"], out["points_different"]) == (24, 64, 0)
-    assert (out["lines_equal"], out["lines_different"]) == (5920, 0)
-    merged = tmp_path / "merged"
-    merged.mkdir()
-    for folder in (RUNS, top):          # the extension replaces its shorter namesakes
-        for run in folder.iterdir():
-            if run.is_dir():
-                link = merged / run.name
-                if link.is_symlink():
-                    link.unlink()
-                link.symlink_to(run)
-    res = compare(with_validation_ids(merged, read_runs_dir(merged)))
-    o = res.overall
-    assert (o.n_pairs, o.n_clusters, round(o.mean, 3), round(o.se, 3)) == (175, 53, -0.089, 0.025)
-    top_two = {b.label: b for b in res.by_budget if b.label in ("C 2e+12 FLOPs", "C 3.56e+12 FLOPs")}
-    got = [(b.n_pairs, round(b.mean, 3), round(b.se, 3)) for b in top_two.values()]
-    assert got == [(21, -0.030, 0.028), (15, -0.057, 0.021)]
+def test_shipped_runs_have_the_readmes_seeds(shipped):
+    # runs/README.md: seeds 0-2 of every size to its last budget, seeds 3-6 of d_model 6-56 to the
+    # middle budget (1.12e12 FLOPs): 110 runs, 362 points, every (size, budget) cell 3 or 7 seeds
+    budgets = np.array([3.56e11, 6.32e11, 1.12e12, 2e12, 3.56e12])
+    at = budgets[np.abs(np.log(shipped["flops"].to_numpy()[:, None] / budgets)).argmin(axis=1)]
+    assert shipped["run"].nunique() == 110 and len(shipped) == 362
+    seeds = shipped.assign(budget=at).groupby(["tier", "arch", "budget"])["seed"].agg(set)
+    for (tier, _, budget), got in seeds.items():
+        d = int(tier.removeprefix("iso-d"))
+        want = set(range(7)) if 6 <= d <= 56 and budget <= 1.12e12 else {0, 1, 2}
+        assert got == want, (tier, budget)
+    assert len(seeds) == 2 * 35
 
 
 def test_the_first_sweep_groups_its_budgets_by_tokens():
@@ -183,12 +169,12 @@ def test_cli_json_table_and_figure(tmp_path):
     res = runner.invoke(app, ["compare", str(RUNS), "--json"])
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
-    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 149
+    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 181
     assert d["cluster"] == "run" and len(d["by_tier"]) == 9 and len(d["cells"]) == 35 and d["dropped"] == []
     out = tmp_path / "cmp.png"
     res = runner.invoke(app, ["compare", str(RUNS), "--plot", str(out), "--cells"])
     assert res.exit_code == 0, res.stderr
-    assert out.stat().st_size > 10_000 and "26 of 35" in res.stdout
+    assert out.stat().st_size > 10_000 and "27 of 35" in res.stdout
     seed = json.loads(runner.invoke(app, ["compare", str(RUNS), "--cluster", "seed", "--json"]).stdout)
     assert seed["overall"]["n_clusters"] == 7
 

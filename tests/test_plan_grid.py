@@ -28,7 +28,8 @@ def _command_of(plan_file: Path) -> list[str]:
     return first.split("`")[1].split()[2:]  # after "smelt-scale plan-grid"
 
 
-@pytest.mark.parametrize("stem", ["isoflop-study", "lr-check-oldlr", "sharedlr-check", "isoflop-topseeds"])
+@pytest.mark.parametrize("stem", ["isoflop-study", "lr-check-oldlr", "sharedlr-check", "isoflop-topseeds",
+                                  "isoflop-d04seeds"])
 def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path, stem):
     """Rerunning the command in the header of a shipped grid plan writes both its files byte for
     byte (the extra seeds' beside it)."""
