@@ -361,3 +361,21 @@ def test_the_savings_speed_benchmark_compares_equal_answers(bench):
         out = speed.case(cost, resamples=4, budgets=3, repeat=1)
         assert out["roots"] == 12 and out["max_dlogc"] < 1e-9
         assert out["ours_s"] > 0 and out["reference_s"] > 0
+
+
+def test_budgets_no_law_answers_each_keep_their_own_reason():
+    # a reference whose floor E (2.5) lies above the candidate's losses at large budgets never
+    # reaches them: both budgets go unanswered, and each row says so of its own budget and loss
+    from scaling.fitting.savings_answer import law_savings
+
+    ref, cand = chin("baseline", E=2.5), chin("smelt", E=1.0)
+    res, unanswered = law_savings(ref, cand, np.array([1e22, 1e24]))
+    assert res.rows == () and [b for b, _ in unanswered] == [1e22, 1e24]
+    for budget, why in unanswered:
+        assert "never reaches the other's loss" in why and f"above budget {budget:.3g}" in why
+        loss = frontier(CHIN, cand.theta, np.array(budget), cost=6.0).loss
+        assert f"loss {float(loss):.4f}" in why
+    # one budget the laws answer and one they do not: the answered one has its number
+    res, unanswered = law_savings(ref, cand, np.array([1e12, 1e24]))
+    assert [r.budget for r in res.rows] == [1e12] and res.rows[0].savings is not None
+    assert [b for b, _ in unanswered] == [1e24]

@@ -27,7 +27,7 @@ from scaling.fitting.savings import (
     savings,
     withhold_unidentified,
 )
-from scaling.fitting.savings_sweep import savings_over
+from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
 from scaling.fitting.sources import load_laws
 
 METHODS = ("auto", "envelope", "law")
@@ -44,10 +44,10 @@ def law_savings(ref: Any, cand: Any, budgets: np.ndarray, **kwargs: Any):
             raise
     try:
         return savings_over(ref, cand, budgets, **kwargs)
-    except UserError as exc:
+    except NoBudgetAnswered as exc:   # each budget keeps its own reason
         empty = SavingsResult(reference=ref.name, candidate=cand.name,
                               convention=kwargs.get("convention", "candidate-budget"), rows=())
-        return empty, [(float(c), str(exc)) for c in budgets]
+        return empty, exc.skipped
 
 
 def _unmatched(exc: Exception) -> bool:
