@@ -379,3 +379,11 @@ def test_budgets_no_law_answers_each_keep_their_own_reason():
     res, unanswered = law_savings(ref, cand, np.array([1e12, 1e24]))
     assert [r.budget for r in res.rows] == [1e12] and res.rows[0].savings is not None
     assert [b for b, _ in unanswered] == [1e24]
+    # the error that carries those reasons survives a process pool (pickled by its budgets)
+    import pickle
+
+    from scaling.fitting.savings_sweep import NoBudgetAnswered
+
+    err = NoBudgetAnswered(unanswered)
+    back = pickle.loads(pickle.dumps(err))
+    assert back.skipped == err.skipped and str(back) == str(err)

@@ -56,12 +56,13 @@ def test_skip_only_the_same_finished_run_with_its_outputs(tmp_path, env):
     assert before == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
 
 
-def _budgets_plan(tmp_path, budgets: str, runs: str, schedule: str = "wsd"):
+def _budgets_plan(tmp_path, budgets: str, runs: str, schedule: str = "wsd", final_weights: bool = False):
+    weights = "\nsave_final_weights = true" if final_weights else ""
     text = (MINI.replace('"tiny-a", "tiny-b"', '"tiny-a"').replace('["baseline", "smelt"]', '["baseline"]')
             .replace("budgets = [1024, 2048, 4096]", f"budgets = [{budgets}]")
-            .replace("lr = 3e-3", f'lr = 3e-3\nschedule = "{schedule}"')
+            .replace("lr = 3e-3", f'lr = 3e-3\nschedule = "{schedule}"{weights}')
             .replace('kind = "local"', 'kind = "debug"'))
-    path = tmp_path / f"plan-{runs}-{budgets.replace(', ', '-')}.toml"
+    path = tmp_path / f"plan-{runs}-{budgets.replace(', ', '-')}{'-w' if final_weights else ''}.toml"
     path.write_text(text.format(runs=tmp_path / runs))
     return path
 
@@ -91,6 +92,9 @@ def test_a_finished_wsd_run_trained_further_is_the_shorter_plans_run(tmp_path, e
     # nor budgets that are not a prefix, nor a longer run that has not finished
     other = _budgets_plan(tmp_path, "2048", "b")
     assert planned_status(load_plan(other).runs[0], tmp_path / "b") == "differs"
+    # nor when the plan wants final weights: the longer run's are of its own last budget
+    wants_weights = _budgets_plan(tmp_path, "1024, 2048", "b", final_weights=True)
+    assert planned_status(load_plan(wants_weights).runs[0], tmp_path / "b") == "differs"
     (folder / "final.json").unlink()
     assert planned_status(load_plan(into_b).runs[0], tmp_path / "b") == "differs"
 
@@ -104,5 +108,7 @@ def test_extends_is_wsd_budget_prefixes_only():
     assert not extends(wsd, {"schedule": "wsd", "tokens": [2.0]})
     assert not extends(wsd, {"schedule": "wsd", "tokens": []})
     assert not extends({**wsd, "schedule": "cosine"}, {"schedule": "cosine", "tokens": [1.0]})
-    assert not extends(wsd, {"schedule": "wsd", "tokens": [1.0], "save_final_weights": True})
+    # the further budgets must come after the plan's: sorted, a smaller one would be budget 0
+    assert not extends({**wsd, "tokens": [1.0, 2.0, 0.5]},
+                       {"schedule": "wsd", "tokens": [1.0, 2.0]})
     assert not extends({"schedule": "wsd", "tokens": "1,2"}, {"schedule": "wsd", "tokens": [1.0]})

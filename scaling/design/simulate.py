@@ -56,7 +56,7 @@ from scaling.common.format import percent
 from scaling.common.serialize import Record
 from scaling.fitting.fit import FitResult, fit_law
 from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
-from scaling.fitting.savings_sweep import savings_over
+from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
 from scaling.fitting.settings import FitSettings
 from scaling.fitting.tables import law_inputs
 
@@ -355,7 +355,9 @@ def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trial
                 res, skipped = savings_over(fitted[study.reference], fitted[study.candidate],
                                             study.budgets, sparsities=study.sparsities,
                                             level=study.settings.ci_level)
-            except UserError as exc:   # no budget answers
+            except NoBudgetAnswered as exc:   # no budget answers: each says why
+                res, skipped = None, exc.skipped
+            except UserError as exc:
                 res, skipped = None, [(float(c), str(exc)) for c in study.budgets]
             out.budget_failures += [f"trial {t}, C = {c:.3g}: {why}" for c, why in skipped]
             for r in () if res is None else res.rows:

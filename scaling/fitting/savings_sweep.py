@@ -15,6 +15,9 @@ class NoBudgetAnswered(UserError):
         super().__init__("no budget gives a savings value: " + (skipped[0][1] if skipped else "no budgets"))
         self.skipped = skipped
 
+    def __reduce__(self):   # picklable across process pools: rebuilt from its budgets, not its text
+        return (NoBudgetAnswered, (self.skipped,))
+
 
 def savings_over(reference: Any, candidate: Any, budgets: Iterable[float], **kwargs: Any):
     """``scaling.fitting.savings.savings`` over many budgets, leaving out those it cannot answer.

@@ -68,8 +68,10 @@ def recorded_diff(run: PlannedRun, runs_dir: Path) -> list[str]:
         for key in sorted(set(a) | set(b)):
             if section == "train" and key in RESUME_FREE:
                 continue
+            # final weights are a run option, not in the train dict: a longer run's are of its own
+            # last budget, so a plan that wants them is not served by one
             if ((section, key) == ("train", "tokens") and extends(a, b)
-                    and run_status(runs_dir, run.name) == "done"):
+                    and not run.train.get("save_final_weights") and run_status(runs_dir, run.name) == "done"):
                 continue
             if key in a and key in b and a[key] != b[key]:
                 out.append(f"{section}.{key} {_short(a[key])} -> {_short(b[key])}")
@@ -83,16 +85,15 @@ def extends(recorded: dict, planned: dict) -> bool:
     but for token budgets, and the recorded budgets the planned ones followed by more. A WSD run is
     one trunk at constant lr with a cooldown branched off at each budget, each branch the schedule
     of a standalone run to that budget (``scaling.training.loop``), so nothing before a budget
-    depends on the budgets after it (`runs/README.md` shows it bitwise on 24 runs). Not when the
-    plan asks for final weights: the longer run's are those of its own last budget."""
+    depends on the budgets after it (`runs/README.md` shows it bitwise on 24 runs). The further
+    budgets must all be larger than the plan's: the trainer sorts the budgets, and a smaller one
+    would change the budget indices and the default warm-up (taken from the smallest budget)."""
     old, new = recorded.get("tokens"), planned.get("tokens")
     if recorded.get("schedule") != "wsd" or planned.get("schedule") != "wsd":
         return False
-    if planned.get("save_final_weights"):
-        return False
     if not isinstance(old, list) or not isinstance(new, list) or not new:
         return False
-    return len(old) > len(new) and old[:len(new)] == new
+    return len(old) > len(new) and old[:len(new)] == new and min(old[len(new):]) > max(new)
 
 
 def _short(value: Any) -> str:
