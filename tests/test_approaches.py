@@ -301,3 +301,42 @@ def test_approach1_interval_comes_from_the_seeds_and_says_when_they_decide_the_a
     fit = SimpleNamespace(derived={"a": 0.5}, ci={"a": (0.4, 0.6)})
     warnings = agreement({"approach1": loud}, fit)
     assert len(warnings) == 1 and "resamples of the seeds of each configuration" in warnings[0]
+
+
+def isoflop_study(rng, run_noise: float, point_noise: float, seeds: int = 3) -> pd.DataFrame:
+    """The shipped study's shape under a known law: 9 sizes a factor 10 either side of the middle
+    budget's optimum, each trained by `seeds` runs to 5 budgets over one decade (3.56e18-3.56e19 FLOPs,
+    F = 6 N), a run's losses sharing one log-normal offset (its seed's luck, one trunk for all its
+    budgets) on top of independent per-point noise."""
+    alpha, beta = TRUE["alpha"], TRUE["beta"]
+    budgets = np.geomspace(3.56e18, 3.56e19, 5)
+    g = (alpha * TRUE["A"] / (beta * TRUE["B"])) ** (1 / (alpha + beta))
+    sizes = g * (np.sqrt(budgets[0] * budgets[-1]) / 6) ** A_TRUE * np.geomspace(0.1, 10, 9)
+    rows = []
+    for i, n in enumerate(sizes):
+        for s in range(seeds):
+            offset = rng.normal(0.0, run_noise)
+            d = budgets / (6 * n)
+            loss = CHIN.predict(TRUE, N=n, D=d) * np.exp(offset + rng.normal(0.0, point_noise, d.size))
+            rows += [(f"r{i}-s{s}", n, dd, 6 * n * dd, 6 * n, ll, s) for dd, ll in zip(d, loss)]
+    return pd.DataFrame(rows, columns=["run", "N", "D", "flops", "flops_per_token", "loss", "seed"])
+
+
+def test_approach2_interval_takes_the_seeds_luck_that_ols_misses():
+    # a seed's luck moves every budget of its run, so the buckets' vertices are not independent and
+    # the OLS interval of their slope is too narrow; the seed bootstrap widens it where that matters
+    # (200 studies of 100 resamples, 2% run offsets: OLS covered 58.5%, the union 86%; module doc)
+    rng = np.random.default_rng(3)
+    hits = {"a_ci_ols": 0, "a_ci": 0}
+    for study in range(30):     # measured: OLS 18 of 30, the union 28
+        r = approach2(isoflop_study(rng, 0.02, 0.0), n_bootstrap=30, seed=study)
+        assert r["available"] and r["ci_method"].startswith("union of the OLS interval")
+        lo, hi = r["a_ci"]
+        assert lo <= min(r["a_ci_ols"][0], r["a_ci_bootstrap"][0])
+        assert hi >= max(r["a_ci_ols"][1], r["a_ci_bootstrap"][1])
+        for key in hits:
+            hits[key] += r[key][0] <= A_TRUE <= r[key][1]
+    assert hits["a_ci_ols"] <= 23 and hits["a_ci"] >= hits["a_ci_ols"] + 5, hits
+    # without seeds to redraw the OLS interval stands alone, as before
+    one = approach2(isoflop_study(np.random.default_rng(0), 0.02, 0.0, seeds=1), n_bootstrap=40)
+    assert "a_ci_ols" not in one and "ci_method" not in one
