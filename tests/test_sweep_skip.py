@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from scaling.training.sweep.plan import load_plan
-from scaling.training.sweep.submit import planned_status
+from scaling.training.sweep.submit import planned_status, run_progress
 
 runner = CliRunner()
 
@@ -85,6 +85,9 @@ def test_a_finished_wsd_run_trained_further_is_the_shorter_plans_run(tmp_path, e
     res = runner.invoke(app, ["sweep", str(into_b), "--no-probe", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["skipped"] == ["tiny-a-baseline-s0"], res.output
     assert before == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
+    # its progress line shows it at the plan's last budget, not at the longer run's
+    shown = run_progress(load_plan(into_b), load_plan(into_b).runs[0])
+    assert shown.status == "done" and shown.val_loss == points["b"][1]["loss"] != points["b"][2]["loss"]
     # not the other way: a longer plan over a shorter finished run is another configuration
     into_a = _budgets_plan(tmp_path, "1024, 2048, 4096", "a")
     res = runner.invoke(app, ["sweep", str(into_a), "--no-probe", "--dry-run"])

@@ -513,9 +513,16 @@ def run_progress(plan: SweepPlan, run: PlannedRun) -> RunProgress:
     # a finished run trained its plan (the plan's count is of requested, not step-rounded, tokens)
     done = total if status == "done" else float(last.get("iter", 0)) * per_update
     val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
+    train_loss = last.get("train_loss")
+    if status == "done":
+        # a run trained further than the plan asks (``extends``): show it at the plan's last budget
+        final = RunFolder(plan.runs_dir / run.name).final() or {}
+        at = [p for p in final.get("points", []) if p.get("budget_index") == len(run.budgets) - 1]
+        if len(final.get("points", [])) > len(run.budgets) and at:
+            val, train_loss = at[0].get("loss"), at[0].get("train_loss")
     wall = last.get("wall_s")
     eta = 0.0 if status == "done" else (total - done) * wall / done if wall and done > 0 else None
-    return RunProgress(run.name, status, done, total, last.get("train_loss"), val, wall, eta)
+    return RunProgress(run.name, status, done, total, train_loss, val, wall, eta)
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit)\w*):\s*(.*)$")
