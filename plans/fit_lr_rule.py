@@ -21,12 +21,14 @@ import argparse
 import json
 import math
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import t as student_t
 
+from scaling.common.errors import UserError
 from scaling.fitting.tables import read_runs_dir
 
 
@@ -43,7 +45,7 @@ def load(root: Path, budget_index: int,
     for p in pts.sort_values("run_dir").itertuples():
         tier = re.fullmatch(r"lr-d(\d+)-.*", str(p.tier))
         if tier is None or not np.isfinite(p.lr):
-            raise SystemExit(f"error: {p.run_dir} is not an lr-sweep run (tier lr-dNN-..., a peak lr)")
+            raise UserError(f"{p.run_dir} is not an lr-sweep run (tier lr-dNN-..., a peak lr)")
         out[int(tier.group(1))][float(p.lr)][int(p.seed)] = (float(p.D), float(p.loss))
     return {d: dict(sorted(v.items())) for d, v in sorted(out.items())}
 
@@ -113,7 +115,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     b = a.budget_index
-    data = load(Path(a.runs), b, a.arch)
+    try:
+        data = load(Path(a.runs), b, a.arch)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     seeds = sorted({k for by_lr in data.values() for runs in by_lr.values() for k in runs})
     ls = {d: ls_optimum(by_lr) for d, by_lr in data.items()}
     opt = {d: optimum(rows_of(by_lr)) for d, by_lr in data.items()}
