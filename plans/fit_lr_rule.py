@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import t as student_t
 
-from scaling.common.errors import UserError
-from scaling.fitting.tables import read_runs_dir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout, as its siblings
+
+from scaling.common.errors import UserError  # noqa: E402
+from scaling.fitting.tables import read_runs_dir  # noqa: E402
 
 
 def load(root: Path, budget_index: int,
