@@ -274,3 +274,48 @@ def test_a_diverged_or_corrupt_loss_is_named_never_a_traceback_or_silent(tmp_pat
     res = runner.invoke(app, ["compare", str(tmp_path)])
     assert res.exit_code == 2 and "Traceback" not in res.stderr
     assert "proxy-xs-smelt-s0: unreadable final.json (loss 'abc' is not a number)" in res.stderr
+
+
+def test_row_filter_compares_one_lr_of_a_sweep_in_one_tier():
+    """An lr sweep whose lrs share a tier cannot pair (two runs per tier and seed); the error says
+    which row filter picks one lr, and with it each lr gives its own planted difference: -0.1 nats
+    at lr 1e-3, +0.05 at lr 2e-3 (plus seed noise common to both twins, which the pairing removes).
+    The seed spread is of the kept points only."""
+    pts = _points(False)
+    a = pts.assign(lr=1e-3)
+    shift = np.where(pts["arch"] == "smelt", 0.15, 0.0)
+    b = pts.assign(lr=2e-3, loss=pts["loss"] + shift + 0.3 * pts["seed"])
+    both = pd.concat([a, b], ignore_index=True)
+    with pytest.raises(UserError, match=r"with the row filter 'lr == 0\.001'"):
+        compare(both)
+    at_a, at_b = compare(both, where=["lr == 0.001"]), compare(both, where=["lr == 0.002"])
+    assert at_a.overall.mean == pytest.approx(-0.1) and at_a.overall.n_pairs == 12
+    assert at_b.overall.mean == pytest.approx(0.05) and at_b.overall.n_pairs == 12
+    assert at_a.seed_spread == pytest.approx(0.02) and at_b.seed_spread == pytest.approx(0.62)
+    assert (at_a.where, at_a.n_points, at_a.n_points_kept) == (("lr == 0.001",), 48, 24)
+    # filters combine (all must hold); one that keeps nothing, or runs code, is a UserError
+    three = ["lr == 0.002", "seed >= 1", "tier in ['a']"]
+    one = compare(both, where=three)
+    assert one.overall.n_pairs == 4 and one.to_dict()["where"] == three
+    with pytest.raises(UserError, match="no point of the 48"):
+        compare(both, where=["lr > 1"])
+    with pytest.raises(UserError, match="calls"):
+        compare(both, where=["loss.to_csv('x') != 1"])
+
+
+def test_cli_where_on_the_shipped_runs(tmp_path):
+    """``compare runs/ --where 'seed >= 3'`` is the seven-seed cells' extra seeds alone, the same
+    pairs as selecting them by hand; a filter that runs code is one line and exit 2, writing nothing."""
+    res = runner.invoke(app, ["compare", str(RUNS), "--where", "seed >= 3", "--json"])
+    assert res.exit_code == 0, res.stderr
+    d = json.loads(res.stdout)
+    pts = read_runs_dir(RUNS)
+    by_hand = compare(pts[pts["seed"] >= 3])
+    assert d["overall"]["mean"] == pytest.approx(by_hand.overall.mean, abs=1e-12)
+    assert d["overall"]["n_pairs"] == by_hand.overall.n_pairs
+    assert d["n_points_kept"] == (pts["seed"] >= 3).sum() and d["n_points"] == len(pts)
+    out = tmp_path / "f.png"
+    bad = "__import__('os').remove('x')"
+    res = runner.invoke(app, ["compare", str(RUNS), "--where", bad, "--plot", str(out)])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and not out.exists()

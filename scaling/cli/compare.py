@@ -41,6 +41,9 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
                  f"seed), nats/token; negative = {res.candidate} better. s.e. clustered by "
                  f"[bold]{res.cluster}[/bold] (CR1); {LEVEL:.0%} interval mean ± t(G−1)·s.e. over G "
                  "clusters; sign test exact binomial over pairs.", highlight=False)
+    if res.where:
+        stdout.print(f"points kept by --where {' and '.join(repr(w) for w in res.where)}: "
+                     f"{res.n_points_kept} of {res.n_points}", highlight=False)
     table = Table(title_justify="left")
     for c in ("", "tokens", "mean", "s.e.", f"{LEVEL:.0%} CI (t, df)", "s.e. iid", "pairs", "clusters",
               f"{res.candidate} better", "sign p"):
@@ -97,6 +100,11 @@ def register(app: typer.Typer) -> None:
         min_tokens: float = typer.Option(0.0, "--min-tokens", min=0.0, max=1e30,  # max: refuses NaN too
                                          help="Only budgets of at least this many tokens (the requested "
                                          "budget, e.g. 5e5)."),
+        where: Optional[list[str]] = typer.Option(
+            None, "--where", metavar="EXPR", help="Keep only the points satisfying a condition on their "
+            "columns (repeatable; all must hold), e.g. \"lr == 0.006\", \"seed >= 3\", \"tier != "
+            "'iso-d04'\": comparisons, in [...], and/or/not, arithmetic; never evaluated as Python. "
+            "Columns: those of `fit runs/` (arch, tier, seed, lr, N, D, flops, loss, budget_index, ...)."),
         cells: bool = typer.Option(False, "--cells", help="Also list every (tier, budget) cell."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure of the differences "
                                             "(.png, .pdf or .svg)."),
@@ -133,7 +141,7 @@ def register(app: typer.Typer) -> None:
         length_notes: list[str] = []   # pairs whose buckets are left out: named in the notes
         lengths = length_buckets(runs, points, reference, candidate, notes=length_notes)
         res = compare(points, reference, candidate, cluster=cluster, lengths=lengths,
-                      length_notes=length_notes)
+                      length_notes=length_notes, where=tuple(where or ()))
 
         def draw() -> None:
             from scaling import plots

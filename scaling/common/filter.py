@@ -1,4 +1,5 @@
-"""A row-filter language that cannot run code: conditions on a table's columns (``fit --where``).
+"""A row-filter language that cannot run code: conditions on a table's columns (``fit --where``,
+``compare --where``).
 
 Filters used to go through ``DataFrame.query``, whose ``@name`` reaches the caller's variables and
 whose method calls reach everything (``loss.to_csv('x') != 1`` wrote a file). Here the text is
@@ -30,11 +31,14 @@ from __future__ import annotations
 import ast
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from scaling.common.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MAX_LENGTH = 1000
 MAX_DEPTH = 32
@@ -300,3 +304,17 @@ class _Evaluator:
 def filter_mask(text: str, data: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
     """Parse and evaluate in one step (see :func:`parse_filter`, :meth:`RowFilter.evaluate`)."""
     return parse_filter(text).evaluate(data, n_rows)
+
+
+def filter_rows(table: "pd.DataFrame", where: Iterable[str], source: str) -> "pd.DataFrame":
+    """The rows of ``table`` satisfying every filter in ``where``, in order (the one way a command
+    filters rows: ``fit --where``, ``compare --where``). A refused or failing filter is a UserError
+    that names ``source`` and the filter."""
+    for expr in where:
+        try:
+            mask = filter_mask(expr, {c: table[c].to_numpy() for c in table.columns}, len(table))
+        except UserError as exc:
+            msg = str(exc) if str(exc).startswith("the row filter") else f"the row filter {expr!r}: {exc}"
+            raise UserError(f"{source}: {msg}") from None
+        table = table[mask]
+    return table

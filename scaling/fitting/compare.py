@@ -69,6 +69,7 @@ from scipy.stats import t as student_t
 
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
+from scaling.common.filter import filter_rows
 from scaling.common.run_folder import ANALYSIS_DIR, CONFIG, stale_analysis
 from scaling.common.stats import weighted_paired_mean
 from scaling.fitting.tables import RUN_DIR, SOURCE_LOSS_PREFIX
@@ -132,6 +133,9 @@ class CompareResult:
     by_length: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
     dropped: tuple[Mapping[str, Any], ...] = ()   # points left unpaired, each with the reason
+    where: tuple[str, ...] = ()   # the row filters the points passed (``compare --where``)
+    n_points: int = 0             # points read, before the filters
+    n_points_kept: int = 0        # points the filters kept
 
     @property
     def n_cells_candidate_better(self) -> int:
@@ -156,6 +160,7 @@ class CompareResult:
             "by_length": [dict(b) for b in self.by_length],
             "notes": list(self.notes),
             "dropped": [dict(d) for d in self.dropped],
+            "where": list(self.where), "n_points": self.n_points, "n_points_kept": self.n_points_kept,
         }
 
     def summary(self) -> str:
@@ -167,7 +172,11 @@ class CompareResult:
         head = (f"{'':>24} {'mean':>7} {'se':>6} {f'{LEVEL:.0%} CI, t(G-1)':>24} {'pairs':>5} {'clus':>4} "
                 f"{'cand<':>4} {'sign p':>7}")
         out = [f"{self.candidate} - {self.reference} validation loss (nats/token), s.e. clustered by "
-               f"{self.cluster}", head, line(self.overall)]
+               f"{self.cluster}"]
+        if self.where:
+            out.append(f"points kept by {' and '.join(repr(w) for w in self.where)}: "
+                       f"{self.n_points_kept} of {self.n_points}")
+        out += [head, line(self.overall)]
         out += [line(s) for s in (*self.by_tier, *self.by_budget)]
         out.append(f"{self.candidate} better in {self.n_cells_candidate_better} of {len(self.cells)} cells")
         out += [f"note: {n}" for n in self.notes]
@@ -273,7 +282,8 @@ def match_pairs(points: pd.DataFrame, reference: str, candidate: str
             same = sub[(sub[list(_KEYS)] == pd.Series(k)).all(axis=1)]
             lrs = sorted(set(same["lr"].dropna())) if "lr" in same.columns else []
             why = (f" (they trained at peak lrs {', '.join(f'{v:g}' for v in lrs)}: an lr sweep pairs "
-                   "twins per lr when each lr is its own tier or folder)" if len(lrs) > 1 else "")
+                   f"twins per lr when each lr is its own tier or folder, or compare one lr at a time "
+                   f"with the row filter 'lr == {float(lrs[0])!r}')" if len(lrs) > 1 else "")
             raise UserError(f"two {g} points share tier {k['tier']}, budget index {k['budget_index']} "
                             f"and seed {k['seed']}: a runs folder must hold each run once{why}")
         out = sub[["tier", "seed", "budget_index", *[c for c in cols if c in sub.columns]]].copy()
@@ -417,8 +427,12 @@ def seed_spread(points: pd.DataFrame, archs: Sequence[str]) -> tuple[float | Non
 
 def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = "smelt", *,
             cluster: str = "run", lengths: Sequence[Mapping[str, Any]] = (),
-            length_notes: Sequence[str] = ()) -> CompareResult:
+            length_notes: Sequence[str] = (), where: Sequence[str] = ()) -> CompareResult:
     """Paired comparison of ``candidate`` against ``reference`` (module docstring).
+
+    ``where``: row filters on the points' columns (:func:`scaling.common.filter.filter_rows`, e.g.
+    ``"lr == 0.006"`` or ``"seed >= 3"``); every statistic, the seed spread included, is of the
+    points they keep, and the result records them.
 
     ``lengths``: per-pair length-bucket records from :func:`length_buckets` (optional); only
     those of (tier, seed) run pairs that the comparison keeps are reported, the others are named in
@@ -426,6 +440,12 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     """
     if cluster not in CLUSTERS:
         raise UserError(f"unknown clustering {cluster!r}; choose one of: {', '.join(CLUSTERS)}")
+    n_read = len(points)
+    where = tuple(where)
+    if where:
+        points = filter_rows(points, where, "the runs' points")
+        if points.empty:
+            raise UserError(f"no point of the {n_read} is kept by the row filters ({'; '.join(where)})")
     dropped: list[dict[str, Any]] = []
     pairs = paired_points(points, reference, candidate, dropped)
     notes = [describe_dropped(dropped)] if dropped else []
@@ -463,7 +483,8 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     return CompareResult(reference=reference, candidate=candidate, cluster=cluster, overall=overall,
                          by_tier=by_tier, by_budget=by_budget, cells=cells, pairs=pairs,
                          seed_spread=spread, n_seeds=n_seeds, seed_sd=seed_sd, by_source=by_source,
-                         by_length=tuple(kept), notes=tuple(notes), dropped=tuple(dropped))
+                         by_length=tuple(kept), notes=tuple(notes), dropped=tuple(dropped),
+                         where=where, n_points=n_read, n_points_kept=len(points))
 
 
 def _interval_notes(rows: Sequence[PairStats], cells: Sequence[PairStats]) -> list[str]:

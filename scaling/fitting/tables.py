@@ -85,7 +85,7 @@ import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.common.files import bad_number, check_regular_file, read_json, read_jsonl
-from scaling.common.filter import parse_filter
+from scaling.common.filter import filter_rows
 from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
 from scaling.fitting.laws import TokenCost
 
@@ -383,21 +383,6 @@ def _missing(df: pd.DataFrame, role: str, col: str, source: str, extra: str = ""
                      + extra)
 
 
-def _apply_where(raw: pd.DataFrame, where: Iterable[str], source: str) -> pd.DataFrame:
-    """Rows satisfying every filter, in order (:mod:`scaling.common.filter`: a checked grammar evaluated
-    on numpy arrays; never ``DataFrame.query``, whose ``@names`` and method calls run code)."""
-    for expr in where:
-        try:
-            rule = parse_filter(expr)
-            data = {c: raw[c].to_numpy() for c in raw.columns}
-            mask = rule.evaluate(data, len(raw))
-        except UserError as exc:
-            msg = str(exc) if str(exc).startswith("the row filter") else f"the row filter {expr!r}: {exc}"
-            raise UserError(f"{source}: {msg}") from None
-        raw = raw[mask]
-    return raw
-
-
 def _off(name: str | None) -> bool:
     return name is not None and name.strip().lower() == NONE
 
@@ -419,7 +404,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
     if len(dup):
         raise UserError(f"{source}: column {dup[0]!r} appears twice; rename one")
     rows_read = len(raw)
-    raw = _apply_where(raw, c.where, source)
+    raw = filter_rows(raw, c.where, source)
     if raw.empty:
         raise UserError(f"{source}: no rows left after the row filters ({'; '.join(c.where)})")
     rownum = raw.index.to_numpy() + 1                # rows as numbered in the file's data
