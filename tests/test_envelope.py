@@ -50,8 +50,10 @@ def test_budgets_outside_the_data_are_refused_with_a_reason():
     for r in rows:
         assert r.savings is None and r.savings_ci is None
         assert "outside the observed compute" in r.reason and "does not extrapolate" in r.reason
+        assert r.refusal == "outside-data"
     d = rows[0].to_dict()
     assert d["savings"] is None and d["method"] == "envelope" and d["reason"]
+    assert d["refusal"] == "outside-data"
 
 
 def test_matched_loss_beyond_the_other_frontier_is_refused():

@@ -122,6 +122,8 @@ def test_unidentified_from_diagnostics_and_published_laws_are_never_withheld():
 
 
 def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():
+    """The row's own warnings (``SavingsRow.warnings``) go with it, matched as the row's and not by
+    their text: a warning of the whole result that reads alike stays."""
     from dataclasses import replace
 
     law = get_law("chinchilla")
@@ -130,10 +132,14 @@ def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():
     loose = FittedLaw("c", law, law.theta_array({**theta, "A": 400.0}), compute_max=1e18,
                       unidentified="E on its bound")
     clamp = "in 3 of 10 resamples the reference does not reach the matched loss within 6 decades"
-    res = replace(savings(known, loose, [3e17, 1e20]),
-                  warnings=(f"budget 3e+17: {clamp}", f"budget 1e+20: {clamp}", "something else"))
+    res = savings(known, loose, [3e17, 1e20])
+    own = (f"budget 3e+17: {clamp}", f"budget 1e+20: {clamp}")
+    alike = f"budget 1e+20: in {clamp[6:]} (a note of the whole result)"
+    res = replace(res, rows=tuple(replace(r, warnings=(w,)) for r, w in zip(res.rows, own)),
+                  warnings=(*own, alike, "something else"))
     kept = withhold_unidentified(res, known, loose)
-    assert kept.rows[1].savings is None     # 1e20: withheld, and so is the warning about its interval
-    assert kept.warnings == (f"budget 3e+17: {clamp}", "something else")
+    assert kept.rows[1].savings is None and kept.rows[1].refusal == "unidentified-far"
+    assert kept.warnings == (own[0], alike, "something else")   # 1e20's own warning went with it
+    assert kept.rows[0].warnings == (own[0],) and kept.to_dict()["rows"][0]["warnings"] == [own[0]]
     forced = withhold_unidentified(res, known, loose, extrapolate=True)
-    assert f"budget 1e+20: {clamp}" in forced.warnings
+    assert own[1] in forced.warnings and forced.rows[1].refusal is None

@@ -171,16 +171,17 @@ def _matched(ref: Envelope, cand: Envelope, C: np.ndarray, convention: str) -> d
 
 
 def _refusal(c: float, ref: Envelope, cand: Envelope, names: tuple[str, str], m: dict, i: int,
-             convention: str) -> str | None:
-    """Why the budget c gets no envelope saving (None: it gets one)."""
+             convention: str) -> tuple[str, str] | None:
+    """Which refusal (``scaling.fitting.savings.REFUSALS``) and why the budget c gets no envelope
+    saving (None: it gets one)."""
     for env, name in zip((ref, cand), names):
         if not env.c_min <= c <= env.c_max:
-            return (f"budget outside the observed compute of {name} ({env.c_min:.3g}-{env.c_max:.3g} FLOPs): "
-                    "the envelope does not extrapolate")
+            return "outside-data", (f"budget outside the observed compute of {name} ({env.c_min:.3g}-"
+                                    f"{env.c_max:.3g} FLOPs): the envelope does not extrapolate")
     if not np.isfinite(m["savings"][i]):
         solved, env = (names[0], ref) if convention == "candidate-budget" else (names[1], cand)
-        return (f"{solved}'s observed frontier never reaches the matched loss {float(m['loss'][i]):.4f} "
-                f"(its range {env.loss[-1]:.4f}-{env.loss[0]:.4f})")
+        return "not-reached", (f"{solved}'s observed frontier never reaches the matched loss "
+                               f"{float(m['loss'][i]):.4f} (its range {env.loss[-1]:.4f}-{env.loss[0]:.4f})")
     return None
 
 
@@ -224,9 +225,9 @@ def envelope_savings(points: pd.DataFrame, reference: str, candidate: str, budge
     boot = bootstrap_savings(groups, units, compute, loss, config, names, C, convention, n_bootstrap, seed)
     rows = []
     for i, c in enumerate(C):
-        why = _refusal(float(c), ref, cand, names, m, i, convention)
-        if why is not None:
-            rows.append(SavingsRow.refused(float(c), why, method=METHOD))
+        refusal = _refusal(float(c), ref, cand, names, m, i, convention)
+        if refusal is not None:
+            rows.append(SavingsRow.refused(float(c), refusal[1], refusal=refusal[0], method=METHOD))
             continue
         s_ci = g_ci = None
         kept = 0

@@ -73,6 +73,10 @@ CONVENTIONS = ("candidate-budget", "reference-budget")
 SPAN_DECADES = 6.0
 EXTRAPOLATION_WARN_DECADES = 1.0
 WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law beyond its data
+# Why a row has no number, for scripts (the row's ``reason`` says it in words): the budget lies
+# outside the observed compute (the envelope does not extrapolate); one side never reaches the
+# matched loss (a frontier or a law); the laws are not identified and the budget lies beyond the data.
+REFUSALS = ("outside-data", "not-reached", "unidentified-far")
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
 _ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
@@ -293,8 +297,10 @@ class SavingsRow:
     extrapolation_decades: log10(compute / compute_max) of the furthest point either law is
     evaluated at (None if no law knows its data range). method: ``law`` (fitted or published laws)
     or ``envelope`` (the observed frontiers, ``scaling.fitting.envelope``). A row without a number
-    (``savings`` None, the other quantities NaN) says why in ``reason``; ``extrapolated`` marks a
-    row shown although its laws are not identified far beyond the data (the caller asked for it).
+    (``savings`` None, the other quantities NaN) says why in ``reason`` and which kind of refusal
+    in ``refusal`` (one of REFUSALS); ``extrapolated`` marks a row shown although its laws are not
+    identified far beyond the data (the caller asked for it). ``warnings``: the row's own warnings
+    (clamped resamples), also listed in the result's.
     """
 
     budget: float
@@ -314,21 +320,26 @@ class SavingsRow:
     method: str = "law"
     reason: str | None = None
     extrapolated: bool = False
+    warnings: tuple[str, ...] = ()
+    refusal: str | None = None
 
     @classmethod
-    def refused(cls, budget: float, reason: str, *, method: str, sparsity: float | None = None,
-                extrapolation_decades: float | None = None) -> "SavingsRow":
-        """A row that gives no number, only why."""
+    def refused(cls, budget: float, reason: str, *, refusal: str, method: str,
+                sparsity: float | None = None, extrapolation_decades: float | None = None) -> "SavingsRow":
+        """A row that gives no number, only why (``reason``) and which kind of refusal (REFUSALS)."""
+        if refusal not in REFUSALS:
+            raise ValueError(f"unknown refusal {refusal!r}; one of {REFUSALS}")
         nan = float("nan")
         return cls(budget=budget, sparsity=sparsity, candidate_compute=nan, reference_compute=nan,
                    candidate_loss=nan, savings=None, savings_ci=None, loss_gap=nan, loss_gap_ci=None,
                    tokens_per_param=nan, candidate_tokens_per_param=nan,
-                   extrapolation_decades=extrapolation_decades, method=method, reason=reason)
+                   extrapolation_decades=extrapolation_decades, method=method, reason=reason,
+                   refusal=refusal)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "budget": self.budget, "sparsity": self.sparsity, "method": self.method,
-            "reason": self.reason, "extrapolated": self.extrapolated,
+            "reason": self.reason, "refusal": self.refusal, "extrapolated": self.extrapolated,
             "candidate_loss": self.candidate_loss, "reference_compute": self.reference_compute,
             "savings": self.savings,
             "savings_ci": None if self.savings_ci is None else list(self.savings_ci),
@@ -339,6 +350,7 @@ class SavingsRow:
             "loss_gap_ci": None if self.loss_gap_ci is None else list(self.loss_gap_ci),
             "candidate_tokens_per_param": self.candidate_tokens_per_param,
             "ci_resamples": self.ci_resamples, "ci_clamped": self.ci_clamped,
+            "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -360,8 +372,9 @@ class SavingsRow:
             extrapolation_decades=(None if d.get("extrapolation_decades") is None
                                    else float(d["extrapolation_decades"])),
             ci_resamples=int(d.get("ci_resamples", 0)), ci_clamped=int(d.get("ci_clamped", 0)),
-            method=str(d.get("method", "law")), reason=d.get("reason"),
+            method=str(d.get("method", "law")), reason=d.get("reason"), refusal=d.get("refusal"),
             extrapolated=bool(d.get("extrapolated", False)),
+            warnings=tuple(str(w) for w in d.get("warnings", ())),
         )
 
 
@@ -541,16 +554,17 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
                                 f"{span:g} decades less compute than {where}")
             s_ci = g_ci = None
             n_res = n_clamped = 0
+            own: list[str] = []
             if paired is not None:
                 mb = _matched(reference, candidate, paired[0], paired[1], np.array(c), s, convention, span)
                 n_res, n_clamped = int(mb["savings"].size), int(np.count_nonzero(mb["status"]))
                 s_ci = percentile_interval(mb["savings"], level)
                 g_ci = percentile_interval(mb["gap"], level)
                 if n_clamped:
-                    warnings.append(f"{where}: in {n_clamped} of {n_res} resamples the {solved} does not "
-                                    f"reach the matched loss within {span:g} decades; their savings are "
-                                    "clamped to the bracket edge (the interval is a bound where it touches "
-                                    "them)")
+                    own.append(f"{where}: in {n_clamped} of {n_res} resamples the {solved} does not "
+                               f"reach the matched loss within {span:g} decades; their savings are "
+                               "clamped to the bracket edge (the interval is a bound where it touches them)")
+                    warnings.extend(own)
             c_cand, c_ref = float(m["c_cand"]), float(m["c_ref"])
             ex = [d for d in (_decades(max(c, c_cand), candidate.compute_max),
                               _decades(max(c, c_ref), reference.compute_max)) if d is not None]
@@ -560,6 +574,7 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
                 savings=float(m["savings"]), savings_ci=s_ci, loss_gap=float(m["gap"]), loss_gap_ci=g_ci,
                 tokens_per_param=float(m["tpp_ref"]), candidate_tokens_per_param=float(m["tpp_cand"]),
                 extrapolation_decades=max(ex) if ex else None, ci_resamples=n_res, ci_clamped=n_clamped,
+                warnings=tuple(own),
             ))
 
     far = _far_warning(rows)
@@ -642,13 +657,14 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
             rows.append(replace(r, extrapolated=True))
         else:
             rows.append(SavingsRow.refused(
-                r.budget, f"laws not identified ({'; '.join(why)}) and the budget lies "
+                r.budget, refusal="unidentified-far",
+                reason=f"laws not identified ({'; '.join(why)}) and the budget lies "
                 f"{r.extrapolation_decades:.1f} decades beyond the fitted compute (limit {max_decades:g}): "
                 "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
                 extrapolation_decades=r.extrapolation_decades))
     old, new = _far_warning(result.rows), _far_warning(rows)
-    # a withheld row has no interval, so the warnings about its resamples go with it
-    gone = tuple(f"{_where(r.budget, r.sparsity)}: in " for r, kept in zip(result.rows, rows)
-                 if r.savings is not None and kept.savings is None)
-    warnings = [w for w in result.warnings if w != old and not w.startswith(gone)] + ([new] if new else [])
+    # a withheld row has no interval, so its own warnings (about its resamples) go with it
+    gone = {w for r, kept in zip(result.rows, rows) if r.savings is not None and kept.savings is None
+            for w in r.warnings}
+    warnings = [w for w in result.warnings if w != old and w not in gone] + ([new] if new else [])
     return replace(result, rows=tuple(rows), warnings=tuple(warnings))

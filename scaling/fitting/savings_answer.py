@@ -108,9 +108,10 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
             # the laws do not hold: inside the data the observed frontiers answer, and where
             # they cannot (a frontier never reaches the other's loss) nobody does
             rows += [r for r in env if r.savings is not None]
-            inside = [r for r in env if r.savings is None and not r.reason.startswith("budget outside")]
+            inside = [r for r in env if r.savings is None and r.refusal != "outside-data"]
             rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
-                                        method="envelope") for r in inside]
+                                        refusal=r.refusal or "not-reached", method="envelope")
+                     for r in inside]
             done = answered | {r.budget for r in inside}
             law_budgets = np.array([c for c in C if float(c) not in done])
             sources.append(env_source)
@@ -126,7 +127,8 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                                               convention=convention, level=level, source=src.source)
             tops = [x for x in (ref.compute_max, cand.compute_max) if x]
             rows += [SavingsRow.refused(
-                c, why if not distrust else f"laws not identified ({distrust}); and {why}", method="law",
+                c, why if not distrust else f"laws not identified ({distrust}); and {why}",
+                refusal="not-reached", method="law",
                 extrapolation_decades=float(np.log10(c / min(tops))) if tops else None)
                 for c, why in unanswered]
             law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
