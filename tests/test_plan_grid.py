@@ -29,7 +29,7 @@ def _command_of(plan_file: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("stem", ["isoflop-study", "lr-check-oldlr", "sharedlr-check", "isoflop-topseeds",
-                                  "isoflop-d04seeds"])
+                                  "isoflop-d04seeds", "isoflop-seeds34"])
 def test_the_shipped_study_plans_are_what_the_command_writes(tmp_path, stem):
     """Rerunning the command in the header of a shipped grid plan writes both its files byte for
     byte (the extra seeds' beside it)."""
