@@ -319,3 +319,36 @@ def test_cli_where_on_the_shipped_runs(tmp_path):
     res = runner.invoke(app, ["compare", str(RUNS), "--where", bad, "--plot", str(out)])
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and not out.exists()
+
+
+def test_where_keeps_the_length_buckets_of_the_kept_runs(tmp_path):
+    """An lr sweep in one tier with analysis/lengths.json: each lr's buckets are its own pair's
+    (the 2e-3 SMELT run's bucket losses planted 5 nats higher), and without a filter, where two
+    runs of one architecture share the tier and seed, the buckets are left out with a note."""
+    import shutil
+
+    for tag, lr, bump in (("a", 1e-3, 0.0), ("b", 2e-3, 5.0)):
+        for arch in ("baseline", "smelt"):
+            dst = tmp_path / f"proxy-s-{arch}-s0-lr{tag}"
+            shutil.copytree(FIRST / f"proxy-s-{arch}-s0", dst, ignore=shutil.ignore_patterns("eval_data"))
+            cfg = json.loads((dst / "config.json").read_text())
+            cfg["train"]["lr"] = lr
+            (dst / "config.json").write_text(json.dumps(cfg))
+            if arch == "smelt" and bump:
+                f = dst / "analysis" / "lengths.json"
+                doc = json.loads(f.read_text())
+                for b in doc["result"]["buckets"]:
+                    b["loss"] = None if b.get("loss") is None else b["loss"] + bump
+                    b["seq_loss"] = [x + bump for x in b.get("seq_loss") or []]
+                f.write_text(json.dumps(doc))
+    diffs = {}
+    for w in ("lr == 0.001", "lr == 0.002"):
+        res = runner.invoke(app, ["compare", str(tmp_path), "--where", w, "--json"])
+        assert res.exit_code == 0, res.stderr
+        diffs[w] = np.array([b["diff"] for b in json.loads(res.stdout)["by_length"]])
+    assert len(diffs["lr == 0.001"]) > 0
+    np.testing.assert_allclose(diffs["lr == 0.002"] - diffs["lr == 0.001"], 5.0, atol=1e-9)
+    points = read_runs_dir(tmp_path)
+    notes: list[str] = []
+    assert length_buckets(tmp_path, points, "baseline", "smelt", notes=notes) == []
+    assert any("more than one run of an architecture" in n for n in notes)

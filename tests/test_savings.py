@@ -370,20 +370,67 @@ def test_budgets_no_law_answers_each_keep_their_own_reason():
 
     ref, cand = chin("baseline", E=2.5), chin("smelt", E=1.0)
     res, unanswered = law_savings(ref, cand, np.array([1e22, 1e24]))
-    assert res.rows == () and [b for b, _ in unanswered] == [1e22, 1e24]
-    for budget, why in unanswered:
-        assert "never reaches the other's loss" in why and f"above budget {budget:.3g}" in why
-        loss = frontier(CHIN, cand.theta, np.array(budget), cost=6.0).loss
-        assert f"loss {float(loss):.4f}" in why
+    assert res.rows == () and [r.budget for r in unanswered] == [1e22, 1e24]
+    for r in unanswered:
+        assert r.savings is None and r.method == "law" and r.refusal == "not-reached"
+        assert "never reaches the other's loss" in r.reason and f"above budget {r.budget:.3g}" in r.reason
+        loss = frontier(CHIN, cand.theta, np.array(r.budget), cost=6.0).loss
+        assert f"loss {float(loss):.4f}" in r.reason
     # one budget the laws answer and one they do not: the answered one has its number
     res, unanswered = law_savings(ref, cand, np.array([1e12, 1e24]))
     assert [r.budget for r in res.rows] == [1e12] and res.rows[0].savings is not None
-    assert [b for b, _ in unanswered] == [1e24]
-    # the error that carries those reasons survives a process pool (pickled by its budgets)
+    assert [r.budget for r in unanswered] == [1e24]
+    # the error that carries those rows survives a process pool (pickled by its rows)
     import pickle
 
     from scaling.fitting.savings_sweep import NoBudgetAnswered
 
     err = NoBudgetAnswered(unanswered)
     back = pickle.loads(pickle.dumps(err))
-    assert back.skipped == err.skipped and str(back) == str(err)
+    assert str(back) == str(err) and [(r.budget, r.reason, r.refusal) for r in back.skipped] == [
+        (r.budget, r.reason, r.refusal) for r in err.skipped]
+
+
+def test_a_law_past_the_bracket_below_is_already_beaten_not_unreached():
+    """A candidate with 10^6 times the reference's A (far worse): the reference reaches its loss at
+    1e20 with more than 6 decades less compute, 'already-beaten' (past the bracket below), which
+    is not 'not-reached'; the error pickles with its kind; bad input stays an error for all."""
+    import pickle
+
+    from scaling.fitting.savings import Unmatched
+    from scaling.fitting.savings_answer import law_savings
+
+    ref, cand = chin("baseline"), chin("smelt", A=1e6)
+    with pytest.raises(Unmatched) as info:
+        savings(ref, cand, [1e20])
+    assert info.value.refusal == "already-beaten" and "already beats the other's loss" in str(info.value)
+    back = pickle.loads(pickle.dumps(info.value))
+    assert (back.refusal, back.budget, str(back)) == ("already-beaten", 1e20, str(info.value))
+    res, unanswered = law_savings(ref, cand, np.array([1e12, 1e20]))
+    assert res.rows == () and [(r.budget, r.refusal) for r in unanswered] == [
+        (1e12, "already-beaten"), (1e20, "already-beaten")]
+    with pytest.raises(UserError, match="positive number of FLOPs") as bad:
+        law_savings(ref, cand, np.array([1e12, -1.0]))
+    assert not isinstance(bad.value, Unmatched)
+
+
+def test_a_rows_clamped_resamples_are_its_own_warnings_and_leave_with_it():
+    """``savings`` files the clamped-resample warning under its row as well as the result's; a row
+    withheld beyond an unidentified law's data takes it along, the answered row keeps its own."""
+    from dataclasses import replace
+
+    from scaling.fitting.savings import withhold_unidentified
+
+    rng = np.random.default_rng(2)
+    sr = _samples(rng, BASE, 40)
+    sr[:3, 0] = 3.0  # E above the candidate's loss at 1e21: these resamples never reach it
+    ref = chin("ref", samples=sr, cmax=1e22)
+    cand = replace(chin("cand", samples=_samples(rng, BASE, 40), cmax=1e19), unidentified="E on its bound")
+    res = savings(ref, cand, [1e18, 1e21])
+    near, far = res.rows
+    assert (near.ci_clamped, far.ci_clamped) == (0, 3) and near.warnings == ()
+    assert len(far.warnings) == 1 and "in 3 of 40 resamples" in far.warnings[0]
+    assert far.warnings[0] in res.warnings
+    kept = withhold_unidentified(res, ref, cand)
+    assert kept.rows[0] == near and kept.rows[1].refusal == "unidentified-far"
+    assert far.warnings[0] not in kept.warnings and kept.rows[1].warnings == ()

@@ -18,7 +18,7 @@ from scaling.design.proposal import propose
 from scaling.design.simulate import SimulationResult, noisy, simulate, true_losses
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import load_law_set
-from scaling.fitting.savings import FittedLaw
+from scaling.fitting.savings import FittedLaw, Unmatched
 from scaling.training.sweep.plan import load_plan
 
 runner = CliRunner()
@@ -141,7 +141,7 @@ def test_a_savings_failure_at_one_budget_leaves_the_trial_in_the_others(chin_des
 
     def flaky(ref, cand, budgets, **kw):   # even trials cannot answer the far budget
         if 1e23 in list(budgets) and now["t"] % 2 == 0:
-            raise UserError("planted: the frontier does not reach the loss")
+            raise Unmatched("planted: the frontier does not reach the loss", 1e23, "not-reached")
         return real_savings(ref, cand, budgets, **kw)
 
     monkeypatch.setattr(sim, "_trial", trial)

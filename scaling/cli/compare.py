@@ -10,6 +10,7 @@ from rich.table import Table
 
 from scaling.cli._util import FORCE_HELP, check_output_file, finish, run_cli, stdout, warn
 from scaling.common.errors import UserError
+from scaling.common.filter import filter_rows
 from scaling.fitting.compare import (
     CLUSTERS,
     FEW_CLUSTERS,
@@ -138,10 +139,13 @@ def register(app: typer.Typer) -> None:
             points = at_least_tokens(points, min_tokens)
             if points.empty:
                 raise UserError(f"no budget of at least {min_tokens:g} tokens in {runs}")
+        where = tuple(where or ())
         length_notes: list[str] = []   # pairs whose buckets are left out: named in the notes
-        lengths = length_buckets(runs, points, reference, candidate, notes=length_notes)
+        # the buckets of the runs the filters keep (compare applies the same filters to the points)
+        lengths = length_buckets(runs, filter_rows(points, where, "the runs' points"), reference, candidate,
+                                 notes=length_notes)
         res = compare(points, reference, candidate, cluster=cluster, lengths=lengths,
-                      length_notes=length_notes, where=tuple(where or ()))
+                      length_notes=length_notes, where=where)
 
         def draw() -> None:
             from scaling import plots

@@ -104,8 +104,8 @@ class _Context:
             # what `smelt-scale savings` withholds, the figure marks as such (dashed, no number)
             res = withhold_unidentified(res, ref, cand, extrapolate=True)
             if skipped:
-                warn(f"savings left out at {len(skipped)} budget(s) from {skipped[0][0]:.3g} to "
-                     f"{skipped[-1][0]:.3g}: {skipped[0][1]}")
+                warn(f"savings left out at {len(skipped)} budget(s) from {skipped[0].budget:.3g} to "
+                     f"{skipped[-1].budget:.3g}: {skipped[0].reason}")
             for w in res.warnings:
                 warn(w)
             return res, (lo, hi)

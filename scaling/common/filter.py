@@ -309,8 +309,8 @@ def filter_mask(text: str, data: Mapping[str, np.ndarray], n_rows: int) -> np.nd
 def filter_rows(table: "pd.DataFrame", where: Iterable[str], source: str) -> "pd.DataFrame":
     """The rows of ``table`` satisfying every filter in ``where``, in order (the one way a command
     filters rows: ``fit --where``, ``compare --where``). A refused or failing filter is a UserError
-    that names ``source`` and the filter."""
-    for expr in where:
+    that names ``source`` and the filter. A single string is one filter (never its characters)."""
+    for expr in ((where,) if isinstance(where, str) else where):
         try:
             mask = filter_mask(expr, {c: table[c].to_numpy() for c in table.columns}, len(table))
         except UserError as exc:

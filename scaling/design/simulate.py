@@ -358,8 +358,9 @@ def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trial
             except NoBudgetAnswered as exc:   # no budget answers: each says why
                 res, skipped = None, exc.skipped
             except UserError as exc:
-                res, skipped = None, [(float(c), str(exc)) for c in study.budgets]
-            out.budget_failures += [f"trial {t}, C = {c:.3g}: {why}" for c, why in skipped]
+                res, skipped = None, ()
+                out.budget_failures += [f"trial {t}, C = {float(c):.3g}: {exc}" for c in study.budgets]
+            out.budget_failures += [f"trial {t}, C = {r.budget:.3g}: {r.reason}" for r in skipped]
             for r in () if res is None else res.rows:
                 j = index[(float(r.budget), r.sparsity)]
                 out.est[t, j] = r.savings

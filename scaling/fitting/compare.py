@@ -441,7 +441,7 @@ def compare(points: pd.DataFrame, reference: str = "baseline", candidate: str = 
     if cluster not in CLUSTERS:
         raise UserError(f"unknown clustering {cluster!r}; choose one of: {', '.join(CLUSTERS)}")
     n_read = len(points)
-    where = tuple(where)
+    where = (where,) if isinstance(where, str) else tuple(where)
     if where:
         points = filter_rows(points, where, "the runs' points")
         if points.empty:
@@ -630,12 +630,20 @@ def length_buckets(root: Path, points: pd.DataFrame, reference: str, candidate: 
         return []
     runs = points.drop_duplicates(col)[[col, "arch", "tier", "seed"]]
     by_key: dict[tuple[str, str], dict[str, Path]] = {}
+    twice: set[tuple[str, str]] = set()
     for r in runs.to_dict("records"):
         f = root / str(r[col]) / ANALYSIS_DIR / "lengths.json"
         if f.exists():
-            by_key.setdefault((str(r["tier"]), str(r["seed"])), {})[str(r["arch"])] = f
+            files = by_key.setdefault((str(r["tier"]), str(r["seed"])), {})
+            if str(r["arch"]) in files:   # two runs of one arch, tier and seed (an lr sweep in one tier)
+                twice.add((str(r["tier"]), str(r["seed"])))
+            files[str(r["arch"])] = f
     out: list[dict[str, Any]] = []
     for (tier, seed), files in sorted(by_key.items()):
+        if (tier, seed) in twice:
+            say(f"length buckets of {tier} seed {seed} left out: more than one run of an architecture "
+                "has analysis/lengths.json (keep one with --where)")
+            continue
         if reference not in files and candidate not in files:
             continue
         if reference not in files or candidate not in files:

@@ -74,9 +74,12 @@ SPAN_DECADES = 6.0
 EXTRAPOLATION_WARN_DECADES = 1.0
 WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law beyond its data
 # Why a row has no number, for scripts (the row's ``reason`` says it in words): the budget lies
-# outside the observed compute (the envelope does not extrapolate); one side never reaches the
-# matched loss (a frontier or a law); the laws are not identified and the budget lies beyond the data.
-REFUSALS = ("outside-data", "not-reached", "unidentified-far")
+# outside the observed compute (the envelope does not extrapolate); the side solved for never
+# reaches the matched loss (an observed frontier in its range, a law within SPAN_DECADES above the
+# budget); a law reaches it with more than SPAN_DECADES less compute (the saving is ~100%, past the
+# bracket); the laws are not identified and the budget lies beyond the data. Where a budget is
+# both beyond an unidentified law's data and unmatched, the unmatched kind is given.
+REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far")
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
 _ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
@@ -282,6 +285,21 @@ def _positive_or_none(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if np.isfinite(f) and f > 0 else None
+
+
+class Unmatched(UserError):
+    """``savings`` cannot match one budget: the side solved for needs more than ``span`` decades
+    more compute than the budget to reach the other's loss (``refusal`` 'not-reached') or reaches
+    it with more than ``span`` decades less (``refusal`` 'already-beaten'). Callers that answer
+    budget by budget (``scaling.fitting.savings_sweep.savings_over``) catch this, never the
+    UserErrors of bad input."""
+
+    def __init__(self, message: str, budget: float, refusal: str):
+        super().__init__(message)
+        self.budget, self.refusal = float(budget), refusal
+
+    def __reduce__(self):   # picklable across process pools
+        return (Unmatched, (str(self), self.budget, self.refusal))
 
 
 # -- result ----------------------------------------------------------------------------------
@@ -511,8 +529,8 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
             level: float = 0.95, span: float = SPAN_DECADES, source: str = "") -> SavingsResult:
     """Savings of ``candidate`` over ``reference`` at each budget (FLOPs) and sparsity.
 
-    Raises UserError for a bad budget, sparsity or convention, and when the point estimate's
-    matching compute lies outside ``span`` decades of the budget (never reached).
+    Raises UserError for a bad budget, sparsity or convention, and :class:`Unmatched` when the
+    point estimate's matching compute lies outside ``span`` decades of the budget.
     """
     if convention not in CONVENTIONS:
         raise UserError(f"unknown convention {convention!r}; choose one of: {', '.join(CONVENTIONS)}")
@@ -547,11 +565,11 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
             where = _where(float(c), s)
             if st == 1:
                 who = reference.name if solved == "reference" else candidate.name
-                raise UserError(f"the {solved} ({who}) never reaches the other's loss {float(m['loss']):.4f} "
-                                f"within {span:g} decades of compute above {where}")
+                raise Unmatched(f"the {solved} ({who}) never reaches the other's loss {float(m['loss']):.4f} "
+                                f"within {span:g} decades of compute above {where}", c, "not-reached")
             if st == -1:
-                raise UserError(f"the {solved} already beats the other's loss {float(m['loss']):.4f} with "
-                                f"{span:g} decades less compute than {where}")
+                raise Unmatched(f"the {solved} already beats the other's loss {float(m['loss']):.4f} with "
+                                f"{span:g} decades less compute than {where}", c, "already-beaten")
             s_ci = g_ci = None
             n_res = n_clamped = 0
             own: list[str] = []

@@ -17,14 +17,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.common.errors import UserError
 from scaling.fitting.envelope import observed_savings
 from scaling.fitting.savings import (
     SavingsResult,
     SavingsRow,
     disagreements,
     law_distrust,
-    savings,
     withhold_unidentified,
 )
 from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
@@ -34,26 +32,15 @@ METHODS = ("auto", "envelope", "law")
 
 
 def law_savings(ref: Any, cand: Any, budgets: np.ndarray, **kwargs: Any):
-    """``savings`` at every budget it can answer, and (budget, reason) for the others (the two
+    """``savings`` at every budget it can answer, and the refused rows of the others (the two
     frontiers never reach each other's loss within the bisection bracket), instead of one error
     for the whole command."""
-    try:
-        return savings(ref, cand, budgets, **kwargs), []
-    except UserError as exc:
-        if not _unmatched(exc):
-            raise
     try:
         return savings_over(ref, cand, budgets, **kwargs)
     except NoBudgetAnswered as exc:   # each budget keeps its own reason
         empty = SavingsResult(reference=ref.name, candidate=cand.name,
                               convention=kwargs.get("convention", "candidate-budget"), rows=())
         return empty, exc.skipped
-
-
-def _unmatched(exc: Exception) -> bool:
-    """Whether ``savings`` failed because a frontier never meets the other's loss in its bracket
-    (scaling.fitting.savings: "never reaches" / "already beats"), not because of bad input."""
-    return "never reaches the other's loss" in str(exc) or "already beats the other's loss" in str(exc)
 
 
 def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
@@ -127,10 +114,10 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                                               convention=convention, level=level, source=src.source)
             tops = [x for x in (ref.compute_max, cand.compute_max) if x]
             rows += [SavingsRow.refused(
-                c, why if not distrust else f"laws not identified ({distrust}); and {why}",
-                refusal="not-reached", method="law",
-                extrapolation_decades=float(np.log10(c / min(tops))) if tops else None)
-                for c, why in unanswered]
+                r.budget, r.reason if not distrust else f"laws not identified ({distrust}); and {r.reason}",
+                refusal=r.refusal, method="law",
+                extrapolation_decades=float(np.log10(r.budget / min(tops))) if tops else None)
+                for r in unanswered]
             law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
                                             extrapolate=extrapolate)
             rows += law_res.rows
