@@ -100,7 +100,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "match": ("tiers", "Derive the compute-matched SMELT twin of a Baseline config (file and/or options)."),
     "prepare-data": ("data",
                      "Tokenize text, JSONL or Parquet into uint16/uint32 token shards with a manifest.json."),
-    "train": ("train", "Train a Baseline or SMELT model into runs/<name>/."),
+    "train": ("train", "Train a Baseline or SMELT model into runs-mine/<name>/ (--runs-dir)."),
     "sweep": ("sweep", "Run a sweep plan: finished runs are skipped, interrupted ones resume."),
     "fit": ("fit", "Fit a scaling law per group, with bootstrap intervals and diagnostics."),
     "compare": ("compare", "Paired loss difference candidate − reference at matched (tier, budget, seed)."),

@@ -285,8 +285,8 @@ def register(app: typer.Typer) -> None:
                                               "JSON or Parquet table of points."),
         law: LawName = typer.Option("chinchilla", "--law", help="Law form."),
         n_col: Optional[str] = typer.Option(None, help="Column of parameters N (non-embedding, active), as "
-                                            "NAME or NAME:UNIT (params:M = millions; units K, M, B, T or a "
-                                            "number). Default: N, derived from C and D when absent."),
+                                            "NAME or NAME:UNIT (params:M = millions; units K, M, B or G, T "
+                                            "or a number). Default: N, derived from C and D when absent."),
         d_col: Optional[str] = typer.Option(None, help="Column of training tokens D, as NAME or NAME:UNIT "
                                             "(tokens:B). Default: D, derived from C and N when absent."),
         loss_col: str = typer.Option("loss", help="Column of the loss (nats/token)."),

@@ -229,7 +229,7 @@ def register(app: typer.Typer) -> None:
         ),
         **settings: Any,
     ) -> None:
-        """Train a Baseline or SMELT model; write runs/<name>/{config.json, metrics.jsonl, final.json}.
+        """Train a Baseline or SMELT model; write <runs-dir>/<name>/{config.json, metrics.jsonl, final.json}.
 
         With the WSD schedule one run yields one (N, D, loss) point per budget: the stable trunk runs to the
         largest budget and a cooldown branch is taken at each smaller one.
