@@ -38,34 +38,35 @@ def shipped() -> pd.DataFrame:
 def test_shipped_runs_reproduce_the_readme(shipped):
     res = compare(with_validation_ids(RUNS, shipped))
     o = res.overall
-    # README: "-0.090 ± 0.025 nats (mean ± cluster-robust s.e., 181 pairs in 55 run-pair clusters)"
-    assert (o.n_pairs, o.n_clusters) == (181, 55)
-    assert round(o.mean, 3) == -0.090 and round(o.se, 3) == 0.025 and round(o.se_iid, 3) == 0.015
-    assert (round(o.ci_lo, 3), round(o.ci_hi, 3), o.df) == (-0.140, -0.041, 54)
-    assert (res.n_cells_candidate_better, len(res.cells), o.n_candidate_better) == (27, 35, 132)
-    assert round(res.seed_spread, 3) == 0.240 and round(res.seed_sd, 3) == 0.135 and res.n_seeds == 7
+    # README: "-0.084 ± 0.022 nats (mean ± cluster-robust s.e., 213 pairs in 59 run-pair clusters)"
+    assert (o.n_pairs, o.n_clusters) == (213, 59)
+    assert round(o.mean, 3) == -0.084 and round(o.se, 3) == 0.022 and round(o.se_iid, 3) == 0.013
+    assert (round(o.ci_lo, 3), round(o.ci_hi, 3), o.df) == (-0.127, -0.041, 58)
+    assert (res.n_cells_candidate_better, len(res.cells), o.n_candidate_better) == (28, 35, 156)
+    assert round(res.seed_spread, 3) == 0.254 and round(res.seed_sd, 3) == 0.125 and res.n_seeds == 7
     assert not res.dropped
     # the IsoFLOP budgets, grouped by their compute (not by budget index: the larger sizes start
-    # at a later budget); three seeds or more in every cell, so the top budgets have intervals
+    # at a later budget); five seeds or more in every cell
     assert [(b.label, b.n_pairs, round(b.mean, 3), round(b.se, 3)) for b in res.by_budget] == [
-        ("C 3.56e+11 FLOPs", 38, -0.100, 0.041), ("C 6.32e+11 FLOPs", 52, -0.134, 0.033),
-        ("C 1.12e+12 FLOPs", 55, -0.075, 0.022), ("C 2e+12 FLOPs", 21, -0.030, 0.028),
-        ("C 3.56e+12 FLOPs", 15, -0.057, 0.021)]
-    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.057 ± 0.022 at 0.3M tokens and above"
-    assert late.n_pairs == 112 and round(late.mean, 3) == -0.057 and round(late.se, 3) == 0.022
+        ("C 3.56e+11 FLOPs", 40, -0.100, 0.039), ("C 6.32e+11 FLOPs", 54, -0.136, 0.032),
+        ("C 1.12e+12 FLOPs", 59, -0.072, 0.021), ("C 2e+12 FLOPs", 35, -0.030, 0.019),
+        ("C 3.56e+12 FLOPs", 25, -0.049, 0.014)]
+    late = compare(at_least_tokens(shipped, 3e5)).overall   # "-0.056 ± 0.018 at 0.3M tokens and above"
+    assert late.n_pairs == 140 and round(late.mean, 3) == -0.056 and round(late.se, 3) == 0.018
     assert any("no per-source loss" in n for n in res.notes) and not res.by_source
 
 
 def test_shipped_runs_have_the_readmes_seeds(shipped):
-    # runs/README.md: seeds 0-2 of every size to its last budget, seeds 3-6 of d_model 6-56 to the
-    # middle budget (1.12e12 FLOPs): 110 runs, 362 points, every (size, budget) cell 3 or 7 seeds
+    # runs/README.md: seeds 0-4 of every size to its last budget, seeds 5-6 of d_model 6-56 (and 3-4
+    # of d_model 6) to the middle budget (1.12e12 FLOPs): 118 runs, 426 points, every (size, budget)
+    # cell 5 or 7 seeds
     budgets = np.array([3.56e11, 6.32e11, 1.12e12, 2e12, 3.56e12])
     at = budgets[np.abs(np.log(shipped["flops"].to_numpy()[:, None] / budgets)).argmin(axis=1)]
-    assert shipped["run"].nunique() == 110 and len(shipped) == 362
+    assert shipped["run"].nunique() == 118 and len(shipped) == 426
     seeds = shipped.assign(budget=at).groupby(["tier", "arch", "budget"])["seed"].agg(set)
     for (tier, _, budget), got in seeds.items():
         d = int(tier.removeprefix("iso-d"))
-        want = set(range(7)) if 6 <= d <= 56 and budget <= 1.12e12 else {0, 1, 2}
+        want = set(range(7)) if 6 <= d <= 56 and budget <= 1.12e12 else set(range(5))
         assert got == want, (tier, budget)
     assert len(seeds) == 2 * 35
 
@@ -169,12 +170,12 @@ def test_cli_json_table_and_figure(tmp_path):
     res = runner.invoke(app, ["compare", str(RUNS), "--json"])
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)
-    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 181
+    assert set(d["overall"]) >= {"mean", "se", "n_pairs"} and d["overall"]["n_pairs"] == 213
     assert d["cluster"] == "run" and len(d["by_tier"]) == 9 and len(d["cells"]) == 35 and d["dropped"] == []
     out = tmp_path / "cmp.png"
     res = runner.invoke(app, ["compare", str(RUNS), "--plot", str(out), "--cells"])
     assert res.exit_code == 0, res.stderr
-    assert out.stat().st_size > 10_000 and "27 of 35" in res.stdout
+    assert out.stat().st_size > 10_000 and "28 of 35" in res.stdout
     seed = json.loads(runner.invoke(app, ["compare", str(RUNS), "--cluster", "seed", "--json"]).stdout)
     assert seed["overall"]["n_clusters"] == 7
 

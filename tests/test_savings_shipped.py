@@ -1,5 +1,5 @@
 """`smelt-scale savings` on the shipped runs (the IsoFLOP study of issue 26): the laws are not
-identified (a quarter of the bootstrap refits on a bound), so the envelope answers inside the data
+identified (E on its bound, in every bootstrap refit too), so the envelope answers inside the data
 and the laws give no point estimate far outside it (unless --extrapolate); each warning once, the
 budget cap."""
 
@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from cli import app
@@ -33,7 +32,9 @@ def test_1e21_gives_no_number_but_a_reason():
     assert row["savings"] is None and row["savings_ci"] is None and row["candidate_loss"] is None
     assert row["method"] == "law" and "not identified" in row["reason"]
     assert "of bootstrap fits on a bound" in row["reason"]
-    assert row["extrapolation_decades"] == pytest.approx(8.45, abs=0.01)   # 1e21 / 3.57e12
+    # withheld: the laws are not identified and the budget lies beyond the data (the reference's
+    # matching compute further still than 1e21 / 3.57e12 = 8.45 decades)
+    assert row["refusal"] == "unidentified-far" and row["extrapolation_decades"] >= 8.44
     lines = res.stderr.strip().splitlines()
     assert len(lines) == len(set(lines))        # each warning once
     assert not any("treat those savings as extrapolations" in x for x in lines)   # none is shown
