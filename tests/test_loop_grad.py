@@ -76,16 +76,24 @@ def _measure_held(model, x, y) -> dict:
     # the per-pass reduce-scatters
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod
 
-    dist, calls = torch.distributed, []
+    dist, calls, inside = torch.distributed, [], []
     originals = (group_mod.foreach_reduce, dist.reduce_scatter_tensor)
 
-    def counting(fn):
+    def counting(fn, nested: bool):
+        # torch 2.11's foreach_reduce reduce-scatters through dist.reduce_scatter_tensor (2.13 does
+        # not): a call made inside one of FSDP2's reductions is part of it, not a per-pass one
         def call(*args, **kwargs):
-            calls.append(1)
-            return fn(*args, **kwargs)
+            if not (nested and inside):
+                calls.append(1)
+            inside.append(1)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside.pop()
         return call
 
-    group_mod.foreach_reduce, dist.reduce_scatter_tensor = (counting(f) for f in originals)
+    group_mod.foreach_reduce, dist.reduce_scatter_tensor = (counting(f, nested)
+                                                            for f, nested in zip(originals, (False, True)))
     try:
         out = model(x, y)
         (out.loss + 0.01 * out.aux_loss).backward()
