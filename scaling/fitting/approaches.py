@@ -12,18 +12,29 @@ range. Then log N* = a log C + const, by ordinary least squares over the buckets
 t-interval of that slope (n_buckets - 2 degrees of freedom) treats the buckets' vertices as
 independent, which they are not when one run serves several budgets (a WSD trunk) or a seed's luck
 moves all of a size's losses. Where configurations hold several seeds and the fit bootstraps, the
-seeds are redrawn within each configuration (as for approach 1, ``_seed_resamples``), a is recomputed
-per resample, and ``a_ci`` is the union of the OLS interval and the resamples' percentile interval
-(``a_ci_ols``, ``a_ci_bootstrap``). Coverage of a planted a, measured on 200 simulated studies
-shaped like the shipped one (9 sizes a factor 10 either side of the optimum, 5 budgets over a
-decade, Epoch's Chinchilla law, F = 6 N; 100 resamples each; ``tests/test_approaches.py`` checks
-the first case on 30 studies of a similar law): 3 seeds a size with a 2% run-level offset (a
-seed's luck, shared by all budgets of its run): OLS 58.5%, union 86%; 1% run offset + 0.5% per
-point: OLS 76.5%, union 89.5%; 1% per point alone: OLS 94.5%, union 97%; 7 seeds, 1% + 0.5%: OLS
-81%, union 95%. So with three seeds a size the union still falls short of 95% (a bootstrap of
-three draws understates their spread): read it as a lower bound on the uncertainty. Below
-``MIN_RESAMPLED_SHARE`` of resamples giving an estimate, a depends on which seeds were trained and
-no interval is given.
+seeds are redrawn within each configuration (as for approach 1, ``_seed_resamples``: k - 1 draws
+from a configuration's k seeds, Rao and Wu's rescaling, so a seed mean keeps its variance s^2 / k),
+a is recomputed per resample, and ``a_ci`` is the union of the OLS interval and the resamples'
+percentile interval (``a_ci_ols``, ``a_ci_bootstrap``). Coverage of a planted a
+(``benchmarks/interval_coverage.py``, results in ``benchmarks/results/interval-coverage-2026-12-07.json``):
+200 simulated studies per case shaped like the shipped one (9 sizes a factor 10 either side of the
+optimum, 5 budgets over a decade, every run a curve through all 5, Epoch's Chinchilla law, F = 6 N,
+100 resamples each), a run-level log-normal offset (a seed's luck, shared by all budgets of its run)
+and per-point noise:
+
+    seeds, noise            OLS     union, k draws   union, k - 1 draws (default)
+    3, 2% run               57.5%   88.0%            93.5%
+    3, 1% run + 0.5% point  80.0%   89.5%            92.5%
+    3, 1% point             94.5%   96.0%            97.5%
+    5, 1% run + 0.5% point  74.5%   91.0%            93.5%
+    5, 3% run               59.5%   89.5%            92.0%
+    7, 1% run + 0.5% point  80.5%   94.0%            96.0%
+
+(Each from 200 studies: a Wilson 95% interval of about +-3.5 points at 93%. Median widths with
+k - 1 draws are 1.04-1.23x those with k.) So the
+union covers close to 95% but still a little less where a seed's luck dominates and seeds are few;
+``tests/test_approaches.py`` checks the first case on 30 studies. Below ``MIN_RESAMPLED_SHARE`` of
+resamples giving an estimate, a depends on which seeds were trained and no interval is given.
 
 Which points the parabola sees (``estimator``):
 
@@ -73,9 +84,20 @@ frontier points as independent, which they are not (optimistic). Where configura
 seeds and the fit bootstraps (``cross_checks`` passes its ``n_bootstrap`` and seed), the interval is
 instead the percentile interval of a over resamples that redraw, with replacement, the seeds within
 each configuration (the design kept, the seeds' luck redrawn; a configuration with one run adds no
-spread), and ``resampled_share`` says in how many resamples the frontier still gave an estimate:
-below half, a depends on which seeds were trained and no interval is given (a warning says so). On
-curves with 7 seeds at 2% noise that interval covered the planted a (``tests/test_approaches.py``).
+spread; k - 1 draws from k seeds, as for approach 2), and ``resampled_share`` says in how many
+resamples the frontier still gave an estimate: below half, a depends on which seeds were trained and
+no interval is given (a warning says so). That interval is a lower bound on the uncertainty, not a
+95% interval: under seed noise the frontier estimator is biased, and a bootstrap does not see it
+(``benchmarks/interval_coverage.py``, 200 studies per case, 100 resamples). On training curves of
+10 sizes over two decades through 12 budgets over three decades, with 2% seed offsets, a-hat is off
+by -0.076, -0.050 and -0.045 (median; s.d. 0.065, 0.061, 0.054) with 3, 5 and 7 seeds: a lucky size
+holds the frontier over a range of compute, which flattens it; the interval covered the planted a in
+77.7%, 77.4% and 76.0% of studies (71.6%, 74.4%, 75.5% with k draws; the OLS interval 46-55%; the
+basic bootstrap interval [2a - hi, 2a - lo], which corrects a bias the resamples show, 64-67%: they
+do not show this one). On
+the IsoFLOP design above (a decade of compute, the frontier moving across 2-3 sizes) a-hat exists in
+40-91% of studies, is off by +0.03 to +0.22, and its interval, where given, is 0.44-1.05 wide (median)
+and covered the planted a in 85-98% of them (the OLS interval in 22-50%).
 The trainer's
 ``metrics.jsonl`` adds no further curve points: its validation losses are logged at the same
 budget ends as ``final.json`` (warmup-stable-decay branches), and its per-step training loss is
@@ -110,6 +132,7 @@ DEFAULT_ESTIMATOR = "window"
 WINDOW_DECADES = 1.0
 _WINDOW_ITERS = 5
 _LEVEL = 0.95
+_DRAWN = {"n-1": " (k - 1 of its k seeds drawn)", "n": " (k of its k seeds drawn)"}
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -229,10 +252,12 @@ def isoflop_optima(N: np.ndarray, C: np.ndarray, loss: np.ndarray, *, width: flo
 
 def approach2(points: pd.DataFrame, fit: Any | None = None, *, width: float = BUCKET_WIDTH_DECADES,
               min_points: int = MIN_BUCKET_POINTS, estimator: str = DEFAULT_ESTIMATOR,
-              window: float = WINDOW_DECADES, n_bootstrap: int = 0, seed: int = 0) -> dict[str, Any]:
+              window: float = WINDOW_DECADES, n_bootstrap: int = 0, seed: int = 0,
+              seed_draws: str = "n-1") -> dict[str, Any]:
     """IsoFLOP estimate of a (see module doc); ``fit`` (a FitResult) gives the FLOPs per token F(N)
     for points without recorded compute. With ``n_bootstrap`` and configurations holding several
-    seeds, ``a_ci`` also spans the seed bootstrap's percentile interval (module doc)."""
+    seeds, ``a_ci`` also spans the seed bootstrap's percentile interval (module doc; ``seed_draws``:
+    ``_seed_resamples``'s ``draws``)."""
     cost = fit.cost if fit is not None else TokenCost()
     N = points["N"].to_numpy(dtype=float)
     C = total_flops(points, cost)
@@ -265,7 +290,7 @@ def approach2(points: pd.DataFrame, fit: Any | None = None, *, width: float = BU
         a_win, _ = _slope(lc, np.log([b["N_opt_window"] for b in both]))
         out.update(a_full_sweep=a_full, a_window=a_win, design_bias=a_full - a_win,
                    design_bias_buckets=len(both))
-    weights = (_seed_resamples(points, _configurations(points)[0], n_bootstrap, seed)
+    weights = (_seed_resamples(points, _configurations(points)[0], n_bootstrap, seed, seed_draws)
                if n_bootstrap > 0 else None)
     if weights is None:
         return out
@@ -286,7 +311,8 @@ def approach2(points: pd.DataFrame, fit: Any | None = None, *, width: float = BU
         ci = [math.nan, math.nan]
     out.update(a_ci=ci, a_ci_ols=[lo, hi], a_ci_bootstrap=[float(blo), float(bhi)],
                n_resamples=n_bootstrap, resampled_share=share,
-               ci_method="union of the OLS interval and a bootstrap over the seeds of each configuration")
+               ci_method="union of the OLS interval and a bootstrap over the seeds of each configuration"
+                         + _DRAWN[seed_draws])
     return out
 
 
@@ -345,10 +371,22 @@ def seed_curves(points: pd.DataFrame, C: np.ndarray, weight: np.ndarray | None =
     return out, points["run"][w > 0].nunique()
 
 
-def _seed_resamples(points: pd.DataFrame, labels: np.ndarray, n: int, seed: int) -> np.ndarray | None:
-    """(n, points) weights: each resample draws, within every configuration, as many runs as it has
-    with replacement (a run's weight is how often it was drawn); None when no configuration holds two
-    runs (nothing to resample)."""
+def _seed_resamples(points: pd.DataFrame, labels: np.ndarray, n: int, seed: int,
+                    draws: str = "n-1") -> np.ndarray | None:
+    """(n, points) weights: each resample draws, within every configuration of k runs, runs with
+    replacement (a run's weight is how often it was drawn); None when no configuration holds two runs
+    (nothing to resample). ``draws``: ``"n-1"`` (default) draws k - 1 of the k (Rao and Wu 1988's
+    rescaled bootstrap with m = n - 1), ``"n"`` draws k.
+
+    Why k - 1: the approaches average the seeds of a configuration, and the mean of m draws with
+    replacement from k values with sample variance s^2 has variance (k - 1) s^2 / (k m). With m = k
+    that is (k - 1) / k of s^2 / k, the usual estimate of the mean's variance: the naive bootstrap
+    understates a configuration's seed spread by 18% in s.d. at 3 seeds, 11% at 5, 7% at 7. With
+    m = k - 1 it is s^2 / k exactly (Rao and Wu 1988, "Resampling inference with complex survey
+    data", JASA 83: the rescaled bootstrap per stratum; here a configuration is a stratum). Measured
+    coverage of a planted exponent, both ways: ``benchmarks/interval_coverage.py``."""
+    if draws not in ("n-1", "n"):
+        raise ValueError(f"draws must be 'n-1' or 'n', got {draws!r}")
     runs, run_of_point = np.unique(points["run"].astype(str).to_numpy(), return_inverse=True)
     conf = np.zeros(runs.size, dtype=np.int64)
     conf[run_of_point] = labels
@@ -358,10 +396,14 @@ def _seed_resamples(points: pd.DataFrame, labels: np.ndarray, n: int, seed: int)
         return None
     rng = np.random.default_rng(seed)
     slot_start, slot_size = np.repeat(start, size), np.repeat(size, size)
+    # one draw per slot; "n-1" drops the last slot of every configuration of two runs or more
+    slot = np.ones(runs.size, dtype=bool)
+    if draws == "n-1":
+        slot[(start + size - 1)[size >= 2]] = False
     out = np.empty((n, len(points)))
     for b in range(n):
         drawn = order[slot_start + (rng.random(runs.size) * slot_size).astype(np.int64)]
-        out[b] = np.bincount(drawn, minlength=runs.size)[run_of_point]
+        out[b] = np.bincount(drawn[slot], minlength=runs.size)[run_of_point]
     return out
 
 
@@ -430,13 +472,13 @@ def _frontier_slope(pairs: list[tuple[float, float]]) -> tuple[float, float, flo
 
 
 def approach1(points: pd.DataFrame, fit: Any | None = None, *, n_bootstrap: int = 0,
-              seed: int = 0) -> dict[str, Any]:
+              seed: int = 0, seed_draws: str = "n-1") -> dict[str, Any]:
     """Frontier estimate of a (see module doc). With ``n_bootstrap`` and configurations holding several
     seeds, the seeds are resampled within each configuration (``_seed_resamples``) and a recomputed
     per resample: ``a_ci`` becomes the percentile interval of the resamples that give an estimate
     (the OLS interval stays as ``a_ci_ols``), and ``resampled_share`` says how many do; below
     ``MIN_RESAMPLED_SHARE`` the estimate depends on which seeds were trained, ``a_ci`` is NaN and a
-    warning says so (``agreement``)."""
+    warning says so (``agreement``). ``seed_draws``: ``_seed_resamples``'s ``draws``."""
     C = total_flops(points, fit.cost if fit is not None else 6.0)
     keys = _configurations(points)
     pairs, mode = envelope_optima(points, C, keys=keys)
@@ -449,7 +491,7 @@ def approach1(points: pd.DataFrame, fit: Any | None = None, *, n_bootstrap: int 
     a, c, lo, hi = got
     out.update(available=True, reason="", a=a, b=1.0 - a, log_intercept=c, a_ci=[lo, hi],
                n_sizes=len({round(n, 3) for _, n in pairs}))
-    weights = _seed_resamples(points, keys[0], n_bootstrap, seed) if n_bootstrap > 0 else None
+    weights = _seed_resamples(points, keys[0], n_bootstrap, seed, seed_draws) if n_bootstrap > 0 else None
     if weights is None:
         return out
     boot = np.full(n_bootstrap, np.nan)
@@ -459,7 +501,8 @@ def approach1(points: pd.DataFrame, fit: Any | None = None, *, n_bootstrap: int 
     share = float(np.isfinite(boot).mean())
     blo, bhi = percentile_interval(boot) if share >= MIN_RESAMPLED_SHARE else (math.nan, math.nan)
     out.update(a_ci=[float(blo), float(bhi)], a_ci_ols=[lo, hi], n_resamples=n_bootstrap,
-               resampled_share=share, ci_method="bootstrap over the seeds of each configuration")
+               resampled_share=share,
+               ci_method="bootstrap over the seeds of each configuration" + _DRAWN[seed_draws])
     return out
 
 
