@@ -177,3 +177,11 @@ def test_the_table_marks_approach_1s_interval_as_a_lower_bound(tmp_path):
                                          "--json"]).stdout)
     a1 = doc["fits"]["baseline"]["cross_checks"]["approach1"]
     assert a1["ci_method"].endswith("(k - 1 of its k seeds drawn)") and a1["resampled_share"] > 0.5
+    # without a bootstrap the interval is the OLS one over the frontier points, and says so
+    ols = runner.invoke(app, ["fit", str(tmp_path / "seeds.csv"), "--bootstrap", "0"])
+    assert ols.exit_code == 0 and "* approach 1's interval is a lower bound" in ols.stdout
+    assert "an OLS interval over correlated frontier points" in ols.stdout
+    assert "a seed bootstrap" not in ols.stdout
+    # an approach 1 without an interval gets no mark
+    from scaling.cli.fit import _a_text
+    assert _a_text({"available": True, "a": 0.5, "a_ci": [float("nan")] * 2}, " *") == "0.500 (no interval)"
