@@ -4,7 +4,10 @@ published laws, combined by a method (auto, envelope or law) into one :class:`Sa
 auto: laws that are identified and fit their points answer at every budget, and inside the data
 the envelope cross-checks them (a warning per budget where the intervals do not overlap); laws
 that are not give no number beyond their data by default (``WITHHOLD_DECADES`` = 0), the
-envelope answers inside. envelope: only the envelope. law: only the laws. A law that is not
+envelope answers inside, and where it cannot (a frontier never reaches the other's loss) nobody
+does: budget by budget, so a budget gets the same answer whatever other budgets are asked (before
+2026-12-07, when the envelope answered none of the budgets asked, the unidentified laws answered
+them all, inside the data too). envelope: only the envelope. law: only the laws. A law that is not
 identified gives no number beyond ``max_extrapolation`` decades past its data
 (:func:`scaling.fitting.savings.withhold_unidentified`).
 """
@@ -90,10 +93,11 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
         for note in src.notes:  # about the source itself: the reader must see these
             warn_once(note)
         distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
-        answered = {r.budget for r in env if r.savings is not None}
-        if method == "auto" and distrust and answered:
+        if method == "auto" and distrust and points is not None:
             # the laws do not hold: inside the data the observed frontiers answer, and where
-            # they cannot (a frontier never reaches the other's loss) nobody does
+            # they cannot (a frontier never reaches the other's loss) nobody does. Budget by
+            # budget, whatever else was asked: one budget gets one answer
+            answered = {r.budget for r in env if r.savings is not None}
             rows += [r for r in env if r.savings is not None]
             inside = [r for r in env if r.savings is None and r.refusal != "outside-data"]
             rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
@@ -101,14 +105,13 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                      for r in inside]
             done = answered | {r.budget for r in inside}
             law_budgets = np.array([c for c in C if float(c) not in done])
-            sources.append(env_source)
-            warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
-                      "(`smelt-scale fit` for the details)")
+            if done:
+                sources.append(env_source)
+                warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
+                          "(`smelt-scale fit` for the details)")
         else:
             law_budgets = C
             checks = [r for r in env if r.savings is not None]
-            if distrust:
-                warn_once(f"the laws answer although {distrust} (`smelt-scale fit` for the details)")
         if law_budgets.size:
             law_res, unanswered = law_savings(ref, cand, law_budgets, sparsities=src.sparsities(sparsities),
                                               convention=convention, level=level, source=src.source)
@@ -120,6 +123,8 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                 for r in unanswered]
             law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,
                                             extrapolate=extrapolate)
+            if distrust and any(r.savings is not None for r in law_res.rows):
+                warn_once(f"the laws answer although {distrust} (`smelt-scale fit` for the details)")
             rows += law_res.rows
             laws = dict(law_res.laws)
             sources.append(f"law: {src.source}")
