@@ -47,14 +47,16 @@ def _table(tmp_path):
     return p, df
 
 
+@pytest.mark.parametrize("command", ["fit", "savings"])
 @pytest.mark.parametrize("payload", PAYLOADS)
-def test_payloads_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch, payload):
+def test_payloads_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch, payload, command):
     src, _ = _table(tmp_path)
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)
     before = sorted(os.listdir(tmp_path))
-    res = runner.invoke(app, ["fit", str(src), "--bootstrap", "0", "--where", payload])
+    args = ["--budget", "1e20"] if command == "savings" else []
+    res = runner.invoke(app, [command, str(src), "--bootstrap", "0", *args, "--where", payload])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "row filter" in lines[0], res.stderr

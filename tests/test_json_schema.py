@@ -23,7 +23,7 @@ FAST = {
                  "by_budget", "cells", "by_source", "by_length", "notes", "dropped", "where",
                  "n_points", "n_points_kept"], ["compare", RUNS]),
     "savings": (["schema", "reference", "candidate", "convention", "rows", "savings_range", "ci_level",
-                 "laws", "source", "warnings", "cross_checks"],
+                 "laws", "source", "warnings", "cross_checks", "where", "n_points", "n_points_kept"],
                 ["savings", RUNS, "--budget", "1e12", "--bootstrap", "0"]),
 }
 SLOW = {

@@ -146,6 +146,28 @@ def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():
     assert own[1] in forced.warnings and forced.rows[1].refusal is None
 
 
+def test_where_equals_a_folder_of_the_runs_it_keeps(tmp_path):
+    # --where 'seed <= 4' on runs/ and a folder of links to runs/*-s[0-4]: the same points, so the
+    # same envelope, fits and intervals, number for number
+    for run_dir in sorted(RUNS.glob("iso-*-s[0-4]")):
+        (tmp_path / run_dir.name).symlink_to(run_dir, target_is_directory=True)
+    args = ["--budgets", "3.56e11,6.32e11,1e13", "--bootstrap", "20", "--json"]
+    kept = json.loads(run("--where", "seed <= 4", *args).stdout)
+    res = runner.invoke(app, ["savings", "--runs", str(tmp_path), *args])
+    assert res.exit_code == 0, res.stderr
+    folder = json.loads(res.stdout)
+    assert kept["rows"] == folder["rows"] and kept["cross_checks"] == folder["cross_checks"]
+    assert kept["where"] == ["seed <= 4"] and kept["n_points"] == 426 and kept["n_points_kept"] == 350
+    assert folder["where"] == [] and folder["n_points"] == folder["n_points_kept"] == 350
+    # a filter needs the runs' points, and one that keeps nothing is an error, not an empty answer
+    for extra, says in ((["--law-set", "paper", "--budget", "1e21", "--where", "seed <= 4"], "needs runs"),
+                        (["--budget", "1e12", "--where", "seed > 99"], "no rows left after the row filters")):
+        bad = runner.invoke(app, ["savings", *extra])
+        lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+        assert bad.exit_code == 2 and len(lines) == 1 and says in lines[0], bad.stderr
+        assert "train runs into it" not in lines[0]
+
+
 def test_a_budget_gets_the_same_answer_whatever_else_is_asked(tmp_path):
     # seeds 0-4 of runs/ (five in every cell): at 3.56e11 SMELT's frontier loss (6.034) lies above the
     # Baseline's whole frontier (to 6.017), so the envelope has no number there; the laws are not

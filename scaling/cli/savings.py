@@ -43,6 +43,9 @@ def print_result(res: SavingsResult) -> None:
                  f"C_{res.candidate} / C_{res.reference} at equal loss on the frontier.", highlight=False)
     if res.source:
         stdout.print(f"source: {res.source}", highlight=False, markup=False)
+    if res.where:
+        stdout.print(f"points kept by --where {' and '.join(repr(w) for w in res.where)}: "
+                     f"{res.n_points_kept} of {res.n_points}", highlight=False, markup=False)
     sparse = any(r.sparsity is not None for r in res.rows)
     level = f"{100 * res.ci_level:.0f}% CI"
     table = Table(title_justify="left")
@@ -130,6 +133,11 @@ def register(app: typer.Typer) -> None:
                                                 "an extrapolation from it is no result)."),
         extrapolate: bool = typer.Option(False, "--extrapolate", help="Print those estimates anyway, "
                                          "marked as extrapolated."),
+        where: Optional[list[str]] = typer.Option(
+            None, "--where", metavar="EXPR", help="Keep only the runs' points satisfying a condition on "
+            "their columns (repeatable; all must hold), e.g. \"seed <= 4\", \"tier != 'iso-d04'\": "
+            "comparisons, in [...], and/or/not, arithmetic; never evaluated as Python. The envelope and "
+            "the fits both see only the points kept. Columns: those of `fit runs/`."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
         """Compute saved by the candidate over the reference at equal loss on the compute-optimal frontier.
@@ -178,9 +186,9 @@ def register(app: typer.Typer) -> None:
         points = path = None
         if law_set is None and fits is None:
             path = DEFAULT_RUNS if runs is None else runs
-            points = read_points(path, is_default=runs is None, warn=warn)
+            points = read_points(path, is_default=runs is None, warn=warn, where=tuple(where or ()))
         res = answer_savings(reference, candidate, C, method=method, points=points, path=path, runs=runs,
                              fits=fits, law_set=law_set, law=law, convention=_AT[at], n_bootstrap=n_bootstrap,
                              seed=seed, level=ci_level, sparsities=S, max_extrapolation=max_extrapolation,
-                             extrapolate=extrapolate, warn=warn)
+                             extrapolate=extrapolate, warn=warn, where=tuple(where or ()))
         finish(json_out, res.to_dict, lambda: print_result(res))

@@ -413,6 +413,9 @@ class SavingsResult:
     laws: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
     cross_checks: tuple[SavingsRow, ...] = ()   # the other method's rows at the same budgets
+    where: tuple[str, ...] = ()                 # row filters applied to the points (``--where``)
+    n_points: int | None = None                 # points read, before the filters (None: no points)
+    n_points_kept: int | None = None            # points the filters kept: every number is of these
 
     @property
     def savings_range(self) -> tuple[float, float] | None:
@@ -428,6 +431,7 @@ class SavingsResult:
             "ci_level": self.ci_level, "laws": dict(self.laws), "source": self.source,
             "warnings": list(self.warnings),
             "cross_checks": [r.to_dict() for r in self.cross_checks],
+            "where": list(self.where), "n_points": self.n_points, "n_points_kept": self.n_points_kept,
         }
 
     @classmethod
@@ -438,6 +442,7 @@ class SavingsResult:
             ci_level=float(d.get("ci_level", 0.95)), warnings=tuple(d.get("warnings", ())),
             laws=dict(d.get("laws", {})), source=str(d.get("source", "")),
             cross_checks=tuple(SavingsRow.from_dict(r) for r in d.get("cross_checks", ())),
+            where=tuple(d.get("where", ())), n_points=d.get("n_points"), n_points_kept=d.get("n_points_kept"),
         )
 
     def summary(self) -> str:

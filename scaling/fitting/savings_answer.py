@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from scaling.common.errors import UserError
 from scaling.fitting.envelope import observed_savings
 from scaling.fitting.savings import (
     SavingsResult,
@@ -56,10 +57,13 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                    fits: Path | None = None, law_set: str | None = None, law: str = "chinchilla",
                    convention: str = "candidate-budget", n_bootstrap: int = 0, seed: int = 0,
                    level: float = 0.95, sparsities: Sequence[float] = (), max_extrapolation: float,
-                   extrapolate: bool = False, warn: Callable[[str], None] | None = None) -> SavingsResult:
+                   extrapolate: bool = False, warn: Callable[[str], None] | None = None,
+                   where: Sequence[str] = ()) -> SavingsResult:
     """The savings at ``budgets`` by ``method`` (see the module doc). ``points`` (read from ``path``)
     feed the envelope and the fits of ``runs``; ``fits`` or ``law_set`` name the laws instead
-    (:func:`scaling.fitting.sources.load_laws`). Each warning goes to ``warn`` once, as it arises,
+    (:func:`scaling.fitting.sources.load_laws`). ``where``: the row filters the points were read with
+    (:func:`scaling.fitting.sources.read_points`), recorded in the result with the counts; the envelope
+    and the fits both see only the points kept. Each warning goes to ``warn`` once, as it arises,
     and into the result's ``warnings``."""
     shown: dict[str, None] = {}  # ordered set: each warning once
 
@@ -69,6 +73,11 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
             if warn is not None:
                 warn(message)
 
+    where = (where,) if isinstance(where, str) else tuple(where)
+    if where and points is None:
+        raise UserError("--where filters the runs' points: it needs runs (--runs PATH or the default "
+                        "runs/), not " + ("--law-set" if law_set is not None else "--fits"))
+    n_points = None if points is None else points.attrs.get("rows_read", len(points))
     C = budgets
     rows: list[SavingsRow] = []
     checks: list[SavingsRow] = []
@@ -136,4 +145,5 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                     warn_once(w)
     return SavingsResult(reference=reference, candidate=candidate, convention=convention,
                          rows=tuple(merge(rows)), ci_level=level, warnings=tuple(shown), laws=laws,
-                         source="; ".join(sources), cross_checks=tuple(checks))
+                         source="; ".join(sources), cross_checks=tuple(checks), where=where,
+                         n_points=n_points, n_points_kept=None if points is None else len(points))

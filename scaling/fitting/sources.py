@@ -30,7 +30,7 @@ from scaling.fitting.fit import FitResult, FitSet, fit_law
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import LawSet, load_law_set
 from scaling.fitting.savings import FittedLaw, uses_sparsity
-from scaling.fitting.tables import load_points
+from scaling.fitting.tables import Columns, load_table
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
 SPARSITY_DECIMALS = 4
@@ -90,16 +90,26 @@ class LawSource:
         return max((float(r) for r in rmse if r is not None), default=None)
 
 
-def read_points(path: Path, *, is_default: bool = False,
-                warn: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Canonical points of a runs folder or table; on the default folder, errors say what to do."""
+def read_points(path: Path, *, is_default: bool = False, warn: Callable[[str], None] | None = None,
+                where: Sequence[str] = ()) -> pd.DataFrame:
+    """Canonical points of a runs folder or table; on the default folder, errors say what to do.
+    ``where``: row filters on the table's own columns, applied as it is read (``fit --where``'s:
+    :class:`scaling.fitting.tables.Columns`); then ``points.attrs`` holds ``rows_read`` and
+    ``rows_kept``."""
     hint = "train runs into it, or give another runs folder, a fits file or a law set"
     if is_default and (not path.is_dir() or not any(path.iterdir())):
         raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
     try:
-        return load_points(path, warn=warn)
-    except UserError as exc:
-        raise UserError(f"{exc}; {hint}" if is_default else str(exc)) from None
+        table = load_table(path, Columns(where=tuple(where)))
+    except UserError as exc:   # a filter that keeps nothing is not an empty folder: no hint then
+        raise UserError(f"{exc}; {hint}" if is_default and not where else str(exc)) from None
+    if warn is not None:
+        for m in table.messages():
+            warn(m)
+    points = table.points
+    if where:
+        points.attrs.update(rows_read=table.rows_read, rows_kept=table.rows_kept)
+    return points
 
 
 def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed: int, *,
