@@ -100,3 +100,18 @@ def test_match_refuses_config_fields_of_the_wrong_type(tmp_path, doc, message):
     res = CliRunner().invoke(app, ["match", str(path)])
     assert res.exit_code == 2 and message in res.stderr, res.output
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_match_of_a_tier_is_the_twin_tiers_and_train_build():
+    # the proxies' twins are derived at width multiple 1, the paper tiers' at 8: `match --tier`
+    # used 8 for every tier, so its proxy twins were other models than the ones trained
+    import json
+
+    from scaling.accounting.tiers import get_config, tier_names
+
+    for tier in tier_names(include_test=True):
+        res = runner.invoke(app, ["match", "--tier", tier, "--json"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.stdout)["tiers"][0]["smelt"]["config"]
+        want = {k: v for k, v in get_config(tier, "smelt").to_dict().items() if k != "name"}
+        assert {k: got[k] for k in want} == want, tier

@@ -96,6 +96,11 @@ def get_match(tier: str) -> Match:
     return smelt_twin(spec.baseline, width_multiple=spec.width_multiple)
 
 
+def tier_width_multiple(tier: str) -> int:
+    """The width multiple ``tier``'s twin is derived with (8 for the paper tiers, 1 for the proxies)."""
+    return _spec(tier).width_multiple
+
+
 def get_config(tier: str, arch: str) -> ModelConfig:
     """The ModelConfig of ``tier`` for ``arch`` ('baseline' or 'smelt')."""
     match = get_match(tier)

@@ -11,7 +11,7 @@ from rich.table import Table
 from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.matching import Match, smelt_twin
-from scaling.accounting.tiers import TIERS, get_config, get_match, is_proxy, tier_names
+from scaling.accounting.tiers import TIERS, get_config, get_match, is_proxy, tier_names, tier_width_multiple
 from scaling.cli._util import emit_json, run_cli, stdout
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
@@ -129,8 +129,9 @@ def register(app: typer.Typer) -> None:
         seq_len: Optional[int] = typer.Option(None, help="Training sequence length."),
         tie_embeddings: Optional[bool] = typer.Option(None, "--tie-embeddings/--untie-embeddings"),
         n_loops: int = typer.Option(2, help="Passes through the looped middle block."),
-        width_multiple: int = typer.Option(
-            8, help="d_model and expert_hidden are multiples of this (1 = exact)."
+        width_multiple: Optional[int] = typer.Option(
+            None, help="d_model and expert_hidden are multiples of this (1 = exact) [default: the tier's "
+            "with --tier (1 for the CPU proxies, as `tiers` and `train` build them), else 8]."
         ),
         width_ratio: Optional[float] = typer.Option(
             None, help="Target d_model ratio (default sqrt(L/passes))."
@@ -157,6 +158,8 @@ def register(app: typer.Typer) -> None:
         )
         data.update({k: v for k, v in options.items() if v is not None})
         base = ModelConfig.from_dict(data)
+        if width_multiple is None:  # a tier's twin as `tiers` and the trainer derive it
+            width_multiple = tier_width_multiple(tier) if tier else 8
         result = smelt_twin(
             base, n_loops=n_loops, width_multiple=width_multiple, width_ratio=width_ratio, tolerance=tolerance
         )
