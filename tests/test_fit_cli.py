@@ -58,6 +58,14 @@ def test_json_shape_and_out_round_trip(tmp_path):
     fits = FitSet.load(out)
     assert fits["smelt"].bootstrap.shape == (10, 5)
     assert abs(fits["baseline"].params["alpha"] - 0.35) < 0.05
+    # with --at too the file is the printed document (it used to leave at_budget out), and reads back
+    at = tmp_path / "fits-at.json"
+    res = runner.invoke(app, ["fit", str(src), "--json", "--bootstrap", "0", "--at", "1e21",
+                              "--out", str(at)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(at.read_text()) == json.loads(res.stdout)
+    assert all("at_budget" in e for e in json.loads(res.stdout)["fits"].values())
+    assert FitSet.load(at)["baseline"].params == FitSet.load(out)["baseline"].params
 
 
 def test_human_table_and_smelt_law(tmp_path):

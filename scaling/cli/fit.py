@@ -419,14 +419,9 @@ def register(app: typer.Typer) -> None:
         fitset = FitSet(fits)
         at_budget = {g: f.at_budget(at) for g, f in fits.items()} if at is not None else {}
 
-        def document() -> dict:
-            data = fitset.to_dict()
-            for g, a in at_budget.items():
-                data["fits"][g]["at_budget"] = a
-            return data
-
-        finish(json_out, document, lambda: _print_fits(fits, at_budget, out),
-               save=None if out is None else (lambda: fitset.save(out)), warnings=merged_warnings(fits))
+        finish(json_out, lambda: fitset.to_dict(at_budget), lambda: _print_fits(fits, at_budget, out),
+               save=None if out is None else (lambda: fitset.save(out, at_budget)),
+               warnings=merged_warnings(fits))
 
 
 def _check_options(at: Optional[float], holdout_rule: Optional[str], cons: Constraints,

@@ -430,9 +430,13 @@ class FitSet:
             raise UserError(f"no fit for group {group!r}; groups: {', '.join(self.fits) or 'none'}")
         return self.fits[group]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": f"{FITS_SCHEMA}/{FITS_VERSION}",
-                "fits": {g: f.to_dict() for g, f in self.fits.items()}}
+    def to_dict(self, at_budget: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The fits document; ``at_budget`` (group -> ``FitResult.at_budget``, ``fit --at``) adds each
+        group's allocation at that budget under ``at_budget`` (read back as nothing: it is derived)."""
+        fits = {g: f.to_dict() for g, f in self.fits.items()}
+        for g, a in (at_budget or {}).items():
+            fits[g]["at_budget"] = a
+        return {"schema": f"{FITS_SCHEMA}/{FITS_VERSION}", "fits": fits}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FitSet":
@@ -445,13 +449,15 @@ class FitSet:
         return cls({str(g): FitResult.from_dict(e, group=str(g), version=version)
                     for g, e in d["fits"].items()})
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, at_budget: Mapping[str, Any] | None = None) -> None:
+        """Write the document of ``to_dict`` (with ``at_budget``): the file `fit --out` writes is
+        the document `fit --json` prints."""
         from scaling.common.run_folder import atomic_write_bytes
         from scaling.common.serialize import to_json
 
         # never half-written; a link at path is replaced, not followed
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(Path(path), (to_json(self.to_dict()) + "\n").encode())
+        atomic_write_bytes(Path(path), (to_json(self.to_dict(at_budget)) + "\n").encode())
 
     @classmethod
     def load(cls, path: str | Path) -> "FitSet":
