@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,15 @@ def test_unidentified_from_diagnostics_and_published_laws_are_never_withheld():
     forced = withhold_unidentified(res, known, loose, extrapolate=True).rows[1]
     assert forced.savings == res.rows[1].savings and forced.extrapolated and forced.to_dict()["extrapolated"]
     assert withhold_unidentified(res, known, loose, max_decades=3).rows[1].savings == res.rows[1].savings
+    # a law that misfits its points (a residual trend) is withheld beyond the data too, by its own
+    # kind (the README always said so; the code withheld only unidentified laws)
+    bent = replace(loose, unidentified=None, misfit=True)
+    res = savings(known, bent, [3e17, 1e20])
+    out = withhold_unidentified(res, known, bent)
+    assert out.rows[0].savings == res.rows[0].savings and out.rows[1].savings is None
+    assert out.rows[1].refusal == "misfit-far" and "c: misfits its points" in out.rows[1].reason
+    both = withhold_unidentified(savings(known, loose, [1e20]), replace(known, misfit=True), loose).rows[0]
+    assert both.refusal == "unidentified-far" and "r: misfits" in both.reason and "c: E on" in both.reason
 
 
 def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():

@@ -114,13 +114,15 @@ class _Context:
 
     def observed_savings(self):
         """The envelope's savings (law-free) at the figure's budgets inside the data, and whether both
-        laws are identified: where they are not, the envelope is what `smelt-scale savings` answers
-        inside the data (None when the runs are not a folder or table of points)."""
+        laws are identified and fit their points: where they are not, the envelope is what
+        `smelt-scale savings` answers inside the data (None when the runs are not a folder or table
+        of points)."""
         def make():
             from scaling.fitting.envelope import figure_budgets, observed_savings
-            from scaling.fitting.savings import unidentified
+            from scaling.fitting.savings import law_distrust
 
-            identified = not any(unidentified(f.diagnostics or {}) for f in self.pair())
+            # the rule of `savings` (law_distrust): not identified, or a misfit
+            identified = law_distrust({f.group: f.diagnostics for f in self.pair()}) is None
             if self.fits_file is not None:
                 return None, identified
             lo, hi = self.savings()[1]

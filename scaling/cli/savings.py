@@ -160,9 +160,10 @@ def register(app: typer.Typer) -> None:
         overlap. Laws that are not identified or misfit answer only outside the data; inside, the
         envelope does. Each row names its method.
 
-        A law that is not identified (a parameter on its bound, or most bootstrap fits on one) gives
-        no number more than --max-extrapolation decades beyond its data: the row says why
-        (savings null and a reason in --json), unless --extrapolate.
+        A law that is not identified (a parameter on its bound, or most bootstrap fits on one), or
+        that misfits its points (a systematic residual trend), gives no number more than
+        --max-extrapolation decades beyond its data: the row says why (savings null and a reason
+        in --json), unless --extrapolate.
         """
         runs = one_path(runs_arg, runs)
         if method not in METHODS:

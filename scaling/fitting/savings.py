@@ -77,9 +77,10 @@ WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law be
 # outside the observed compute (the envelope does not extrapolate); the side solved for never
 # reaches the matched loss (an observed frontier in its range, a law within SPAN_DECADES above the
 # budget); a law reaches it with more than SPAN_DECADES less compute (the saving is ~100%, past the
-# bracket); the laws are not identified and the budget lies beyond the data. Where a budget is
-# both beyond an unidentified law's data and unmatched, the unmatched kind is given.
-REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far")
+# bracket); the laws are not identified and the budget lies beyond the data; a law misfits its
+# points (and both are identified) and the budget lies beyond the data. Where a budget is both
+# beyond such a law's data and unmatched, the unmatched kind is given.
+REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far", "misfit-far")
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
 _ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
@@ -199,6 +200,7 @@ class FittedLaw:
     compute_max: float | None = None
     source: str = ""
     unidentified: str | None = None  # why the fit is not identified (None: identified or unknown)
+    misfit: bool = False             # the fit's residuals trend (``goodness_of_fit``): it misfits
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", self.law.theta_array(self.theta).astype(float))
@@ -234,6 +236,7 @@ class FittedLaw:
             source=source,
             unidentified=unidentified(getattr(fit, "diagnostics", None) or {},
                                       None if boot is None else int(np.size(boot) // law.n_params)),
+            misfit=bool((getattr(fit, "diagnostics", None) or {}).get("misfit")),
         )
 
 
@@ -656,20 +659,26 @@ def disagreements(rows: Sequence[SavingsRow], checks: Sequence[SavingsRow]) -> l
 
 def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate: FittedLaw, *,
                           max_decades: float = WITHHOLD_DECADES, extrapolate: bool = False) -> SavingsResult:
-    """No point estimate from an unidentified law far beyond its data.
+    """No point estimate from an unidentified or misfitting law far beyond its data.
 
     A law row whose extrapolation exceeds ``max_decades`` decades beyond the largest fitted
     compute, while either law is not identified (``FittedLaw.unidentified``: a parameter of the
-    best fit on its bound, or most bootstrap fits on one), loses its numbers and says why: such a
-    law has no identified loss floor, so its frontier far out is set by the bounds, not the data.
-    With ``extrapolate`` the numbers stay and the row is marked ``extrapolated`` instead.
+    best fit on its bound, or most bootstrap fits on one; refusal ``unidentified-far``) or misfits
+    its points (``FittedLaw.misfit``: a systematic residual trend; refusal ``misfit-far``), loses its
+    numbers and says why: such a law's frontier far out is set by the bounds or by a form the data
+    reject, not by the data. With ``extrapolate`` the numbers stay and the row is marked
+    ``extrapolated`` instead.
     """
     if not np.isfinite(max_decades) or max_decades < 0:
         raise UserError(f"the extrapolation limit must be a non-negative number of decades, "
                         f"got {max_decades}")
     why = [f"{law.name}: {law.unidentified}" for law in (reference, candidate) if law.unidentified]
-    if not why:
+    misfits = [f"{law.name}: misfits its points (systematic residual trend)"
+               for law in (reference, candidate) if law.misfit]
+    if not why and not misfits:
         return result
+    kind, what = (("unidentified-far", "laws not identified") if why
+                  else ("misfit-far", "laws that misfit their points"))
     rows = []
     for r in result.rows:
         far = (r.method == "law" and r.extrapolation_decades is not None
@@ -680,8 +689,8 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
             rows.append(replace(r, extrapolated=True))
         else:
             rows.append(SavingsRow.refused(
-                r.budget, refusal="unidentified-far",
-                reason=f"laws not identified ({'; '.join(why)}) and the budget lies "
+                r.budget, refusal=kind,
+                reason=f"{what} ({'; '.join(why + misfits)}) and the budget lies "
                 f"{r.extrapolation_decades:.1f} decades beyond the fitted compute (limit {max_decades:g}): "
                 "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
                 extrapolation_decades=r.extrapolation_decades))
