@@ -199,3 +199,22 @@ def test_a_budget_gets_the_same_answer_whatever_else_is_asked(tmp_path):
         assert "the laws are not identified" in r["reason"]
     assert alone["reason"] == together["reason"]
     assert "the laws answer although" not in err and "inside the data the envelope answers" in err
+
+
+def test_a_sparsitys_answer_does_not_depend_on_the_other_sparsities_asked():
+    # the shared-lr study under the smelt-form law, 1e20 FLOPs: at S = 0.7 the reference already beats
+    # the matched loss 6 decades below the budget (unmatched), at S = 0.3 it does not. The first
+    # unmatched sparsity used to refuse its whole budget, so S = 0.3 lost its row when 0.7 was asked
+    folder = RUNS.parent / "runs-isoflop-sharedlr-2026-12-06"
+
+    def rows(sparsity: str) -> dict:
+        res = runner.invoke(app, ["savings", "--runs", str(folder), "--law", "smelt", "--bootstrap", "0",
+                                  "--method", "law", "--extrapolate", "--budget", "1e20", "--sparsity",
+                                  sparsity, "--json"])
+        assert res.exit_code == 0, res.stderr
+        return {r["sparsity"]: r for r in json.loads(res.stdout)["rows"]}
+
+    alone, both = rows("0.3"), rows("0.3,0.7")
+    assert set(both) == {0.3, 0.7} and both[0.3] == alone[0.3] and alone[0.3]["savings"] is not None
+    assert both[0.7]["savings"] is None and both[0.7]["refusal"] == "already-beaten"
+    assert "S=0.7" in both[0.7]["reason"] or "0.7" in both[0.7]["reason"]

@@ -127,7 +127,7 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
             tops = [x for x in (ref.compute_max, cand.compute_max) if x]
             rows += [SavingsRow.refused(
                 r.budget, r.reason if not distrust else f"laws not identified ({distrust}); and {r.reason}",
-                refusal=r.refusal, method="law",
+                refusal=r.refusal, method="law", sparsity=r.sparsity,
                 extrapolation_decades=float(np.log10(r.budget / min(tops))) if tops else None)
                 for r in unanswered]
             law_res = withhold_unidentified(law_res, ref, cand, max_decades=max_extrapolation,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from scaling.common.errors import UserError
@@ -26,24 +27,31 @@ def savings_over(reference: Any, candidate: Any, budgets: Iterable[float],
     """``scaling.fitting.savings.savings`` over many budgets, leaving out those it cannot answer.
 
     Returns (SavingsResult of the answered budgets, the refused rows of those left out, method
-    ``law``). A budget is left out when its matching compute lies outside the bisection bracket
-    (:class:`scaling.fitting.savings.Unmatched`: the reference never reaches the candidate's loss
-    within 6 decades, or already beats it there), which can happen far from the data when two
-    fitted frontiers cross; bad input is an error for all of them. None answered:
-    :class:`NoBudgetAnswered`. Keyword arguments go to ``savings``.
+    ``law``), per budget and sparsity. A budget is left out when its matching compute lies outside
+    the bisection bracket (:class:`scaling.fitting.savings.Unmatched`: the reference never reaches
+    the candidate's loss within 6 decades, or already beats it there), which can happen far from
+    the data when two fitted frontiers cross; bad input is an error for all of them. None
+    answered: :class:`NoBudgetAnswered`. Keyword arguments go to ``savings``.
     """
     budgets = [float(b) for b in budgets]
+    sparsities = list(kwargs.pop("sparsities", None) or (None,))
     try:
-        return savings(reference, candidate, budgets, **kwargs), ()
+        return savings(reference, candidate, budgets, sparsities=sparsities, **kwargs), ()
     except Unmatched:
         pass
-    keep, skipped = [], []
+    # each (budget, sparsity) on its own: one unmatched sparsity must not take the others of its
+    # budget with it (a budget's answer at S = 0.3 must not depend on whether S = 0.7 was asked)
+    answered, rows, warnings, skipped = None, [], [], []
     for b in budgets:
-        try:
-            savings(reference, candidate, [b], **kwargs)
-            keep.append(b)
-        except Unmatched as exc:
-            skipped.append(SavingsRow.refused(b, str(exc), refusal=exc.refusal, method="law"))
-    if not keep:
+        for s in sparsities:
+            try:
+                one = savings(reference, candidate, [b], sparsities=[s], **kwargs)
+            except Unmatched as exc:
+                skipped.append(SavingsRow.refused(b, str(exc), refusal=exc.refusal, method="law", sparsity=s))
+                continue
+            answered = one
+            rows += one.rows
+            warnings += [w for w in one.warnings if w not in warnings]
+    if answered is None:
         raise NoBudgetAnswered(skipped)
-    return savings(reference, candidate, keep, **kwargs), tuple(skipped)
+    return replace(answered, rows=tuple(rows), warnings=tuple(warnings)), tuple(skipped)
