@@ -186,11 +186,11 @@ def test_law_fitted_to_another_laws_data_is_flagged_misfit():
     assert "fit: MISFIT" in bad.summary()
     good = fit_law(frame(N, D, CHIN.predict(TRUE, N=N, D=D) * np.exp(0.002 * rng.standard_normal(N.size))),
                    n_bootstrap=0)
-    assert not good.diagnostics["misfit"] and good.diagnostics["identified"]
+    assert not good.diagnostics["misfit"] and good.diagnostics["point_fit_sound"]
     # noise-free points on the law: round-off is both trend and scatter, and no misfit
     exact = fit_law(frame(N, D, CHIN.predict(TRUE, N=N, D=D)), n_bootstrap=0)
     assert exact.diagnostics["rmse_log"] < 1e-8
-    assert not exact.diagnostics["misfit"] and exact.diagnostics["identified"]
+    assert not exact.diagnostics["misfit"] and exact.diagnostics["point_fit_sound"]
 
 
 def test_one_residual_degree_of_freedom_is_not_identified():

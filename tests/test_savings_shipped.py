@@ -218,3 +218,17 @@ def test_a_sparsitys_answer_does_not_depend_on_the_other_sparsities_asked():
     assert set(both) == {0.3, 0.7} and both[0.3] == alone[0.3] and alone[0.3]["savings"] is not None
     assert both[0.7]["savings"] is None and both[0.7]["refusal"] == "already-beaten"
     assert "S=0.7" in both[0.7]["reason"] or "0.7" in both[0.7]["reason"]
+
+
+def test_the_bootstrap_count_does_not_choose_the_method():
+    # the shared-lr study: with 20 resamples its laws are not shown identified, and --bootstrap 0 used
+    # to count as identified, so the same budget was answered by the laws (6.33%) at 0 resamples and
+    # by the envelope (13.07%) at 20; a fit without a bootstrap is not called identified now
+    folder = RUNS.parent / "runs-isoflop-sharedlr-2026-12-06"
+    got = {}
+    for k in ("0", "20"):
+        res = runner.invoke(app, ["savings", "--runs", str(folder), "--budgets", "3.56e11,1e13",
+                                  "--bootstrap", k, "--json"])
+        assert res.exit_code == 0, res.stderr
+        got[k] = [(r["method"], r["savings"], r["refusal"]) for r in json.loads(res.stdout)["rows"]]
+    assert got["0"] == got["20"] and got["0"][0][0] == "envelope" and got["0"][1][2] == "unidentified-far"

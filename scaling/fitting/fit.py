@@ -68,6 +68,7 @@ from scaling.fitting.tables import law_inputs, token_cost, total_flops
 MIN_RESIDUAL_DOF = 2   # points beyond the free parameters that an identified fit needs
 MAX_BOOTSTRAP_ON_BOUND = 0.1  # share of bootstrap refits on a bound above which a fit is weakly identified
 BOUND_SHARE_CONFIDENCE = 0.95  # one-sided: identified only if the share is shown to be at most the above
+MIN_IDENTIFY_RESAMPLES = 25    # 0 of K refits on a bound shows the share <= 10% from K = 25
 MAX_START_SPREAD = 1e-2  # relative spread of the starts at the best objective: above it, a flat direction
 
 __all__ = [
@@ -296,7 +297,10 @@ def _diagnostics(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, 
     # the 95% intervals covered the truth in 12-14 of 20 planted fits (7 points: 18-19, 8: 20)
     sound = (not on_bound and spread <= MAX_START_SPREAD and opt.converged
              and p.n_all >= pm.n_free + MIN_RESIDUAL_DOF)
-    identified = sound and not (K and boot_upper > MAX_BOOTSTRAP_ON_BOUND)
+    # without a bootstrap nothing shows that few refits end on a bound: not identified, as with too
+    # few resamples (a verdict that --bootstrap 0 passed and --bootstrap 20 failed made the answer of
+    # `savings` depend on the resample count)
+    identified = sound and bool(K) and not boot_upper > MAX_BOOTSTRAP_ON_BOUND
     n = len(b.y)
     return {
         "objective": objective,
@@ -315,6 +319,9 @@ def _diagnostics(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, 
         "bootstrap_on_bound_upper": boot_upper,
         "bootstrap_unconverged": int((~r.converged).sum()) if K else 0,
         "identified": bool(identified),
+        # the point fit's part of the verdict alone (no parameter on a bound, the starts agree, it
+        # converged, two residual degrees of freedom): what --bootstrap 0 can still say
+        "point_fit_sound": bool(sound),
         # the verdict with the observed share in place of its upper bound: what a bootstrap large
         # enough to pin the share would conclude if it held (simulate's trials, which bootstrap less)
         "identified_at_observed_share": bool(sound and not (K and boot_bound > MAX_BOOTSTRAP_ON_BOUND)),
@@ -348,7 +355,11 @@ def _warnings(p: _Problem, s: _Search, r: _Resamples, settings: FitSettings, n: 
         out.append(f"{p.n_all:,} points (more than {ONE_STEP_POINTS:,}): the bootstrap takes one "
                    "Gauss-Newton step from the fit per resample instead of refitting it "
                    "(first-order equivalent; settings bootstrap_method)")
-    if K and boot_bound > MAX_BOOTSTRAP_ON_BOUND:
+    if not K:
+        out.append("no bootstrap (--bootstrap 0): nothing shows that the bootstrap refits stay off the "
+                   f"bounds, so the fit is not called identified; --bootstrap {MIN_IDENTIFY_RESAMPLES} or "
+                   "more can show it")
+    elif boot_bound > MAX_BOOTSTRAP_ON_BOUND:
         out.append(f"{100 * boot_bound:.0f}% of bootstrap fits end on a bound: weakly identified")
     elif K and boot_upper > MAX_BOOTSTRAP_ON_BOUND:
         out.append(f"{100 * boot_bound:.0f}% of {K} bootstrap fits end on a bound, too few resamples to show "
