@@ -130,6 +130,15 @@ def test_unidentified_from_diagnostics_and_published_laws_are_never_withheld():
     assert out.rows[1].refusal == "misfit-far" and "c: misfits its points" in out.rows[1].reason
     both = withhold_unidentified(savings(known, loose, [1e20]), replace(known, misfit=True), loose).rows[0]
     assert both.refusal == "unidentified-far" and "r: misfits" in both.reason and "c: E on" in both.reason
+    # below the data is outside it too (`savings --budget 3e11` on runs/, 0.07 decades under the
+    # study, printed 10.45% from the unidentified laws)
+    lo_known, lo_loose = replace(known, compute_min=1e17), replace(loose, compute_min=1e17)
+    res = savings(lo_known, lo_loose, [3e16, 3e17])
+    out = withhold_unidentified(res, lo_known, lo_loose)
+    assert out.rows[0].savings is None and "decades below the fitted compute" in out.rows[0].reason
+    assert out.rows[1].savings == res.rows[1].savings
+    assert withhold_unidentified(res, lo_known, lo_known).rows == res.rows
+    assert withhold_unidentified(res, lo_known, lo_loose, extrapolate=True).rows[0].extrapolated
 
 
 def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():

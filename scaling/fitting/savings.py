@@ -659,13 +659,15 @@ def disagreements(rows: Sequence[SavingsRow], checks: Sequence[SavingsRow]) -> l
 
 def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate: FittedLaw, *,
                           max_decades: float = WITHHOLD_DECADES, extrapolate: bool = False) -> SavingsResult:
-    """No point estimate from an unidentified or misfitting law far beyond its data.
+    """No point estimate from an unidentified or misfitting law outside its data.
 
     A law row whose extrapolation exceeds ``max_decades`` decades beyond the largest fitted
-    compute, while either law is not identified (``FittedLaw.unidentified``: a parameter of the
-    best fit on its bound, or most bootstrap fits on one; refusal ``unidentified-far``) or misfits
-    its points (``FittedLaw.misfit``: a systematic residual trend; refusal ``misfit-far``), loses its
-    numbers and says why: such a law's frontier far out is set by the bounds or by a form the data
+    compute, or whose budget or matched compute lies more than ``max_decades`` below the smallest
+    (the larger of the two laws' smallest: an extrapolation down is one too), while either law is
+    not identified (``FittedLaw.unidentified``: a parameter of the best fit on its bound, or most
+    bootstrap fits on one; refusal ``unidentified-far``) or misfits its points
+    (``FittedLaw.misfit``: a systematic residual trend; refusal ``misfit-far``), loses its numbers
+    and says why: such a law's frontier outside the data is set by the bounds or by a form the data
     reject, not by the data. With ``extrapolate`` the numbers stay and the row is marked
     ``extrapolated`` instead.
     """
@@ -679,19 +681,26 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
         return result
     kind, what = (("unidentified-far", "laws not identified") if why
                   else ("misfit-far", "laws that misfit their points"))
+    floors = [law.compute_min for law in (reference, candidate) if law.compute_min]
     rows = []
     for r in result.rows:
         far = (r.method == "law" and r.extrapolation_decades is not None
                and r.extrapolation_decades > max_decades)
-        if not far or r.savings is None:
+        # below the data is outside it too: the smallest compute the row uses under the larger floor
+        lows = [x for x in (r.budget, r.candidate_compute, r.reference_compute) if x and x > 0]
+        below = (float(np.log10(max(floors) / min(lows)))
+                 if r.method == "law" and floors and lows and r.savings is not None else 0.0)
+        if (not far and below <= max_decades) or r.savings is None:
             rows.append(r)
         elif extrapolate:
             rows.append(replace(r, extrapolated=True))
         else:
+            where = (f"{r.extrapolation_decades:.1f} decades beyond" if far
+                     else f"{below:.2f} decades below")
             rows.append(SavingsRow.refused(
                 r.budget, refusal=kind,
                 reason=f"{what} ({'; '.join(why + misfits)}) and the budget lies "
-                f"{r.extrapolation_decades:.1f} decades beyond the fitted compute (limit {max_decades:g}): "
+                f"{where} the fitted compute (limit {max_decades:g}): "
                 "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
                 extrapolation_decades=r.extrapolation_decades))
     old, new = _far_warning(result.rows), _far_warning(rows)
