@@ -165,11 +165,16 @@ def test_a_withheld_row_takes_the_warnings_about_its_resamples_with_it():
     assert own[1] in forced.warnings and forced.rows[1].refusal is None
 
 
+def seeds_0_to_4(folder: Path) -> None:
+    """``folder`` as a runs folder of links to seeds 0-4 of runs/ (five in every cell)."""
+    for run_dir in sorted(RUNS.glob("iso-*-s[0-4]")):
+        (folder / run_dir.name).symlink_to(run_dir, target_is_directory=True)
+
+
 def test_where_equals_a_folder_of_the_runs_it_keeps(tmp_path):
     # --where 'seed <= 4' on runs/ and a folder of links to runs/*-s[0-4]: the same points, so the
     # same envelope, fits and intervals, number for number
-    for run_dir in sorted(RUNS.glob("iso-*-s[0-4]")):
-        (tmp_path / run_dir.name).symlink_to(run_dir, target_is_directory=True)
+    seeds_0_to_4(tmp_path)
     args = ["--budgets", "3.56e11,6.32e11,1e13", "--bootstrap", "20", "--json"]
     kept = json.loads(run("--where", "seed <= 4", *args).stdout)
     res = runner.invoke(app, ["savings", "--runs", str(tmp_path), *args])
@@ -192,8 +197,7 @@ def test_a_budget_gets_the_same_answer_whatever_else_is_asked(tmp_path):
     # Baseline's whole frontier (to 6.017), so the envelope has no number there; the laws are not
     # identified, so nobody does. Asked alone, the budget used to fall to the unidentified laws (the
     # envelope then answered no budget at all) and printed 13.9% [5.2, 20.7] from them
-    for run_dir in sorted(RUNS.glob("iso-*-s[0-4]")):
-        (tmp_path / run_dir.name).symlink_to(run_dir, target_is_directory=True)
+    seeds_0_to_4(tmp_path)
 
     def row(*budgets: str) -> dict:
         res = runner.invoke(app, ["savings", "--runs", str(tmp_path), "--budgets", ",".join(budgets),

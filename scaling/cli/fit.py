@@ -241,15 +241,16 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
     table = Table(title=f"compute-optimal size exponent a ({x}* ∝ C^a), 95% intervals", title_justify="left")
     for c in ("group", "approach 1 (frontier)", "approach 2 (IsoFLOP)", "approach 3 (law)"):
         table.add_column(c, justify="right" if c != "group" else "left", no_wrap=True)
+    marked = []   # approach-1 checks whose interval the table marks
     for f in groups:
         key = "a_data" if "a_data" in f.derived else ea
         a3 = f.derived.get(key)
         a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, key)}".replace(" [-]", "")
-        table.add_row(f.group, _a_text(f.cross_checks.get("approach1"), " *"),
-                      _a_text(f.cross_checks.get("approach2")), a3_text)
+        a1_text = _a_text(f.cross_checks.get("approach1"), " *")
+        if a1_text.endswith(" *"):
+            marked.append(f.cross_checks["approach1"])
+        table.add_row(f.group, a1_text, _a_text(f.cross_checks.get("approach2")), a3_text)
     captions = []
-    marked = [f.cross_checks["approach1"] for f in groups
-              if _a_text(f.cross_checks.get("approach1"), " *").endswith(" *")]
     for note in dict.fromkeys(a1_ci_note(c) for c in marked):
         captions.append(f"* approach 1's interval is {note}, not 95%")
     if any("a_data" in f.derived for f in groups):
