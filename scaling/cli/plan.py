@@ -284,7 +284,7 @@ def print_simulation(res: SimulationResult) -> None:
         highlight=False,
     )
     ident = ", ".join(f"{g} {100 * v:.0f}%" for g, v in res.identified_rate.items())
-    stdout.print(f"fits identified (fitter diagnostics): {ident}", highlight=False)
+    stdout.print(f"fits identified ({res.identified_basis}): {ident}", highlight=False)
     if res.start_check:
         c = res.start_check
         stdout.print(
