@@ -184,12 +184,12 @@ def register(app: typer.Typer) -> None:
         if method == "envelope" and (law_set is not None or fits is not None):
             raise UserError("--method envelope needs runs (--runs PATH or the default runs/), not "
                             + ("--law-set" if law_set is not None else "--fits"))
-        points = path = None
+        points = path = n_read = None
         if law_set is None and fits is None:
             path = DEFAULT_RUNS if runs is None else runs
-            points = read_points(path, is_default=runs is None, warn=warn, where=tuple(where or ()))
+            points, n_read = read_points(path, is_default=runs is None, warn=warn, where=tuple(where or ()))
         res = answer_savings(reference, candidate, C, method=method, points=points, path=path, runs=runs,
                              fits=fits, law_set=law_set, law=law, convention=_AT[at], n_bootstrap=n_bootstrap,
                              seed=seed, level=ci_level, sparsities=S, max_extrapolation=max_extrapolation,
-                             extrapolate=extrapolate, warn=warn, where=tuple(where or ()))
+                             extrapolate=extrapolate, warn=warn, where=tuple(where or ()), n_read=n_read)
         finish(json_out, res.to_dict, lambda: print_result(res))

@@ -58,11 +58,12 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
                    convention: str = "candidate-budget", n_bootstrap: int = 0, seed: int = 0,
                    level: float = 0.95, sparsities: Sequence[float] = (), max_extrapolation: float,
                    extrapolate: bool = False, warn: Callable[[str], None] | None = None,
-                   where: Sequence[str] = ()) -> SavingsResult:
+                   where: Sequence[str] = (), n_read: int | None = None) -> SavingsResult:
     """The savings at ``budgets`` by ``method`` (see the module doc). ``points`` (read from ``path``)
     feed the envelope and the fits of ``runs``; ``fits`` or ``law_set`` name the laws instead
     (:func:`scaling.fitting.sources.load_laws`). ``where``: the row filters the points were read with
-    (:func:`scaling.fitting.sources.read_points`), recorded in the result with the counts; the envelope
+    (:func:`scaling.fitting.sources.read_points`), recorded in the result with the counts (``n_read``:
+    the rows read before them; default ``len(points)``); the envelope
     and the fits both see only the points kept. Each warning goes to ``warn`` once, as it arises,
     and into the result's ``warnings``."""
     shown: dict[str, None] = {}  # ordered set: each warning once
@@ -77,7 +78,7 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
     if where and points is None:
         raise UserError("--where filters the runs' points: it needs runs (--runs PATH or the default "
                         "runs/), not " + ("--law-set" if law_set is not None else "--fits"))
-    n_points = None if points is None else points.attrs.get("rows_read", len(points))
+    n_points = None if points is None else (len(points) if n_read is None else n_read)
     C = budgets
     rows: list[SavingsRow] = []
     checks: list[SavingsRow] = []

@@ -91,11 +91,10 @@ class LawSource:
 
 
 def read_points(path: Path, *, is_default: bool = False, warn: Callable[[str], None] | None = None,
-                where: Sequence[str] = ()) -> pd.DataFrame:
-    """Canonical points of a runs folder or table; on the default folder, errors say what to do.
-    ``where``: row filters on the table's own columns, applied as it is read (``fit --where``'s:
-    :class:`scaling.fitting.tables.Columns`); then ``points.attrs`` holds ``rows_read`` and
-    ``rows_kept``."""
+                where: Sequence[str] = ()) -> tuple[pd.DataFrame, int]:
+    """Canonical points of a runs folder or table, and the number of rows read before ``where``;
+    on the default folder, errors say what to do. ``where``: row filters on the table's own columns,
+    applied as it is read (``fit --where``'s: :class:`scaling.fitting.tables.Columns`)."""
     hint = "train runs into it, or give another runs folder, a fits file or a law set"
     if is_default and (not path.is_dir() or not any(path.iterdir())):
         raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
@@ -106,10 +105,7 @@ def read_points(path: Path, *, is_default: bool = False, warn: Callable[[str], N
     if warn is not None:
         for m in table.messages():
             warn(m)
-    points = table.points
-    if where:
-        points.attrs.update(rows_read=table.rows_read, rows_kept=table.rows_kept)
-    return points
+    return table.points, table.rows_read
 
 
 def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed: int, *,
@@ -118,7 +114,7 @@ def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed
     """Fit ``groups`` of a runs folder or points table (or of ``points`` already read from it): one
     FitResult per group, in order. The fits' own warnings go to ``warn`` as "fit of <group>: ..."."""
     if points is None:
-        points = read_points(path, is_default=is_default, warn=warn)
+        points, _ = read_points(path, is_default=is_default, warn=warn)
     present = sorted(points["group"].unique(), key=str)
     out = []
     for g in groups:
