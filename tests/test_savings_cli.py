@@ -125,13 +125,37 @@ def test_runs_fitted_on_the_fly_give_the_hand_derived_savings(runs_dir, tmp_path
 
 def test_fits_file_from_the_fitter(runs_dir, tmp_path):
     out = tmp_path / "fits.json"
-    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", "10", "--out", str(out)])
+    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", "30", "--out", str(out)])
     assert fit.exit_code == 0, fit.stderr
     res = invoke("--fits", str(out), "--budget", "1e17", "--json")
     assert res.exit_code == 0, res.stderr
     row = json.loads(res.stdout)["rows"][0]
     assert row["savings"] == pytest.approx(EXPECTED, abs=0.02)
     assert row["savings_ci"] is not None and ROW_KEYS <= set(row)
+
+
+def test_a_fits_file_of_laws_not_shown_identified_gives_no_number_inside_its_data(runs_dir, tmp_path):
+    """The default method lets only the observed frontiers answer inside the data of laws it does not
+    trust; a fits file carries no runs, so nobody answers there (on the shipped study's fits the
+    unidentified laws said 10.5% [6.7, 17.3] at 1.12e12 where the runs' envelope says -3.3%
+    [-7.2, 8.8]). 10 resamples cannot show the refits off the bounds, so the planted law, identified
+    at 30, is not called identified at 10; `--method law` still prints the law's number."""
+    out = tmp_path / "fits.json"
+    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", "10", "--out", str(out)])
+    assert fit.exit_code == 0, fit.stderr
+    res = invoke("--fits", str(out), "--budget", "1e17", "--json")
+    assert res.exit_code == 0, res.stderr
+    row = json.loads(res.stdout)["rows"][0]
+    assert row["savings"] is None and row["refusal"] == "distrusted-inside" and row["method"] == "law"
+    assert "--runs PATH" in row["reason"] and "not identified" in row["reason"]
+    assert row["extrapolation_decades"] <= 0
+    law = invoke("--fits", str(out), "--budget", "1e17", "--method", "law", "--json")
+    assert law.exit_code == 0, law.stderr
+    assert json.loads(law.stdout)["rows"][0]["savings"] == pytest.approx(EXPECTED, abs=0.02)
+    assert "the laws answer although" in law.stderr
+    # from the runs themselves the envelope answers there, as before
+    runs = invoke("--runs", str(runs_dir), "--budget", "1e17", "--bootstrap", "10", "--json")
+    assert json.loads(runs.stdout)["rows"][0]["method"] == "envelope"
 
 
 def _fits_file(path: Path, **ref_over) -> Path:

@@ -78,9 +78,12 @@ WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law be
 # reaches the matched loss (an observed frontier in its range, a law within SPAN_DECADES above the
 # budget); a law reaches it with more than SPAN_DECADES less compute (the saving is ~100%, past the
 # bracket); the laws are not identified and the budget lies beyond the data; a law misfits its
-# points (and both are identified) and the budget lies beyond the data. Where a budget is both
-# beyond such a law's data and unmatched, the unmatched kind is given.
-REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far", "misfit-far")
+# points (and both are identified) and the budget lies beyond the data; laws that are not identified
+# or misfit, asked by the default method without their runs (a fits file), inside their data,
+# where only the observed frontiers may answer and there are none. Where a budget is both beyond
+# such a law's data and unmatched, the unmatched kind is given.
+REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far", "misfit-far",
+            "distrusted-inside")
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
 _ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
