@@ -123,13 +123,18 @@ def test_runs_fitted_on_the_fly_give_the_hand_derived_savings(runs_dir, tmp_path
             np.log10(max(r["reference_compute"], r["budget"]) / (6.0 * 1e8 * 10 ** 10.5)), abs=0.05)
 
 
-def test_fits_file_from_the_fitter(runs_dir, tmp_path):
+def _fits_of(runs_dir: Path, tmp_path: Path, bootstrap: int, *savings_args: str) -> tuple[Path, dict]:
+    """`fit --out` of the planted runs, and the first row of `savings --fits` at 1e17 from it."""
     out = tmp_path / "fits.json"
-    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", "30", "--out", str(out)])
+    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", str(bootstrap), "--out", str(out)])
     assert fit.exit_code == 0, fit.stderr
-    res = invoke("--fits", str(out), "--budget", "1e17", "--json")
+    res = invoke("--fits", str(out), "--budget", "1e17", "--json", *savings_args)
     assert res.exit_code == 0, res.stderr
-    row = json.loads(res.stdout)["rows"][0]
+    return out, json.loads(res.stdout)["rows"][0]
+
+
+def test_fits_file_from_the_fitter(runs_dir, tmp_path):
+    _, row = _fits_of(runs_dir, tmp_path, 30)
     assert row["savings"] == pytest.approx(EXPECTED, abs=0.02)
     assert row["savings_ci"] is not None and ROW_KEYS <= set(row)
 
@@ -140,12 +145,7 @@ def test_a_fits_file_of_laws_not_shown_identified_gives_no_number_inside_its_dat
     unidentified laws said 10.5% [6.7, 17.3] at 1.12e12 where the runs' envelope says -3.3%
     [-7.2, 8.8]). 10 resamples cannot show the refits off the bounds, so the planted law, identified
     at 30, is not called identified at 10; `--method law` still prints the law's number."""
-    out = tmp_path / "fits.json"
-    fit = runner.invoke(app, ["fit", str(runs_dir), "--bootstrap", "10", "--out", str(out)])
-    assert fit.exit_code == 0, fit.stderr
-    res = invoke("--fits", str(out), "--budget", "1e17", "--json")
-    assert res.exit_code == 0, res.stderr
-    row = json.loads(res.stdout)["rows"][0]
+    out, row = _fits_of(runs_dir, tmp_path, 10)
     assert row["savings"] is None and row["refusal"] == "distrusted-inside" and row["method"] == "law"
     assert "--runs PATH" in row["reason"] and "not identified" in row["reason"]
     assert row["extrapolation_decades"] <= 0
