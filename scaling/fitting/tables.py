@@ -318,6 +318,9 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
                     v = p.get(key)
                     if isinstance(v, int) and abs(v) > sys.float_info.max:
                         raise UserError(f"{key} {str(v)[:30]}... is beyond any float")
+                why = _bad_identity(p)
+                if why is not None:
+                    raise UserError(why)
         except UserError as exc:
             n_corrupt += 1
             skipped.append(SkippedRun(name, f"unreadable final.json ({' '.join(str(exc).split())})"))
@@ -376,6 +379,30 @@ def _numeric(df: pd.DataFrame, col: str, source: str, rows: np.ndarray | None = 
         raise UserError(f"{source}: column {col!r} has a value that is not a finite number: row {row} "
                         f"reads {s.iloc[i]!r} ({n_bad} such cell{'s' if n_bad > 1 else ''} in all)")
     return num.to_numpy(dtype=float)
+
+
+# a point's labels: what groups, pairs and clusters it (compare, fit); a null, a list or a table there
+# crashed them (2026-12-07 review)
+_LABELS = ("run", "arch", "tier")
+
+
+def _bad_identity(p: dict) -> str | None:
+    """Why a final.json point cannot be used, else None: it has ``N`` and ``D``; ``run``, ``arch`` and
+    ``tier``, where given, are non-empty strings; ``seed`` a string or an integer; ``budget_index`` an
+    integer >= 0."""
+    missing = [k for k in ("N", "D") if p.get(k) is None]
+    if missing:   # e.g. a final.json without its "points" list, read as one point
+        return f"no {' or '.join(missing)} in its point"
+    for key in _LABELS:
+        if key in p and not (isinstance(p[key], str) and p[key]):
+            return f"{key} {str(p[key])[:30]!r} is not a name"
+    seed = p.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (str, int))):
+        return f"seed {str(seed)[:30]!r} is not an integer or a name"
+    b = p.get("budget_index")
+    if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+        return f"budget_index {str(b)[:30]!r} is not an integer >= 0"
+    return None
 
 
 def _missing(df: pd.DataFrame, role: str, col: str, source: str, extra: str = "") -> UserError:
@@ -499,6 +526,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
     out["group"], mapping["group"] = _group_column(raw, c.group, source)
     run_name = GUESS_RUN if c.run is None else c.run
     if not _off(run_name) and run_name in cols:
+        _no_blank(raw, run_name, "run id", source, rownum, "or --run-col none (each row its own run)")
         out["run"] = raw[run_name].astype(str).to_numpy()
         mapping["run"] = repr(run_name) + (f" (guessed: column named {GUESS_RUN})" if c.run is None else "")
     elif c.run is not None and not _off(c.run):
@@ -619,11 +647,23 @@ def _labels(s: pd.Series) -> np.ndarray:
     return np.where(s.isna().to_numpy(), "", text)
 
 
+def _no_blank(raw: pd.DataFrame, name: str, role: str, source: str, rownum: np.ndarray,
+              hint: str = "") -> None:
+    """A label column (run ids, groups) with a missing value is refused: as text a missing value would
+    be the label 'nan', one run or group made of unrelated rows."""
+    blank = raw[name].isna().to_numpy() | (raw[name].astype(str).str.strip() == "").to_numpy()
+    if blank.any():
+        rows = ", ".join(str(int(r)) for r in rownum[blank][:5]) + (", ..." if blank.sum() > 5 else "")
+        raise UserError(f"{source}: column {name!r} gives no {role} in {int(blank.sum())} row(s) "
+                        f"(data row {rows}); give every row one" + (f", {hint}" if hint else ""))
+
+
 def _group_column(raw: pd.DataFrame, name: str | None, source: str) -> tuple[Any, str]:
     """(group per row, how it was read): the named column, else a guessed ``arch`` column, else one group."""
     if name is not None and not _off(name):
         if name not in raw.columns:
             raise _missing(raw, "group", name, source)
+        _no_blank(raw, name, "group", source, raw.index.to_numpy() + 1)
         return raw[name].astype(str).to_numpy(), repr(name)
     if name is None and GUESS_GROUP in raw.columns:
         return (raw[GUESS_GROUP].fillna(DEFAULT_GROUP).astype(str).to_numpy(),
