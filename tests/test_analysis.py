@@ -408,6 +408,34 @@ def test_cli_lengths_gain_and_plot(cli, runs, tmp_path):
     assert res.exit_code == 0 and json.loads(res.stdout)["gain"] is None
 
 
+def test_analyses_that_save_hold_the_run_folders_lock(cli, runs):
+    """One process writes a run folder at a time: `analyze --save` writes analysis/ (and snapshot-data
+    eval_data/), so it is refused while a training holds the folder, and a training is refused while
+    it runs (a review saved an ICL result a second after `train --overwrite` took the folder)."""
+    from scaling.training.loop.lock import RunLock, held
+
+    lock = RunLock()
+    lock.acquire(runs["smelt"])     # another open file description: flock conflicts as across processes
+    try:
+        before = sorted(p.name for p in (runs["smelt"] / "analysis").glob("*")) \
+            if (runs["smelt"] / "analysis").exists() else []
+        for args in (("sink", runs["smelt"], "--sequences", 1), ("snapshot-data", runs["smelt"])):
+            res = cli(*args)
+            assert res.exit_code == 2 and "is in use by" in res.stderr, res.output
+        after = sorted(p.name for p in (runs["smelt"] / "analysis").glob("*")) \
+            if (runs["smelt"] / "analysis").exists() else []
+        assert after == before and not (runs["smelt"] / "eval_data").exists()
+        # reading without saving needs no lock
+        res = cli("sink", runs["smelt"], "--sequences", 1, "--no-save", "--json")
+        assert res.exit_code == 0, res.stderr
+    finally:
+        lock.release()
+    with held([runs["baseline"]]):
+        with pytest.raises(UserError, match="is in use by"):
+            RunLock().acquire(runs["baseline"])    # what a trainer's start meets meanwhile
+    RunLock().acquire(runs["baseline"])             # and released after
+
+
 def test_cli_icl_table_and_json(cli, runs):
     res = cli("icl", runs["baseline"], runs["smelt"], "--trials", 3, "--shots", "0,2,64", "--max-pairs", 4,
               "--json", "--no-save")

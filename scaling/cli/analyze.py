@@ -54,6 +54,14 @@ def _status(message: str, enabled: bool):
     return stderr.status(message) if enabled else contextlib.nullcontext()
 
 
+def _writing(runs, save: bool):
+    """With ``--save``, hold each run folder's lock from loading its weights to saving the result, so
+    that no training replaces the weights (or writes the folder) meanwhile."""
+    from scaling.training.loop.lock import held
+
+    return held(runs) if save else contextlib.nullcontext()
+
+
 def _save(results, runs, save: bool, quiet: bool, computed_from=None) -> None:
     """Save each result in its run's folder with the hash of the weights it was computed on: its
     own run's, or those of every run in ``computed_from`` (a pair's gain)."""
@@ -135,18 +143,19 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
         _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
-        loaded = an.load_runs(runs, _device(device, threads))
-        results = []
-        for run in loaded:
-            with _status(f"{probe} probe on {run.name}", bar):
-                if probe == "bos":
-                    results.append(an.attention_sink(run, sequences, seed, batch_size))
-                else:
-                    results.append(an.dyck_sink(run, sequences, seed, shots, batch_size=batch_size))
-        finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
-               lambda: stdout.print(_sink_table(results)),
-               save=lambda: _save(results, loaded, save, quiet),
-               plot=lambda: _plot("sink", plot, quiet, results))
+        with _writing(runs, save):
+            loaded = an.load_runs(runs, _device(device, threads))
+            results = []
+            for run in loaded:
+                with _status(f"{probe} probe on {run.name}", bar):
+                    if probe == "bos":
+                        results.append(an.attention_sink(run, sequences, seed, batch_size))
+                    else:
+                        results.append(an.dyck_sink(run, sequences, seed, shots, batch_size=batch_size))
+            finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
+                   lambda: stdout.print(_sink_table(results)),
+                   save=lambda: _save(results, loaded, save, quiet),
+                   plot=lambda: _plot("sink", plot, quiet, results))
 
     @sub.command("lengths")
     @run_cli
@@ -180,34 +189,36 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
         _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
-        loaded = an.load_runs(runs, _device(device, threads))
-        contexts = sorted({r.seq_len for r in loaded})
-        if plot is not None and len(contexts) > 1:
-            raise UserError(f"--plot needs runs of one context; these have {', '.join(map(str, contexts))} "
-                            "tokens (the buckets adapt to the context); plot each context on its own")
-        archs = {r.arch for r in loaded}
-        pair = None
-        if gain is None and archs == {"baseline", "smelt"} and len(loaded) > 2:
-            raise UserError(f"{len(loaded)} runs of both architectures: a gain needs exactly one baseline "
-                            "and one smelt run; pass --no-gain to compare the losses only")
-        if gain or (gain is None and archs == {"baseline", "smelt"}):
-            pair = an.pair_runs(loaded)
-        results = []
-        for run in loaded:
-            with _status(f"loss by length on {run.name}", bar):
-                results.append(an.loss_by_length(run, windows, documents, batch_size))
-        by_name = {r.run: r for r in results}
-        g = an.length_gain(by_name[pair[0].name], by_name[pair[1].name]) if pair else None
+        with _writing(runs, save):
+            loaded = an.load_runs(runs, _device(device, threads))
+            contexts = sorted({r.seq_len for r in loaded})
+            if plot is not None and len(contexts) > 1:
+                raise UserError(f"--plot needs runs of one context; these have "
+                                f"{', '.join(map(str, contexts))} tokens (the buckets adapt to the "
+                                "context); plot each context on its own")
+            archs = {r.arch for r in loaded}
+            pair = None
+            if gain is None and archs == {"baseline", "smelt"} and len(loaded) > 2:
+                raise UserError(f"{len(loaded)} runs of both architectures: a gain needs exactly one "
+                                "baseline and one smelt run; pass --no-gain to compare the losses only")
+            if gain or (gain is None and archs == {"baseline", "smelt"}):
+                pair = an.pair_runs(loaded)
+            results = []
+            for run in loaded:
+                with _status(f"loss by length on {run.name}", bar):
+                    results.append(an.loss_by_length(run, windows, documents, batch_size))
+            by_name = {r.run: r for r in results}
+            g = an.length_gain(by_name[pair[0].name], by_name[pair[1].name]) if pair else None
 
-        def save_all() -> None:
-            _save(results, loaded, save, quiet)
-            if g is not None:
-                _save([g, g], list(pair), save, quiet, computed_from=pair)
+            def save_all() -> None:
+                _save(results, loaded, save, quiet)
+                if g is not None:
+                    _save([g, g], list(pair), save, quiet, computed_from=pair)
 
-        finish(json_out, lambda: {"runs": [r.to_dict(per_sequence=False) for r in results],
-                                  "gain": None if g is None else g.to_dict()},
-               lambda: _print_lengths(results, g),
-               save=save_all, plot=lambda: _plot("lengths", plot, quiet, results, g))
+            finish(json_out, lambda: {"runs": [r.to_dict(per_sequence=False) for r in results],
+                                      "gain": None if g is None else g.to_dict()},
+                   lambda: _print_lengths(results, g),
+                   save=save_all, plot=lambda: _plot("lengths", plot, quiet, results, g))
 
     @sub.command("icl")
     @run_cli
@@ -247,18 +258,19 @@ def register(app: typer.Typer) -> None:
         task = DyckTask(types, min_pairs, max_pairs)
         _check_plot(plot, force, runs)
         quiet, bar = _common(json_out, quiet)
-        loaded = an.load_runs(runs, _device(device, threads))
-        results = []
-        for run in loaded:
-            with _status(f"Dyck ICL on {run.name}", bar):
-                results.append(an.icl_accuracy(run, ks, trials, seed, task, confidence, batch_size))
-            if results[-1].skipped and not quiet:
-                warn(f"{run.name}: prompts with k = {', '.join(map(str, results[-1].skipped))} "
-                     f"demonstrations do not fit its {run.seq_len}-token context; skipped")
-        finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
-               lambda: stdout.print(_icl_table(results)),
-               save=lambda: _save(results, loaded, save, quiet),
-               plot=lambda: _plot("icl", plot, quiet, results))
+        with _writing(runs, save):
+            loaded = an.load_runs(runs, _device(device, threads))
+            results = []
+            for run in loaded:
+                with _status(f"Dyck ICL on {run.name}", bar):
+                    results.append(an.icl_accuracy(run, ks, trials, seed, task, confidence, batch_size))
+                if results[-1].skipped and not quiet:
+                    warn(f"{run.name}: prompts with k = {', '.join(map(str, results[-1].skipped))} "
+                         f"demonstrations do not fit its {run.seq_len}-token context; skipped")
+            finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
+                   lambda: stdout.print(_icl_table(results)),
+                   save=lambda: _save(results, loaded, save, quiet),
+                   plot=lambda: _plot("icl", plot, quiet, results))
 
     @sub.command("snapshot-data")
     @run_cli
@@ -273,7 +285,8 @@ def register(app: typer.Typer) -> None:
         """
         out = []
         for path in runs:
-            dest = an.save_eval_data(path)
+            with _writing([path], True):
+                dest = an.save_eval_data(path)
             size = sum(f.stat().st_size for f in dest.iterdir())
             out.append({"run": Path(path).name, "path": str(dest), "bytes": size})
         if json_out:

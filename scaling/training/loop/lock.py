@@ -14,9 +14,11 @@ Linux emulates them with POSIX byte-range locks, which NFSv4 servers honour acro
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from scaling.common.errors import UserError
 from scaling.common.run_folder import LOCK
@@ -24,8 +26,8 @@ from scaling.training.runlog import holder, take_lock
 
 
 def _refusal(run_dir: Path) -> UserError:
-    return UserError(f"run folder {run_dir} is in use by {holder(run_dir / LOCK)}; one training writes a "
-                     "run folder at a time (wait for it to end, or stop it, then --resume)")
+    return UserError(f"run folder {run_dir} is in use by {holder(run_dir / LOCK)}; one process writes a "
+                     "run folder at a time (a training: wait for it to end, or stop it, then --resume)")
 
 
 def check_free(run_dir: Path) -> None:
@@ -42,6 +44,27 @@ def check_free(run_dir: Path) -> None:
         raise _refusal(Path(run_dir)) from None
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def held(run_dirs: Iterable[Path | str]) -> Iterator[None]:
+    """Hold the lock of every folder in ``run_dirs`` for the ``with`` block: for a writer other than
+    the trainer (``analyze`` writes ``analysis/`` and ``eval_data/``), so that a training started
+    meanwhile is refused instead of replacing the weights under it (2026-12-07 review: an ICL result
+    was saved a second after ``train --overwrite`` took the folder). UserError naming the holder
+    when one is taken; the locks taken so far are released."""
+    locks = []
+    try:
+        for d in dict.fromkeys(Path(r).resolve() for r in run_dirs):
+            if not d.is_dir():   # not a run folder: the reader's own error says so
+                continue
+            lock = RunLock()
+            lock.acquire(d)
+            locks.append(lock)
+        yield
+    finally:
+        for lock in locks:
+            lock.release()
 
 
 class RunLock:
