@@ -294,13 +294,19 @@ class RunFolder:
         return read_config(f, "final") if f.exists() else None
 
     def complete(self) -> bool:
-        """Whether final.json says every budget is done (False when it is missing or unreadable:
-        a run that cannot show it finished is not finished)."""
+        """Whether final.json says every budget is done and holds its points (False when it is
+        missing or unreadable, or its ``points`` is not a non-empty list of objects: a run that
+        cannot show it finished is not finished), and config.json, which the trainer wrote first,
+        is there (a final.json alone was copied or left over: nothing says which run it is)."""
         try:
             final = self.final()
         except UserError:
             return False
-        return bool(final and final.get("complete", False))
+        if not (final and final.get("complete", False) is True):
+            return False
+        pts = final.get("points")
+        return (isinstance(pts, list) and bool(pts) and all(isinstance(p, dict) for p in pts)
+                and (self.path / CONFIG).exists())
 
     def metrics(self) -> JsonlRows:
         """The logged lines (a torn last line is dropped and counted)."""
@@ -310,8 +316,8 @@ class RunFolder:
         """'done', 'partial' or 'new': the one rule (the sweep decides by it whether to skip,
         resume or start a run).
 
-        'done': final.json is readable and ``complete`` (an incomplete or unreadable final.json is
-        never finished). 'partial': otherwise, when config.json exists: the trainer wrote it
+        'done': :meth:`complete` (an incomplete or unreadable final.json, or one without points or
+        without its config.json, is never finished). 'partial': otherwise, when config.json exists: the trainer wrote it
         before anything else and resumes from it. 'new': otherwise, a final.json alone included
         (copied or left over without its config.json): the trainer cannot resume that, it
         starts the run afresh and rewrites final.json.
