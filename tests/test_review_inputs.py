@@ -95,3 +95,27 @@ def test_a_sparsity_out_of_range_is_refused_before_anything_is_fitted(value, why
     `0.5,0.5` printed every row twice."""
     one_line_exit_2(runner.invoke(app, ["savings", str(ROOT / "runs"), "--budget", "1e12", "--bootstrap", "0",
                                         "--sparsity", value]), why)
+
+
+@pytest.mark.parametrize("section, key, value, why", [
+    ("data_summary", "sparsities", ["a"], "data_summary.sparsities must be a list of numbers in [0, 1)"),
+    ("data_summary", "sparsities", [-5, 2], "data_summary.sparsities must be a list of numbers in [0, 1)"),
+    ("data_summary", "sparsities", 3, "data_summary.sparsities must be a list of numbers in [0, 1)"),
+    ("settings", "ci_level", "abc", "settings.ci_level must be a number in (0, 1)"),
+    ("settings", "ci_level", 5, "settings.ci_level must be a number in (0, 1)"),
+    ("diagnostics", "goodness_of_fit", "x", "diagnostics.goodness_of_fit must be an object"),
+])
+def test_a_fits_file_field_that_commands_read_is_checked_on_load(tmp_path, section, key, value, why):
+    """Fields read by savings/plan/simulate (the default sparsity) and plot (the level, the residual
+    trend) crashed them, or moved the default S: sparsities [-5, 2] made `savings` print -137.75%."""
+    from scaling.common.errors import UserError
+    from scaling.fitting.result import FitSet
+
+    entry = {"law": "chinchilla", "params": {"E": 1.7, "A": 400.0, "alpha": 0.34, "B": 410.0, "beta": 0.28},
+             "n_points": 9, section: {key: value}}
+    path = tmp_path / "fits.json"
+    path.write_text(json.dumps({"schema": "smelt-scale.fit/2", "fits": {"baseline": entry, "smelt": entry}}))
+    with pytest.raises(UserError, match="not a fit entry.*" + why.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[")):
+        FitSet.load(path)
+    one_line_exit_2(runner.invoke(app, ["savings", "--fits", str(path), "--budget", "1e21"]), why)

@@ -317,10 +317,10 @@ class RunFolder:
         resume or start a run).
 
         'done': :meth:`complete` (an incomplete or unreadable final.json, or one without points or
-        without its config.json, is never finished). 'partial': otherwise, when config.json exists: the trainer wrote it
-        before anything else and resumes from it. 'new': otherwise, a final.json alone included
-        (copied or left over without its config.json): the trainer cannot resume that, it
-        starts the run afresh and rewrites final.json.
+        without its config.json, is never finished). 'partial': otherwise, when config.json
+        exists: the trainer wrote it before anything else and resumes from it. 'new': otherwise,
+        a final.json alone included (copied or left over without its config.json): the trainer
+        cannot resume that, it starts the run afresh and rewrites final.json.
         """
         if self.complete():
             return "done"

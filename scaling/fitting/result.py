@@ -355,6 +355,17 @@ def _checked_sections(d: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if key in summary and not (_is_number(summary[key]) and 0 < summary[key] < math.inf):
             raise ValueError(f"data_summary.{key} must be a positive finite number, got "
                              f"{summary[key]!r}")
+    # read by savings, plan, simulate and plot (the default sparsity) and by plot (the intervals'
+    # level, the residual trend): a string, a number out of range or a list there crashed them or
+    # moved the default S (2026-12-07 review: sparsities [-5, 2] made savings print -137.75%)
+    sp = summary.get("sparsities")
+    if sp is not None and not (isinstance(sp, list) and all(_is_number(v) and 0 <= v < 1 for v in sp)):
+        raise ValueError(f"data_summary.sparsities must be a list of numbers in [0, 1), got {sp!r:.60}")
+    level = sections["settings"].get("ci_level")
+    if level is not None and not (_is_number(level) and 0 < level < 1):
+        raise ValueError(f"settings.ci_level must be a number in (0, 1), got {level!r:.60}")
+    if diag.get("goodness_of_fit") is not None and not isinstance(diag["goodness_of_fit"], Mapping):
+        raise TypeError(f"diagnostics.goodness_of_fit must be an object, got {diag['goodness_of_fit']!r:.60}")
     return sections
 
 
