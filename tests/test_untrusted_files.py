@@ -204,10 +204,24 @@ def test_manifest_field_types(tmp_path):
             "shards": [{"path": "train-00000.bin", "split": "train", "tokens": 10, "sha256": "0" * 64},
                        {"path": "val-00000.bin", "split": "val", "tokens": 10, "sha256": "0" * 64}]}
     for key, value, message in (("vocab_size", True, "vocab_size"), ("vocab_size", "300", "vocab_size"),
-                                ("bos_id", 300, "bos_id"), ("bos_id", False, "bos_id")):
+                                ("bos_id", 300, "bos_id"), ("bos_id", False, "bos_id"),
+                                # 2026-12-07 review: these crashed `train` (AttributeError, KeyError,
+                                # TypeError) instead of a one-line error
+                                ("tokenizer", "x", "tokenizer must be"),
+                                ("tokenizer", {"path": 3}, "tokenizer must be"),
+                                ("val_sources", "x", "val_sources must be a list"),
+                                ("val_sources", [{"name": "a"}], "each of val_sources"),
+                                ("val_sources", [{"name": "a", "start": 5, "stop": 2}], "each of val_"),
+                                ("val_sources", [{"name": "a", "start": 0, "stop": 11}], "each of val_"),
+                                ("val_bytes_per_token", "x", "val_bytes_per_token"),
+                                ("val_bytes_per_token", -1.0, "val_bytes_per_token")):
         (tmp_path / "manifest.json").write_text(json.dumps({**base, key: value}))
         with pytest.raises(UserError, match=message):
             read_manifest(tmp_path)
+    ok = {**base, "tokenizer": {"path": "tokenizer.json", "sha256": "0" * 64}, "val_bytes_per_token": 3.5,
+          "val_sources": [{"name": "a", "start": 0, "stop": 4}, {"name": "b", "start": 4, "stop": 10}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(ok))
+    assert read_manifest(tmp_path)[0]["val_sources"][1]["name"] == "b"
     bad = json.loads(json.dumps(base))
     bad["shards"][0]["tokens"] = True
     (tmp_path / "manifest.json").write_text(json.dumps(bad))

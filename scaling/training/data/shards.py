@@ -358,6 +358,24 @@ def read_manifest(folder: Path | str) -> tuple[dict, str]:
                  "non-negative integer")
     for split in ("train", "val"):
         _require(any(s["split"] == split and s["tokens"] > 0 for s in shards), path, f"no {split} tokens")
+    # the optional fields the trainer reads (2026-12-07 review: a tokenizer "x" or a val_sources entry
+    # without a range crashed `train`)
+    tok = m.get("tokenizer")
+    _require(tok is None or (isinstance(tok, dict) and all(
+        tok.get(k) is None or isinstance(tok[k], str) for k in ("path", "sha256"))), path,
+        "tokenizer must be null or an object whose path and sha256 are strings")
+    n_val = sum(s["tokens"] for s in shards if s["split"] == "val")
+    sources = m.get("val_sources", [])
+    _require(isinstance(sources, list), path, "val_sources must be a list")
+    for src in sources:
+        _require(isinstance(src, dict) and isinstance(src.get("name"), str) and _is_int(src.get("start"))
+                 and _is_int(src.get("stop")) and 0 <= src["start"] <= src["stop"] <= n_val, path,
+                 f"each of val_sources needs a name and a start <= stop within the {n_val} validation "
+                 f"tokens, got {str(src)[:60]}")
+    bpt = m.get("val_bytes_per_token")
+    _require(bpt is None or (isinstance(bpt, (int, float)) and not isinstance(bpt, bool)
+                             and 0 < bpt < math.inf), path,
+             "val_bytes_per_token must be null or a positive number")
     return m, hashlib.sha256(raw).hexdigest()
 
 
