@@ -119,3 +119,17 @@ def test_a_fits_file_field_that_commands_read_is_checked_on_load(tmp_path, secti
                        .replace("[", r"\[")):
         FitSet.load(path)
     one_line_exit_2(runner.invoke(app, ["savings", "--fits", str(path), "--budget", "1e21"]), why)
+
+
+@pytest.mark.parametrize("bad, why", [("-1e18", "must be > 0"), ("0", "must be > 0"),
+                                      ("", "is missing or not finite")])
+def test_a_compute_column_that_is_not_positive_is_refused(tmp_path, bad, why):
+    """`fit --c-col flops` took negative, zero and missing compute without a word (N and D were given,
+    so the compute was only carried along as each point's budget)."""
+    path = tmp_path / "t.csv"
+    rows = [(1e6, 1e7, 3.1), (2e6, 1e7, 3.0), (4e6, 2e7, 2.8), (8e6, 4e7, 2.6), (1.6e7, 8e7, 2.5),
+            (3.2e7, 1.6e8, 2.4), (6.4e7, 1.6e8, 2.3)]
+    path.write_text("N,D,loss,flops\n" + "\n".join(
+        f"{n},{d},{l},{bad if i == 2 else 6 * n * d}" for i, (n, d, l) in enumerate(rows)) + "\n")
+    one_line_exit_2(runner.invoke(app, ["fit", str(path), "--c-col", "flops", "--bootstrap", "0"]),
+                    f"C ('flops') {why}")

@@ -470,6 +470,9 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         if not has_c:
             raise _missing(raw, "C", c_name, source)
         compute = values(c_name, c_scale)
+        # a compute that is not a positive number would be a budget no run had (2026-12-07 review:
+        # negative, zero and NaN values passed unremarked)
+        check_positive_finite(compute, f"C ({c_name!r})", source, rows=rownum)
         mapping["C"] = described(c_name, c_scale)
     elif c.c is None and GUESS_C in cols:
         guess = values(GUESS_C, 1.0)
@@ -482,6 +485,7 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
                              f"{med:.3g}, not ~6): ignored; name a compute column explicitly if there is one")
                 guess = None
         if guess is not None:
+            check_positive_finite(guess, f"C ({GUESS_C!r})", source, rows=rownum)
             compute = guess
             mapping["C"] = f"{GUESS_C!r} (guessed: column named {GUESS_C})"
 
