@@ -481,6 +481,8 @@ def test_cli_mechanism_kinds(runs, tmp_path):
     (["plot", "fits", "--format", "jpg"], "'jpg' is not one of 'png', 'pdf', 'svg'"),
     (["plot", "fits", "--budgets", "1e20:x"], "--budgets"),
     (["plot", "fits", "--runs", "/nonexistent/runs"], "no such runs folder"),
+    # its help said "runs folder or table"; a table was refused as a missing folder
+    (["plot", "fits", "--runs", str(Path(__file__))], "plot reads a runs folder, and"),
 ])
 def test_cli_bad_input(args, pattern, tmp_path):
     one_line_error(runner.invoke(app, [*args, "--out", str(tmp_path)]), pattern)

@@ -208,7 +208,7 @@ def register(app: typer.Typer) -> None:
         kind: KindName = typer.Argument(..., help="Figure, or all."),
         out: Path = typer.Option(..., "--out", help="Folder to write the figures into (created)."),
         runs_arg: Optional[Path] = typer.Argument(
-            None, metavar="[RUNS]", help="Runs folder or table, as --runs (either one)."
+            None, metavar="[RUNS]", help="Runs folder, as --runs (either one)."
         ),
         runs: Optional[Path] = typer.Option(None, "--runs", help="Runs folder (default: the shipped runs/)."),
         fmt: FormatName = typer.Option("png", "--format", help="File format."),
@@ -256,7 +256,8 @@ def register(app: typer.Typer) -> None:
         get_law(law)
         root = DEFAULT_RUNS if runs is None else runs
         if not root.is_dir():
-            raise UserError(f"no such runs folder: {root}")
+            raise UserError(f"plot reads a runs folder, and {root} is a file (a points table is for `fit`, "
+                            "`savings` and `compare`)" if root.is_file() else f"no such runs folder: {root}")
         check_output_folder(out, "figure folder (--out)", force=force, inputs=[root])
         ctx = _Context(root, n_bootstrap, seed, fits_file, budgets, reference, candidate, law)
         ctx.quiet = json_out
