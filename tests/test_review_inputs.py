@@ -133,3 +133,13 @@ def test_a_compute_column_that_is_not_positive_is_refused(tmp_path, bad, why):
         f"{n},{d},{l},{bad if i == 2 else 6 * n * d}" for i, (n, d, l) in enumerate(rows)) + "\n")
     one_line_exit_2(runner.invoke(app, ["fit", str(path), "--c-col", "flops", "--bootstrap", "0"]),
                     f"C ('flops') {why}")
+
+
+def test_figures_never_go_into_a_run_folder(tmp_path):
+    """`plot --out runs/<run> --force` wrote figures into a run folder, which only its training writes."""
+    run = tmp_path / "runs" / "r"
+    shutil.copytree(ROOT / "runs" / "iso-d04-baseline-s0", run)
+    before = sorted(p.name for p in run.iterdir())
+    one_line_exit_2(runner.invoke(app, ["plot", "loss-curves", "--runs", str(tmp_path / "runs"), "--out",
+                                        str(run), "--force"]), "is a run folder")
+    assert sorted(p.name for p in run.iterdir()) == before
