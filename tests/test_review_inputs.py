@@ -143,3 +143,11 @@ def test_figures_never_go_into_a_run_folder(tmp_path):
     one_line_exit_2(runner.invoke(app, ["plot", "loss-curves", "--runs", str(tmp_path / "runs"), "--out",
                                         str(run), "--force"]), "is a run folder")
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_run_name_too_long_for_a_folder_gets_the_naming_rule(tmp_path):
+    """300 characters failed with "File name too long: .../config.json" from the folder check."""
+    res = runner.invoke(app, ["train", "--tier", "proxy-tiny", "--arch", "baseline", "--tokens", "4096",
+                              "--runs-dir", str(tmp_path / "runs"), "--run-name", "a" * 300])
+    one_line_exit_2(res, "is not a valid name: 1-64 letters")
+    assert not (tmp_path / "runs").exists()

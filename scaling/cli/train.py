@@ -15,6 +15,7 @@ from scaling.accounting.tiers import ARCHS, TIERS
 from scaling.cli._util import emit_json, run_cli, setup_logging, show_progress, stderr, stdout
 from scaling.common.errors import UserError
 from scaling.common.run_folder import CONFIG, METRICS
+from scaling.training.schema import check_name
 
 # Choice options: typer lists the values in --help, completes them and refuses others (exit 2).
 # SCHEDULES is spelled out, not imported: it lives in a torch module, which --help must not load;
@@ -257,6 +258,8 @@ def register(app: typer.Typer) -> None:
         if given.get("tokens", tables[0].get("tokens")) is None:
             raise UserError("give the token budget(s): --tokens 2e5,4e5 (or [train] tokens in --config)")
         cfg = TrainConfig.from_tables(*tables, str(config or "the command line"), **given)
+        if run_name is not None:   # before any look at the folder, whose name it would be
+            check_name(run_name, "run name")
         _check_flags(runs_dir / (run_name or default_run_name(tier, arch, cfg)), resume, overwrite)
         bar, progress = _progress(json_out, quiet, progress_every)
         try:
