@@ -151,3 +151,12 @@ def test_a_run_name_too_long_for_a_folder_gets_the_naming_rule(tmp_path):
                               "--runs-dir", str(tmp_path / "runs"), "--run-name", "a" * 300])
     one_line_exit_2(res, "is not a valid name: 1-64 letters")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args", [["calibrate", "t.csv", "--task", "x", "--metric", "acc"],
+                                  ["plot", "savings", "--out", "{tmp}"]])
+def test_the_same_group_as_reference_and_candidate_is_refused(tmp_path, args):
+    """`compare` and `savings` refused it; `calibrate` and `plot savings` compared a group with itself."""
+    args = [a.replace("{tmp}", str(tmp_path / "figs")) for a in args]
+    one_line_exit_2(runner.invoke(app, [*args, "--reference", "smelt", "--candidate", "smelt"]),
+                    "--reference and --candidate are the same group 'smelt'")

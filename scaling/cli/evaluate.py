@@ -232,6 +232,8 @@ def register(app: typer.Typer) -> None:
         fl = _floor(floor)
         if not 0 < level < 1:
             raise UserError(f"--level must lie in (0, 1), got {level}")
+        if reference == candidate:   # as `savings` and `compare` refuse it
+            raise UserError(f"--reference and --candidate are the same group {reference!r}")
         if not table.is_file():
             raise UserError(f"no table file {table}")
         res = calibrate_table(

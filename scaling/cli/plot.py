@@ -254,6 +254,8 @@ def register(app: typer.Typer) -> None:
         from scaling.fitting.laws import get_law
 
         get_law(law)
+        if reference == candidate:   # as `savings` and `compare` refuse it
+            raise UserError(f"--reference and --candidate are the same group {reference!r}")
         root = DEFAULT_RUNS if runs is None else runs
         if not root.is_dir():
             raise UserError(f"plot reads a runs folder, and {root} is a file (a points table is for `fit`, "
