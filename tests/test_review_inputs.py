@@ -160,3 +160,12 @@ def test_the_same_group_as_reference_and_candidate_is_refused(tmp_path, args):
     args = [a.replace("{tmp}", str(tmp_path / "figs")) for a in args]
     one_line_exit_2(runner.invoke(app, [*args, "--reference", "smelt", "--candidate", "smelt"]),
                     "--reference and --candidate are the same group 'smelt'")
+
+
+@pytest.mark.parametrize("extra, why", [(["--budget", "0,0"], "--budget gives a budget index twice"),
+                                        (["{run}/"], "a run folder is given twice")])
+def test_eval_refuses_a_budget_or_run_given_twice(tmp_path, extra, why):
+    """Each (run, budget) is one row of eval's table; given twice, the table had duplicate rows."""
+    run = str(ROOT / "runs" / "iso-d04-baseline-s0")
+    args = ["eval", run, *[e.replace("{run}", run) for e in extra], "--tasks", "x", "--data", str(tmp_path)]
+    one_line_exit_2(runner.invoke(app, args), why)

@@ -157,6 +157,11 @@ def register(app: typer.Typer) -> None:
         """
         from scaling.evaluation.run import EvalSettings, evaluate_runs, parse_budgets, write_table
 
+        seen = [Path(r).resolve() for r in runs]
+        if len(set(seen)) < len(seen):   # each (run, budget) is one row of the table
+            twice = sorted({str(r) for r in runs if seen.count(Path(r).resolve()) > 1})
+            raise UserError(f"a run folder is given twice: {', '.join(twice)}")
+
         if out is not None:
             check_output_file(out, "--out file", force=force, inputs=[*runs, data])
             if out.suffix.lower() not in (".csv", ".jsonl", ".json"):

@@ -111,6 +111,8 @@ def parse_budgets(text: str | None) -> str | tuple[int, ...] | None:
         raise UserError(f"--budget must be 'all' or budget indices like 0,2; got {text!r}") from None
     if not out or min(out) < 0:
         raise UserError(f"--budget must be 'all' or budget indices >= 0; got {text!r}")
+    if len(set(out)) < len(out):   # each (run, budget) is one row of the table
+        raise UserError(f"--budget gives a budget index twice: {text!r}")
     return out
 
 
