@@ -169,3 +169,15 @@ def test_eval_refuses_a_budget_or_run_given_twice(tmp_path, extra, why):
     run = str(ROOT / "runs" / "iso-d04-baseline-s0")
     args = ["eval", run, *[e.replace("{run}", run) for e in extra], "--tasks", "x", "--data", str(tmp_path)]
     one_line_exit_2(runner.invoke(app, args), why)
+
+
+def test_checkpoints_never_go_into_another_runs_folder(tmp_path):
+    """`train --ckpt-dir <another run>/ck` wrote its checkpoints into that run's folder."""
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "runs" / "iso-d04-baseline-s0", other)
+    before = sorted(p.name for p in other.iterdir())
+    res = runner.invoke(app, ["train", "--tier", "proxy-tiny", "--arch", "baseline", "--tokens", "4096",
+                              "--batch-size", "2", "--runs-dir", str(tmp_path / "runs"), "--ckpt-dir",
+                              str(other / "ck")])
+    one_line_exit_2(res, "lies in the run folder")
+    assert sorted(p.name for p in other.iterdir()) == before and not (tmp_path / "runs").exists()

@@ -223,9 +223,9 @@ def check_output_folder(path: Path | str, what: str = "output folder", *, force:
         src = Path(src)
         if _same_file(path, src):
             fail(f"{what} {path} is an input of this command; choose another folder")
-    from scaling.common.run_folder import CONFIG, FINAL, METRICS
+    from scaling.common.run_folder import is_run_folder
 
-    if path.is_dir() and (path / CONFIG).is_file() and ((path / FINAL).exists() or (path / METRICS).exists()):
+    if path.is_dir() and is_run_folder(path):
         # a run folder is the trainer's (one writer, under its lock): --force must not put files there
         fail(f"{what} {path} is a run folder; choose a folder outside it")
     if path.is_dir() and any(path.iterdir()) and not force:

@@ -250,6 +250,13 @@ def rewrite_jsonl(path: Path | str, records: Iterable[dict]) -> None:
 
 # ----- reading --------------------------------------------------------------------------------
 
+def is_run_folder(path: Path | str) -> bool:
+    """Whether ``path`` holds a run: its config.json beside a metrics.jsonl or a final.json (what a
+    training writes first and next). Such a folder has one writer; other commands' outputs stay out."""
+    p = Path(path)
+    return (p / CONFIG).is_file() and ((p / METRICS).exists() or (p / FINAL).exists())
+
+
 def find_run_folders(root: Path | str, marker: str | tuple[str, ...] = (CONFIG, FINAL)) -> list["RunFolder"]:
     """Every run folder under ``root`` (searched recursively, following links to folders, each
     folder once: a study often links runs in from elsewhere): a folder holding one of the

@@ -61,6 +61,7 @@ from scaling.common.run_folder import (
     EVAL_DATA_FILES,
     Point,
     final_doc,
+    is_run_folder,
 )
 from scaling.training import runlog
 from scaling.training.data.corpus import DataSpec
@@ -129,6 +130,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 # ----- distributed ------------------------------------------------------------------------
+
+def _not_in_another_run(ckpt_root: Path, run_dir: Path) -> None:
+    """UserError when ``--ckpt-dir`` is, or lies inside, the folder of another run: one writer per run
+    folder (2026-12-07 review: checkpoints went into another run's folder)."""
+    own = run_dir.resolve()
+    for d in (ckpt_root.resolve(), *ckpt_root.resolve().parents):
+        if d != own and is_run_folder(d):
+            raise UserError(f"--ckpt-dir {ckpt_root} lies in the run folder {d} of another run; choose a "
+                            "folder outside it")
+
 
 def _agreed(dist: DistEnv, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on rank 0 and give its result, or its UserError, to every rank."""
@@ -364,6 +375,9 @@ class Trainer:
         old = _agreed(dist, lambda: self._previous(existed, meta, overwrite))
         run_id = _agreed(dist, lambda: old["run_id"] if existed else uuid.uuid4().hex[:12])
         ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else None
+        if ckpt_root is not None:
+            _agreed(dist, lambda: _not_in_another_run(ckpt_root, run_dir))
+
         def ckpt_folder(rid: str) -> Path:  # never the run name alone: see checkpoint.py
             return run_dir / CHECKPOINTS if ckpt_root is None else ckpt_root / f"{self.run_name}-{rid}"
 
