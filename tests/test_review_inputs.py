@@ -154,7 +154,8 @@ def test_a_run_name_too_long_for_a_folder_gets_the_naming_rule(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["calibrate", "t.csv", "--task", "x", "--metric", "acc"],
-                                  ["plot", "savings", "--out", "{tmp}"]])
+                                  ["plot", "savings", "--out", "{tmp}"],
+                                  ["savings", "--budget", "1e12", "--bootstrap", "0"]])
 def test_the_same_group_as_reference_and_candidate_is_refused(tmp_path, args):
     """`compare` and `savings` refused it; `calibrate` and `plot savings` compared a group with itself."""
     args = [a.replace("{tmp}", str(tmp_path / "figs")) for a in args]

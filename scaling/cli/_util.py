@@ -172,6 +172,12 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
+def check_distinct(reference: str, candidate: str) -> None:
+    """``--reference`` and ``--candidate`` name two groups: a group compared with itself answers nothing."""
+    if reference == candidate:
+        fail(f"--reference and --candidate are the same group {reference!r}")
+
+
 def check_output_file(path: Path | str, what: str = "output file", *, force: bool = False,
                       inputs: Iterable[Path | str | None] = ()) -> Path:
     """Fail before any work unless ``path`` may be written as a file (every ``--out`` goes through here).

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from scaling.cli._util import (
     FORCE_HELP,
+    check_distinct,
     check_output_dir,
     check_output_file,
     emit_json,
@@ -237,8 +238,7 @@ def register(app: typer.Typer) -> None:
         fl = _floor(floor)
         if not 0 < level < 1:
             raise UserError(f"--level must lie in (0, 1), got {level}")
-        if reference == candidate:   # as `savings` and `compare` refuse it
-            raise UserError(f"--reference and --candidate are the same group {reference!r}")
+        check_distinct(reference, candidate)
         if not table.is_file():
             raise UserError(f"no table file {table}")
         res = calibrate_table(

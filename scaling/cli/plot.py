@@ -12,6 +12,7 @@ from rich.table import Table
 from scaling.cli._util import (
     DPI_RANGE,
     MAX_BOOTSTRAP,
+    check_distinct,
     check_output_folder,
     emit_json,
     one_path,
@@ -254,8 +255,7 @@ def register(app: typer.Typer) -> None:
         from scaling.fitting.laws import get_law
 
         get_law(law)
-        if reference == candidate:   # as `savings` and `compare` refuse it
-            raise UserError(f"--reference and --candidate are the same group {reference!r}")
+        check_distinct(reference, candidate)
         root = DEFAULT_RUNS if runs is None else runs
         if not root.is_dir():
             raise UserError(f"plot reads a runs folder, and {root} is a file (a points table is for `fit`, "

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from scaling.cli._util import (
     MAX_BOOTSTRAP,
+    check_distinct,
     finish,
     one_path,
     parse_budgets,
@@ -178,8 +179,7 @@ def register(app: typer.Typer) -> None:
         given = [name for name, v in sources if v is not None]
         if len(given) > 1:
             raise UserError(f"give one source of laws, not {' and '.join(given)}")
-        if reference == candidate:
-            raise UserError(f"--reference and --candidate are the same group {reference!r}")
+        check_distinct(reference, candidate)
         S = parse_sparsities(sparsity)
         if method == "envelope" and (law_set is not None or fits is not None):
             raise UserError("--method envelope needs runs (--runs PATH or the default runs/), not "
