@@ -288,14 +288,15 @@ def parse_budgets(budget: Optional[str], budgets: Optional[str]) -> "np.ndarray"
 def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
     """``--sparsity`` values (repeated or comma-separated): each in [0, 1), no value twice. Checked
     here, before any fit, so that a chinchilla-form answer cannot pass one by unread."""
+    from scaling.fitting.savings import check_sparsities  # scipy: only when used
+
     out: list[float] = []
     for v in values or []:
         for t in (t.strip() for t in v.split(",")):
             if not t:
                 continue
             S = _number(t, "sparsity")
-            if not 0.0 <= S < 1.0:   # also NaN
-                raise UserError(f"sparsity must lie in [0, 1), got {t}")
+            check_sparsities((S,), smelt_form=True)   # the range, the laws' own rule
             if S in out:
                 raise UserError(f"sparsity {t} is given twice")
             out.append(S)

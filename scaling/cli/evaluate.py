@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -158,9 +159,9 @@ def register(app: typer.Typer) -> None:
         """
         from scaling.evaluation.run import EvalSettings, evaluate_runs, parse_budgets, write_table
 
-        seen = [Path(r).resolve() for r in runs]
-        if len(set(seen)) < len(seen):   # each (run, budget) is one row of the table
-            twice = sorted({str(r) for r in runs if seen.count(Path(r).resolve()) > 1})
+        seen = Counter(Path(r).resolve() for r in runs)
+        twice = sorted(str(p) for p, n in seen.items() if n > 1)
+        if twice:   # each (run, budget) is one row of the table
             raise UserError(f"a run folder is given twice: {', '.join(twice)}")
 
         if out is not None:

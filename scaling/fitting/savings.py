@@ -707,8 +707,13 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
                 "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
                 extrapolation_decades=r.extrapolation_decades))
     old, new = _far_warning(result.rows), _far_warning(rows)
-    # a withheld row has no interval, so its own warnings (about its resamples) go with it
-    gone = {w for r, kept in zip(result.rows, rows) if r.savings is not None and kept.savings is None
-            for w in r.warnings}
+    gone = withheld_warnings(result.rows, rows)
     warnings = [w for w in result.warnings if w != old and w not in gone] + ([new] if new else [])
     return replace(result, rows=tuple(rows), warnings=tuple(warnings))
+
+
+def withheld_warnings(before: Sequence[SavingsRow], after: Sequence[SavingsRow]) -> set[str]:
+    """The warnings of the rows that lost their number between ``before`` and ``after`` (the same rows,
+    in order): a withheld row has no interval, so its own warnings (about its resamples) go with it."""
+    return {w for r, kept in zip(before, after) if r.savings is not None and kept.savings is None
+            for w in r.warnings}

@@ -30,6 +30,7 @@ from scaling.fitting.savings import (
     SavingsRow,
     disagreements,
     law_distrust,
+    withheld_warnings,
     withhold_unidentified,
 )
 from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
@@ -67,8 +68,7 @@ def _refuse_inside(result: SavingsResult, distrust: str) -> SavingsResult:
             reason=f"inside the data only the observed frontiers answer for laws they distrust "
                    f"({distrust}), and a fits file has none: give the runs (--runs PATH), or "
                    "--method law for the laws' number") if inside else r)
-    gone = {w for r, kept in zip(result.rows, rows) if r.savings is not None and kept.savings is None
-            for w in r.warnings}
+    gone = withheld_warnings(result.rows, rows)
     return replace(result, rows=tuple(rows), warnings=tuple(w for w in result.warnings if w not in gone))
 
 
