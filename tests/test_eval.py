@@ -204,6 +204,16 @@ def test_export_from_a_checkpoint_and_bf16(runs, tmp_path):
     assert m.dtype == torch.bfloat16
 
 
+def test_another_runs_checkpoint_is_refused_naming_the_tensor(runs, tmp_path):
+    # the twins differ in width: DCP alone says only "CheckpointException ranks:dict_keys([0])"
+    ckpt = sorted((runs["smelt"] / "checkpoints").glob("iter-*"))[-1]
+    res = runner.invoke(app, ["export", str(runs["baseline"]), "--checkpoint", str(ckpt),
+                              "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "does not hold run baseline's model: embed.weight is" in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_export_refuses_odd_heads_and_bad_input_in_one_line(runs, tmp_path):
     odd = tmp_path / "odd"
     odd.mkdir()

@@ -97,6 +97,16 @@ def test_a_sparsity_out_of_range_is_refused_before_anything_is_fitted(value, why
                                         "--sparsity", value]), why)
 
 
+@pytest.mark.parametrize("extra, why", [
+    ((), "--law chinchilla fits none (give --law smelt)"),
+    (("--method", "envelope"), "--method envelope reads no law"),
+])
+def test_a_sparsity_no_law_reads_is_refused_even_where_the_envelope_answers(extra, why):
+    """At 1.12e12 the envelope answers and no law row is made: --sparsity 0.5 was silently unread."""
+    one_line_exit_2(runner.invoke(app, ["savings", str(ROOT / "runs"), "--budget", "1.12e12", "--bootstrap",
+                                        "0", "--sparsity", "0.5", *extra]), why)
+
+
 @pytest.mark.parametrize("section, key, value, why", [
     ("data_summary", "sparsities", ["a"], "data_summary.sparsities must be a list of numbers in [0, 1)"),
     ("data_summary", "sparsities", [-5, 2], "data_summary.sparsities must be a list of numbers in [0, 1)"),
@@ -182,3 +192,41 @@ def test_checkpoints_never_go_into_another_runs_folder(tmp_path):
                               str(other / "ck")])
     one_line_exit_2(res, "lies in the run folder")
     assert sorted(p.name for p in other.iterdir()) == before and not (tmp_path / "runs").exists()
+
+
+def test_a_warmup_past_the_smallest_budgets_cooldown_is_refused(tmp_path):
+    """--warmup 1e8 was accepted: no budget would ever train at the peak lr."""
+    runs = tmp_path / "runs"
+    # 4096 and 8192 tokens of batch 2 x 64: 32 and 64 updates, the first cooldown from update 26
+    base = ["train", "--tier", "proxy-tiny", "--arch", "baseline", "--batch-size", "2",
+            "--tokens", "4096,8192", "--runs-dir", str(runs)]
+    one_line_exit_2(runner.invoke(app, [*base, "--warmup", "100000000"]),
+                    "warmup of 100000000 updates runs past update 26, where the smallest budget's cooldown")
+    assert not runs.exists()
+    one_line_exit_2(runner.invoke(app, [*base, "--warmup", "27", "--schedule", "wsd"]), "give at most 26")
+    plan = tmp_path / "p.toml"
+    plan.write_text('[sweep]\nname = "x"\ntiers = ["proxy-tiny"]\narchs = ["baseline"]\nseeds = [0]\n'
+                    f'budgets = [4096.0]\nruns_dir = "{runs}"\n[train]\nbatch_size = 2\nwarmup = 4000\n')
+    one_line_exit_2(runner.invoke(app, ["sweep", str(plan), "--dry-run"]), "warmup of 4000 updates")
+    assert not runs.exists()
+
+
+def test_shard_tokens_that_would_write_a_file_per_token_are_refused(tmp_path):
+    """--shard-tokens 1 was accepted: up to one shard file per input byte."""
+    text = tmp_path / "a.txt"
+    text.write_text("abcdefgh\n" * 250_000)  # 2.25 MB
+    out = tmp_path / "shards"
+    one_line_exit_2(runner.invoke(app, ["prepare-data", str(text), "--out", str(out), "--vocab-size", "300",
+                                        "--shard-tokens", "1"]),
+                    "into up to 2,250,000 shard files (more than 1,000,000); give at least 3")
+    assert not out.exists() and list(tmp_path.iterdir()) == [text]
+
+
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux's /proc")
+def test_an_output_where_nothing_can_be_created_is_refused_before_the_fit(tmp_path):
+    """As root, os.access says /proc is writable: `fit --out /proc/version --force` fitted, then failed
+    writing. A file is now made (and dropped unseen) where the output goes, first."""
+    res = runner.invoke(app, ["fit", str(ROOT / "runs"), "--bootstrap", "0", "--out", "/proc/version",
+                              "--force"])
+    one_line_exit_2(res, "cannot write in /proc")
+    assert res.stdout == ""

@@ -52,9 +52,11 @@ looped model's second pass counts as extra dense-equivalent parameters.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from scaling.accounting.config import ModelConfig
+from scaling.common.errors import UserError
 
 
 def attention_params(cfg: ModelConfig) -> int:
@@ -141,6 +143,14 @@ def dense_equivalent_params(cfg: ModelConfig) -> int:
 def sparsity(cfg: ModelConfig) -> float:
     """Compute-equivalent sparsity S = 1 - N_act_eq / N_non_embedding."""
     return 1.0 - dense_equivalent_params(cfg) / non_embedding_params(cfg)
+
+
+def check_sparsity(S: float) -> float:
+    """``S`` if it is a sparsity a model can have, [0, 1) (1 would leave no active parameter);
+    UserError otherwise. The one range rule: sizing, laws and savings all check through here."""
+    if not (math.isfinite(S) and 0.0 <= S < 1.0):
+        raise UserError(f"sparsity must lie in [0, 1), got {S:g}")
+    return S
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import functools
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
@@ -155,6 +156,13 @@ def check_output_dir(path: Path | str, what: str = "output folder") -> Path:
         fail(f"{what} {path}: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
         fail(f"{what} {path}: {base} is not writable")
+    try:
+        # os.access says yes to root everywhere, also in /proc or on a read-only bind mount: write
+        # nothing visible (Linux: O_TMPFILE) to learn it before the work, not after
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as exc:
+        fail(f"{what} {path}: cannot write in {base} ({exc.strerror or exc})")
     return path
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling.accounting.config import ModelConfig
-from scaling.accounting.costs import costs, dense_equivalent_params, non_embedding_params
+from scaling.accounting.costs import check_sparsity, costs, dense_equivalent_params, non_embedding_params
 from scaling.accounting.matching import smelt_twin
 from scaling.accounting.tiers import ARCHS, tier_names
 from scaling.common.errors import UserError
@@ -78,8 +78,7 @@ def experts_for_sparsity(cfg: ModelConfig, S: float) -> int:
     N(E) and N_act_eq(E) are both linear in E (experts, router), so (1 - S) N(E) = N_act_eq(E) is
     solved in closed form and its floor and ceiling compared exactly.
     """
-    if not 0.0 <= S < 1.0:
-        raise UserError(f"sparsity must lie in [0, 1), got {S:g}")
+    check_sparsity(S)
     k = cfg.top_k
     c0, c1 = cfg.replace(n_experts=k), cfg.replace(n_experts=k + 1)
     p0, p1 = non_embedding_params(c0), non_embedding_params(c1)

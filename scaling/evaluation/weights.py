@@ -140,6 +140,22 @@ def resolve_weights(
              "or give --checkpoint")
 
 
+def _check_holds(metadata, wanted: dict, source: WeightsSource) -> None:
+    """UserError naming the first tensor of ``wanted`` (the model's state, DCP's flattened keys
+    under ``model.``) that the checkpoint lacks or stores at another shape: DCP's own error for
+    another run's checkpoint is ``CheckpointException ranks:dict_keys([0])``."""
+    stored = metadata.state_dict_metadata
+    for name, tensor in wanted.items():
+        entry = stored.get(f"model.{name}")
+        shape = tuple(getattr(entry, "size", ()) or ())
+        if entry is None or shape != tuple(tensor.shape):
+            there = "missing" if entry is None else f"{list(shape)}"
+            raise UserError(
+                f"checkpoint {source.path} does not hold run {source.run.name}'s model: {name} is "
+                f"{there} there, {list(tensor.shape)} in the run's config",
+                hint="give a checkpoint from this run's checkpoints/ folder")
+
+
 def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
 
     if source.kind == "checkpoint":
@@ -161,9 +177,12 @@ def _load_state(source: WeightsSource, cfg: ModelConfig) -> dict:
             # older ones hold the stacks whole
             payload = ({"model": weights} if stacked_checkpoint(metadata)
                        else {"model": split_expert_stacks({"model": weights, "optim": {}}, model)["model"]})
+            _check_holds(metadata, payload["model"], source)
             with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": meant
                 warnings.simplefilter("ignore", UserWarning)
                 dcp.load(payload, checkpoint_id=str(source.path), no_dist=True)
+        except UserError:
+            raise
         except (Exception, CheckpointException) as exc:  # DCP's own exception is a BaseException
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"cannot read the model from checkpoint {source.path}: {first}") from None

@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from scaling.accounting.costs import check_sparsity
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.fit import MAX_BOOTSTRAP_ON_BOUND, MAX_START_SPREAD, bound_share_upper
@@ -107,8 +108,7 @@ def check_sparsities(sparsities: Sequence[float | None], smelt_form: bool) -> tu
         if any(s is None for s in sparsities):
             raise UserError("a smelt-form law needs a sparsity S")
         for s in sparsities:
-            if not (np.isfinite(s) and 0.0 <= s < 1.0):
-                raise UserError(f"sparsity must lie in [0, 1), got {s:g}")
+            check_sparsity(s)
     elif any(s is not None for s in sparsities):
         raise UserError("a sparsity applies only to smelt-form laws; these are chinchilla-form")
     return sparsities

@@ -103,6 +103,12 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
     if where and points is None:
         raise UserError("--where filters the runs' points: it needs runs (--runs PATH or the default "
                         "runs/), not " + ("--law-set" if law_set is not None else "--fits"))
+    if sparsities and method == "envelope":
+        raise UserError("--sparsity is a law's input; --method envelope reads no law")
+    if sparsities and law_set is None and fits is None and law != "smelt":
+        # known before any fit: the laws fitted here have the form --law names
+        raise UserError("a sparsity applies only to smelt-form laws; --law chinchilla fits none "
+                        "(give --law smelt)")
     n_points = None if points is None else (len(points) if n_read is None else n_read)
     C = budgets
     rows: list[SavingsRow] = []
@@ -125,6 +131,7 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
         # the fits' own warnings are `smelt-scale fit`'s to print (the main job runs both): here
         # only whether the laws may answer, in one line below
         ref, cand = src.laws[reference], src.laws[candidate]
+        at_sparsities = src.sparsities(sparsities)  # refused now, even if the envelope answers every budget
         for note in src.notes:  # about the source itself: the reader must see these
             warn_once(note)
         distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
@@ -148,7 +155,7 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
             law_budgets = C
             checks = [r for r in env if r.savings is not None]
         if law_budgets.size:
-            law_res, unanswered = law_savings(ref, cand, law_budgets, sparsities=src.sparsities(sparsities),
+            law_res, unanswered = law_savings(ref, cand, law_budgets, sparsities=at_sparsities,
                                               convention=convention, level=level, source=src.source)
             tops = [x for x in (ref.compute_max, cand.compute_max) if x]
             rows += [SavingsRow.refused(

@@ -538,6 +538,7 @@ def prepare(
     """
     out = Path(out)
     files = find_inputs(specs)
+    _check_shard_count(sum(f.bytes for f in files), opts.shard_tokens)
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is not a folder")
     try:
@@ -548,6 +549,18 @@ def prepare(
     busy = f"output folder {out} is being prepared by another process; wait for it to end"
     with exclusive(out.parent / f".{out.name}.prepare-lock", busy):
         return _prepare_locked(specs, files, out, opts, overwrite, progress, after_shard)
+
+
+# Byte-level BPE gives at most about one token per byte: more shard files than this from the inputs'
+# bytes means a --shard-tokens typo (1 would write a file per token), not a layout anyone reads
+MAX_SHARDS = 1_000_000
+
+
+def _check_shard_count(total_bytes: int, shard_tokens: int) -> None:
+    if total_bytes / shard_tokens > MAX_SHARDS:
+        raise UserError(f"--shard-tokens {shard_tokens} would cut these {total_bytes:,} bytes of input into "
+                        f"up to {-(-total_bytes // shard_tokens):,} shard files (more than {MAX_SHARDS:,}); "
+                        f"give at least {-(-total_bytes // MAX_SHARDS):,} [default: {1 << 24}]")
 
 
 def _prepare_locked(specs: list[str], files: list[InputFile], out: Path, opts: PrepareOptions,

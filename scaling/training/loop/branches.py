@@ -133,6 +133,17 @@ class BranchPlan:
             out.append(TokenBudget(i, d, steps * tokens_per_step, steps, k, steps - k))
         return cls(tuple(out), schedule)
 
+    def check_warmup(self, warmup: int) -> None:
+        """UserError if a given warmup runs past the step where the smallest budget's cooldown
+        starts: that budget (the whole run, with one) would never train at the peak lr, and its
+        point would follow another schedule than the others'."""
+        first = self.budgets[0]
+        if warmup > first.branch_step:
+            where = "cooldown starts" if first.decay_steps else "run ends"
+            raise UserError(f"warmup of {warmup} updates runs past update {first.branch_step}, where the "
+                            f"smallest budget's {where} ({first.tokens:,} tokens): give at most "
+                            f"{first.branch_step}")
+
     @property
     def trunk(self) -> TokenBudget:
         return self.budgets[-1]

@@ -328,6 +328,8 @@ class Trainer:
         T = model_cfg.seq_len
         self.tokens_per_step = cfg.batch_size * T
         self.plan = BranchPlan.build(cfg.tokens, self.tokens_per_step, cfg.schedule, cfg.decay_fraction)
+        if cfg.warmup is not None:
+            self.plan.check_warmup(cfg.warmup)
         self.warmup = default_warmup(self.plan.budgets) if cfg.warmup is None else cfg.warmup
         _, self.micro, self.n_micro = split_batch(cfg.batch_size, dist.world, cfg.micro_batch_size)
         self.peak_flops = resolve_peak_flops(cfg.peak_flops)

@@ -343,7 +343,10 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         try:
             cfg = run.train_config()  # types and ranges first: layout() divides by batch sizes
             run.layout()
-            BranchPlan.build(cfg.tokens, cfg.batch_size * run.model.seq_len, cfg.schedule, cfg.decay_fraction)
+            branches = BranchPlan.build(cfg.tokens, cfg.batch_size * run.model.seq_len, cfg.schedule,
+                                        cfg.decay_fraction)
+            if cfg.warmup is not None:
+                branches.check_warmup(cfg.warmup)
         except UserError as exc:
             raise UserError(f"{where} [{run.tier}] run {run.name}: {exc}") from None
     return SweepPlan(
