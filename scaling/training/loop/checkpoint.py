@@ -198,6 +198,10 @@ class Checkpointer:
         self.async_save = async_save
         self._pending = None  # (future, tmp, name, meta) of an async save in flight
         self._async_group = None
+        if async_save and world == 1:
+            # DCP's background thread warns that it assumes one process, outside _quiet()'s reach
+            # (catch_warnings holds only in the thread that entered it): this one message, meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
     # ----- folder -----------------------------------------------------------------------
     def check_empty(self) -> None:
