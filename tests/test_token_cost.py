@@ -192,3 +192,49 @@ def test_a_fits_file_from_before_the_cost_model_is_flagged(runs, tmp_path):
     res = runner.invoke(app, ["savings", "--fits", str(out), "--budget", "1e12"])
     assert res.exit_code == 0, res.stderr
     assert "written before the per-token FLOPs model" in res.stderr and "k = 44.8" in res.stderr
+
+
+def _isoflop_points(arch: str) -> pd.DataFrame:
+    """The design of ``write_runs`` for one architecture, as a points table."""
+    rows = []
+    for C in BUDGETS:
+        n0 = true_optimum(C, arch)[0]
+        for N in n0 * np.geomspace(1 / 8, 8, 9):
+            D = C / F(N, arch)
+            rows.append({"N": N, "D": D, "loss": L(N, D, arch), "flops": F(N, arch) * D})
+    return pd.DataFrame(rows).assign(group=arch, run=lambda d: [f"r{i}" for i in range(len(d))],
+                                     flops_per_token=np.nan, sparsity=np.nan)
+
+
+@pytest.mark.parametrize("arch, parabola_bias", [("baseline", 0.0125), ("smelt", 0.0246)])
+def test_approach2s_cubic_check_finds_the_window_parabolas_shape_bias(arch, parabola_bias):
+    """The IsoFLOP profiles' skew changes with C where F(N) is not k N: the window parabola's exponent
+    is off by +0.0125 / +0.0246 against the true optima's slope, beyond its own interval; cubics
+    through the same points recover that slope, and their interval excludes the parabola's a."""
+    from scaling.fitting.approaches import approach2
+
+    true_a = np.polyfit(np.log(BUDGETS), np.log([true_optimum(C, arch)[0] for C in BUDGETS]), 1)[0]
+    out = approach2(_isoflop_points(arch))
+    assert out["a"] - true_a == pytest.approx(parabola_bias, abs=0.001)
+    assert not out["a_ci"][0] <= true_a <= out["a_ci"][1]          # what the interval leaves out
+    assert abs(out["a_cubic"] - true_a) < 0.001
+    lo, hi = out["a_cubic_ci"]
+    assert lo <= true_a <= hi and not lo <= out["a"] <= hi
+    assert out["shape_bias"] == pytest.approx(out["a"] - out["a_cubic"], abs=1e-12)
+    assert out["shape_bias_ci"][0] > 0
+
+
+def test_a_cubic_finds_the_minimum_of_a_skewed_profile_a_parabola_misses():
+    """y = x^2 + 0.3 x^3 on 9 points over [-1, 1]: minimum at 0. A parabola's vertex moves by about
+    -(3/10)(f3/f2) h^2 = -0.09 over a continuous uniform design (-0.111 on these 9 points); the
+    cubic's is exact."""
+    from scaling.fitting.approaches import _cubic_vertex, _vertex
+
+    u = np.linspace(-1, 1, 9)
+    y = u ** 2 + 0.3 * u ** 3
+    v = np.zeros_like(u)
+    parabola, _ = _vertex(u, v, y)
+    q = np.polyfit(u, y, 2)
+    assert parabola == pytest.approx(-q[1] / (2 * q[0]), abs=1e-12) == pytest.approx(-0.110625, abs=1e-9)
+    assert abs(_cubic_vertex(u, v, y, parabola)) < 1e-9
+    assert np.isnan(_cubic_vertex(u[:4], v[:4], y[:4], 0.0))     # fewer than 5 sizes

@@ -176,6 +176,9 @@ def print_fit(fit: FitResult) -> None:
                 if "design_bias" in c:
                     extra += (f"; whole-sweep parabola minus window on these points: {c['design_bias']:+.3f} "
                               f"(largest vertex shift {c['max_abs_vertex_shift_decades']:.2f} decades)")
+                if "a_cubic" in c:  # the window's shape check (scaling.fitting.approaches)
+                    extra += (f"; cubics through the same points: a = {c['a_cubic']:.3f}"
+                              f"{_ci_text(c['a_cubic_ci'])}")
             else:
                 extra = f", {c['mode']}, {c['n_frontier']} frontier points"
                 if ci.startswith(" ["):
