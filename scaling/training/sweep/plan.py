@@ -177,13 +177,22 @@ class PlannedRun:
             given["threads"] = threads
         return TrainConfig.from_tables(self.train, self.data, self.parallel, f"run {self.name}", **given)
 
-    def tokens_trained(self, decay_fraction: float) -> float:
-        """Trunk to the largest budget plus one cooldown of decay_fraction*D_i per smaller budget."""
-        return self.budgets[-1] + decay_fraction * sum(self.budgets[:-1])
+    def branches(self) -> BranchPlan:
+        """The updates the trainer takes (``BranchPlan.build`` on this run's config, as ``train``)."""
+        cfg = self.train_config()
+        return BranchPlan.build(cfg.tokens, cfg.batch_size * self.model.seq_len, cfg.schedule,
+                                cfg.decay_fraction)
 
-    def flops(self, decay_fraction: float) -> float:
-        """Total training FLOPs of the run (branches included)."""
-        return costs(self.model).flops_per_token * self.tokens_trained(decay_fraction)
+    def tokens_trained(self) -> int:
+        """Tokens the trainer reads: whole updates, the trunk to the largest budget plus one cooldown
+        branch per smaller budget (S_n + sum K_i) x tokens per update; a budget off a whole update
+        trains its rounded step count, not the tokens written in the plan."""
+        plan = self.branches()
+        return plan.total_steps * (plan.trunk.tokens // plan.trunk.steps)
+
+    def flops(self) -> float:
+        """Total training FLOPs of the run (branches included): FLOPs per token x tokens_trained."""
+        return costs(self.model).flops_per_token * self.tokens_trained()
 
 
 def read_train_file(path: Path | str) -> tuple[dict[str, Any], ...]:
@@ -343,8 +352,7 @@ def parse_plan(data: dict[str, Any], path: Path | None = None) -> SweepPlan:
         try:
             cfg = run.train_config()  # types and ranges first: layout() divides by batch sizes
             run.layout()
-            branches = BranchPlan.build(cfg.tokens, cfg.batch_size * run.model.seq_len, cfg.schedule,
-                                        cfg.decay_fraction)
+            branches = run.branches()
             if cfg.warmup is not None:
                 branches.check_warmup(cfg.warmup)
         except UserError as exc:

@@ -34,7 +34,6 @@ from scaling.common.files import bad_number
 from scaling.common.run_folder import CONFIG, FINAL, METRICS, WEIGHTS, RunFolder
 from scaling.training.sweep.plan import PlannedRun, SweepPlan
 
-DEFAULT_DECAY_FRACTION = 0.2
 # the plan's [executor] assumptions when it states none (a typical MFU; H100 SXM dense bf16)
 DEFAULT_MFU = 0.4
 DEFAULT_GPU_PEAK_FLOPS = 9.89e14
@@ -285,8 +284,7 @@ def estimate(plan: SweepPlan, probe: bool = True) -> list[RunEstimate]:
     speed: dict[tuple, float] = {}
     out = []
     for run in plan.runs:
-        decay = float(run.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))
-        tokens, flops = run.tokens_trained(decay), run.flops(decay)
+        tokens, flops = run.tokens_trained(), run.flops()
         tps = secs = gpu_h = None
         if run.proxy:
             if probe:
@@ -441,9 +439,7 @@ def submit_runs(
     n = concurrency or int(plan.executor.get("concurrency", 1))
     weights = {e.run.name: (e.seconds or e.flops) for e in (estimates or [])}
     if not weights:
-        weights = {
-            r.name: r.flops(float(r.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))) for r in todo
-        }
+        weights = {r.name: r.flops() for r in todo}
     for nodes, tasks in shapes:
         if kind == "local":
             executor.update_parameters(**executor_parameters(plan, kind, nodes, tasks))
@@ -501,8 +497,7 @@ def _last_lines(path: Path, n_bytes: int = 65536) -> list[dict]:
 
 
 def run_progress(plan: SweepPlan, run: PlannedRun) -> RunProgress:
-    decay = float(run.train.get("decay_fraction", DEFAULT_DECAY_FRACTION))
-    total = float(run.tokens_trained(decay))
+    total = float(run.tokens_trained())
     status = run_status(plan.runs_dir, run.name)
     rows = _last_lines(plan.runs_dir / run.name / METRICS)
     if not rows:
