@@ -238,3 +238,13 @@ def test_a_cubic_finds_the_minimum_of_a_skewed_profile_a_parabola_misses():
     assert parabola == pytest.approx(-q[1] / (2 * q[0]), abs=1e-12) == pytest.approx(-0.110625, abs=1e-9)
     assert abs(_cubic_vertex(u, v, y, parabola)) < 1e-9
     assert np.isnan(_cubic_vertex(u[:4], v[:4], y[:4], 0.0))     # fewer than 5 sizes
+
+
+def test_the_disagreement_warning_says_when_the_cubics_agree_with_approach_3(runs):
+    """On the planted runs approach 2's parabolas miss approach 3's exponent (the true one) and the
+    cubics do not: the warning says both, so the reader does not blame the law."""
+    res = CliRunner().invoke(app, ["fit", str(runs), "--bootstrap", "0"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.stderr.splitlines() if "approach 2 disagrees with approach 3" in ln]
+    assert len(lines) == 2 and all("which agrees with approach 3: the parabolas' shape bias" in ln
+                                   for ln in lines), lines
