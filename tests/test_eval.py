@@ -37,42 +37,20 @@ runner = CliRunner()
 def runs(tmp_path_factory):
     """{arch: run folder} of two tiny runs with weights at both budgets (the SMELT one also with
     its final weights)."""
-    import os
-
     root = tmp_path_factory.mktemp("eval")
-    old_cache, old_threads = os.environ.get("SMELT_CACHE"), torch.get_num_threads()
-    os.environ["SMELT_CACHE"] = str(tmp_path_factory.getbasetemp() / "smelt-cache")
-    try:
-        out = {}
-        for arch in ("baseline", "smelt"):
-            cfg = TrainConfig(
-                tokens=(4 * STEP, 8 * STEP),
-                batch_size=8,
-                data_max_bytes=100_000,
-                eval_every=0,
-                ckpt_every=100,
-                threads=1,
-                val_windows=8,
-                warmup=2,
-            )
-            train(
-                get_config("proxy-tiny", arch),
-                cfg,
-                tier="proxy-tiny",
-                run_name=arch,
-                runs_dir=root,
-                save_budget_weights=True,
-                save_final_weights=arch == "smelt",
-            )
-            out[arch] = root / arch
-        torch.set_num_threads(1)  # tiny tensors: more threads only contend (2 shared cores)
-        yield out
-    finally:
-        torch.set_num_threads(old_threads)
-        if old_cache is None:
-            os.environ.pop("SMELT_CACHE", None)
-        else:
-            os.environ["SMELT_CACHE"] = old_cache
+    old_threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:    # SMELT_CACHE back as it was after the module
+        mp.setenv("SMELT_CACHE", str(tmp_path_factory.getbasetemp() / "smelt-cache"))
+        try:
+            for arch in ("baseline", "smelt"):
+                cfg = TrainConfig(tokens=(4 * STEP, 8 * STEP), batch_size=8, data_max_bytes=100_000,
+                                  eval_every=0, ckpt_every=100, threads=1, val_windows=8, warmup=2)
+                train(get_config("proxy-tiny", arch), cfg, tier="proxy-tiny", run_name=arch, runs_dir=root,
+                      save_budget_weights=True, save_final_weights=arch == "smelt")
+            torch.set_num_threads(1)  # tiny tensors: more threads only contend (2 shared cores)
+            yield {arch: root / arch for arch in ("baseline", "smelt")}
+        finally:
+            torch.set_num_threads(old_threads)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from statistics import NormalDist
 
 import numpy as np
@@ -36,21 +35,18 @@ MAX_BYTES = 65536
 def run(tmp_path_factory):
     """A trained proxy-tiny SMELT run folder with final weights; SMELT_CACHE in a tmp folder."""
     root = tmp_path_factory.mktemp("truth-runs")
-    old_cache, old_threads = os.environ.get("SMELT_CACHE"), torch.get_num_threads()
-    os.environ["SMELT_CACHE"] = str(tmp_path_factory.mktemp("truth-cache"))
-    try:
-        tc = TrainConfig(tokens=(24 * 512,), batch_size=8, eval_every=0, data_max_bytes=MAX_BYTES,
-                         device="cpu", threads=1, val_windows=4, warmup=2)
-        train(get_config("proxy-tiny", "smelt"), tc, tier="proxy-tiny", run_name="truth", runs_dir=root,
-              ckpt_dir=root / "ck", save_final_weights=True)
-        torch.set_num_threads(1)  # tiny tensors: more threads only contend
-        yield root / "truth"
-    finally:
-        torch.set_num_threads(old_threads)
-        if old_cache is None:
-            os.environ.pop("SMELT_CACHE", None)
-        else:
-            os.environ["SMELT_CACHE"] = old_cache
+    old_threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:    # SMELT_CACHE back as it was after the module
+        mp.setenv("SMELT_CACHE", str(tmp_path_factory.mktemp("truth-cache")))
+        try:
+            tc = TrainConfig(tokens=(24 * 512,), batch_size=8, eval_every=0, data_max_bytes=MAX_BYTES,
+                             device="cpu", threads=1, val_windows=4, warmup=2)
+            train(get_config("proxy-tiny", "smelt"), tc, tier="proxy-tiny", run_name="truth", runs_dir=root,
+                  ckpt_dir=root / "ck", save_final_weights=True)
+            torch.set_num_threads(1)  # tiny tensors: more threads only contend
+            yield root / "truth"
+        finally:
+            torch.set_num_threads(old_threads)
 
 
 @pytest.fixture(scope="module")
