@@ -83,15 +83,15 @@ most 0.0009 there; but its minimum scatters two to four times as much under nois
 above, 20 studies: SD 0.0145 against 0.0039 at 0.2% noise, 0.048 against 0.023 at 1%), so the
 parabola stays the estimate and the cubic is its check, reported beside it: ``a_cubic`` with its
 OLS t-interval, and ``shape_bias`` = a - ``a_cubic`` (the OLS slope of log(N*_parabola / N*_cubic)
-on log C, with its t-interval). On the planted studies the cubic's interval excludes the parabola's
-a at s >= 4 (Baseline, s = 4: 0.4303 against [0.4194, 0.4295]). It is not a warning: on the noisy wide sweeps
-(60 studies each at 0.2%, 0.5% and 1% noise) the two intervals excluded each other's estimate in
-7-10 of 60, where the parabola was unbiased (mean error within 0.001) and its own interval covered
-the truth in 88-93%: the cubic's interval covered it in only 83-87%, so a disagreement there is
-more often the cubic's noise than the parabola's bias. Where approach 2 disagrees with approach 3
-beyond their intervals and the cubics' interval agrees with approach 3, :func:`agreement`'s warning
-says so (on the planted studies: parabolas 0.437 and 0.371 against a true 0.424 and 0.346, cubics
-0.425 [0.419, 0.430] and 0.347 [0.338, 0.356]).
+on log C, with its t-interval). On the planted studies the cubic's interval excludes the
+parabola's a at s >= 4 (Baseline, s = 4: 0.4303 against [0.4194, 0.4295]). It is not a warning: on
+the noisy wide sweeps (60 studies each at 0.2%, 0.5% and 1% noise) the two intervals excluded each
+other's estimate in 7-10 of 60, where the parabola was unbiased (mean error within 0.001) and its own
+interval covered the truth in 88-93%: the cubic's interval covered it in only 83-87%, so a
+disagreement there is more often the cubic's noise than the parabola's bias. Where approach 2
+disagrees with approach 3 beyond their intervals and the cubics' interval agrees with approach 3,
+:func:`agreement`'s warning says so (on the planted studies: parabolas 0.437 and 0.371 against a
+true 0.424 and 0.346, cubics 0.425 [0.419, 0.430] and 0.347 [0.338, 0.356]).
 
 Approach 1, frontier of training curves: first the seeds of a configuration (the same N, sparsity
 and FLOPs per token, distinct recorded seeds) are one curve, at their mean loss at each budget
@@ -318,8 +318,9 @@ def isoflop_optima(N: np.ndarray, C: np.ndarray, loss: np.ndarray, *, width: flo
 
 def _shape_bias(used: list[dict[str, Any]]) -> dict[str, Any]:
     """The parabola's exponent minus the cubic's, through the same points of each bucket: the OLS
-    slope of log(N*_parabola / N*_cubic) on log C, with its t-interval (equal to a - a_cubic, both
-    being OLS slopes on the same log C). Empty where fewer than ``MIN_BUCKETS`` buckets have both."""
+    slope of log(N*_parabola / N*_cubic) on log C over the buckets that have a cubic minimum, with
+    its t-interval (a - a_cubic where every bucket has one: both are OLS slopes on the same log C).
+    Empty where fewer than ``MIN_BUCKETS`` buckets have both."""
     both = [b for b in used if math.isfinite(b["N_opt_cubic"])]
     if len(both) < MIN_BUCKETS:
         return {}
