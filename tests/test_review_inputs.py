@@ -194,20 +194,25 @@ def test_checkpoints_never_go_into_another_runs_folder(tmp_path):
     assert sorted(p.name for p in other.iterdir()) == before and not (tmp_path / "runs").exists()
 
 
-def test_a_warmup_past_the_smallest_budgets_cooldown_is_refused(tmp_path):
-    """--warmup 1e8 was accepted: no budget would ever train at the peak lr."""
+def test_a_warmup_longer_than_the_smallest_budget_is_refused(tmp_path):
+    """--warmup 1e8 was accepted: no budget would ever train at the peak lr. A warmup that only
+    overlaps a cooldown is a schedule (the default warmup does so above a decay fraction of 0.9)."""
     runs = tmp_path / "runs"
-    # 4096 and 8192 tokens of batch 2 x 64: 32 and 64 updates, the first cooldown from update 26
+    # 4096 and 8192 tokens of batch 2 x 64: 32 and 64 updates
     base = ["train", "--tier", "proxy-tiny", "--arch", "baseline", "--batch-size", "2",
             "--tokens", "4096,8192", "--runs-dir", str(runs)]
     one_line_exit_2(runner.invoke(app, [*base, "--warmup", "100000000"]),
-                    "warmup of 100000000 updates runs past update 26, where the smallest budget's cooldown")
+                    "warmup of 100000000 updates is longer than the smallest budget (32 updates, 4,096")
     assert not runs.exists()
-    one_line_exit_2(runner.invoke(app, [*base, "--warmup", "27", "--schedule", "wsd"]), "give at most 26")
+    one_line_exit_2(runner.invoke(app, [*base, "--warmup", "33"]), "give at most 32")
     plan = tmp_path / "p.toml"
-    plan.write_text('[sweep]\nname = "x"\ntiers = ["proxy-tiny"]\narchs = ["baseline"]\nseeds = [0]\n'
-                    f'budgets = [4096.0]\nruns_dir = "{runs}"\n[train]\nbatch_size = 2\nwarmup = 4000\n')
+    body = ('[sweep]\nname = "x"\ntiers = ["proxy-tiny"]\narchs = ["baseline"]\nseeds = [0]\n'
+            f'budgets = [4096.0]\nruns_dir = "{runs}"\n[train]\nbatch_size = 2\ndecay_fraction = 1.0\n')
+    plan.write_text(body + "warmup = 4000\n")
     one_line_exit_2(runner.invoke(app, ["sweep", str(plan), "--dry-run"]), "warmup of 4000 updates")
+    plan.write_text(body + "warmup = 32\n")   # all warmup, then all cooldown: a schedule, accepted
+    res = runner.invoke(app, ["sweep", str(plan), "--dry-run", "--no-probe"])
+    assert res.exit_code == 0, res.output
     assert not runs.exists()
 
 

@@ -134,15 +134,15 @@ class BranchPlan:
         return cls(tuple(out), schedule)
 
     def check_warmup(self, warmup: int) -> None:
-        """UserError if a given warmup runs past the step where the smallest budget's cooldown
-        starts: that budget (the whole run, with one) would never train at the peak lr, and its
-        point would follow another schedule than the others'."""
+        """UserError if a given warmup is longer than the smallest budget: that budget (the whole
+        run, with one) would end before its lr reached the peak. A warmup that overlaps a cooldown
+        is a schedule (``wsd_lr`` multiplies the two ramps; the default warmup of 10% does so with
+        a decay fraction above 0.9), so only this is refused: ``--warmup 1e8`` is a typo."""
         first = self.budgets[0]
-        if warmup > first.branch_step:
-            where = "cooldown starts" if first.decay_steps else "run ends"
-            raise UserError(f"warmup of {warmup} updates runs past update {first.branch_step}, where the "
-                            f"smallest budget's {where} ({first.tokens:,} tokens): give at most "
-                            f"{first.branch_step}")
+        if warmup > first.steps:
+            raise UserError(f"warmup of {warmup} updates is longer than the smallest budget ({first.steps} "
+                            f"updates, {first.tokens:,} tokens), which would end before its lr reached the "
+                            f"peak: give at most {first.steps}")
 
     @property
     def trunk(self) -> TokenBudget:

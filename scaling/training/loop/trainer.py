@@ -328,8 +328,6 @@ class Trainer:
         T = model_cfg.seq_len
         self.tokens_per_step = cfg.batch_size * T
         self.plan = BranchPlan.build(cfg.tokens, self.tokens_per_step, cfg.schedule, cfg.decay_fraction)
-        if cfg.warmup is not None:
-            self.plan.check_warmup(cfg.warmup)
         self.warmup = default_warmup(self.plan.budgets) if cfg.warmup is None else cfg.warmup
         _, self.micro, self.n_micro = split_batch(cfg.batch_size, dist.world, cfg.micro_batch_size)
         self.peak_flops = resolve_peak_flops(cfg.peak_flops)
@@ -338,6 +336,8 @@ class Trainer:
         check_name(self.run_name, "run name")  # one folder name: no '/', no leading '.', no control chars
         self.run_dir = run_dir = Path(runs_dir) / self.run_name
         existed = _agreed(dist, lambda: _check_run_dir(run_dir, resume, overwrite))
+        if cfg.warmup is not None and not existed:
+            self.plan.check_warmup(cfg.warmup)  # a run begun before the rule resumes as it began
         if cfg.threads is not None and device.type == "cpu":
             torch.set_num_threads(cfg.threads)
 

@@ -505,7 +505,7 @@ def run_progress(plan: SweepPlan, run: PlannedRun) -> RunProgress:
                            0.0 if status == "done" else None)
     last = rows[-1]
     per_update = last["tokens"] / last["step"] if last.get("step") else 0
-    # a finished run trained its plan (the plan's count is of requested, not step-rounded, tokens)
+    # a finished run trained its plan (tokens_trained counts its whole updates)
     done = total if status == "done" else float(last.get("iter", 0)) * per_update
     val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
     train_loss = last.get("train_loss")
