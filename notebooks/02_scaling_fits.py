@@ -132,6 +132,9 @@ for g, f in fits.items():
         details = [c["mode"]] if key == "approach1" else [f"{c['n_buckets']} budgets"]
         if "resampled_share" in c:
             details.append(f"an estimate in {c['resampled_share']:.0%} of the seed resamples")
+        if "a_cubic" in c:  # the window parabola's shape check: cubics through the same points
+            clo, chi = c["a_cubic_ci"]
+            details.append(f"cubics through the same points {c['a_cubic']:.3f} [{clo:.3f}, {chi:.3f}]")
         print(f"   {c.get('method', key)}: a = {c['a']:.3f} {ci} ({'; '.join(details)})")
     for w in f.cross_checks.get("warnings", []):
         print(f"   warning: {w}")
