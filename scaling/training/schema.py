@@ -29,6 +29,8 @@ from typing import Any, Callable
 from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
 from scaling.common.errors import UserError
 
+SEED_MAX = 2**63 - 1   # torch.manual_seed's int64: the one range of a seed (train config, plans)
+
 # A name that becomes part of a folder name (tiers, runs): no separators, no leading dot, bounded.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 
@@ -116,7 +118,7 @@ SWEEP = {
     "description": Key(str, "free text"),
     "tiers": Key(list[str], "built-in tier names or [model.\"x\"] tables", bool, "a non-empty list"),
     "archs": Key(list[str], "architectures: baseline and/or smelt", bool, "a non-empty list"),
-    "seeds": Key(list[int], "seeds, one run each", lambda v: bool(v) and min(v) >= 0 and max(v) <= 2**63 - 1,
+    "seeds": Key(list[int], "seeds, one run each", lambda v: bool(v) and min(v) >= 0 and max(v) <= SEED_MAX,
                  "a non-empty list of integers in [0, 2^63 - 1] (torch's int64 seed)"),
     "budgets": Key(list[float], "token budgets, one point each (ranges: checked by the plan reader)"),
     "runs_dir": Key(str, "folder of the run folders, relative to the working directory", bool,

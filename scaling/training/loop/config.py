@@ -36,7 +36,7 @@ from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import DATA_TO_TRAIN, expand_path
 from scaling.training.loop.branches import SCHEDULES
 from scaling.training.loop.metrics import check_log_to, resolve_peak_flops
-from scaling.training.schema import check_fields, check_value
+from scaling.training.schema import SEED_MAX, check_fields, check_value
 
 
 def setting(default: Any, help: str, rule: Callable[[Any], bool] | None = None, rule_text: str = "", *,
@@ -45,9 +45,6 @@ def setting(default: Any, help: str, rule: Callable[[Any], bool] | None = None, 
     its wording, and whether ``smelt-scale train`` has an option for it."""
     return field(default=default, metadata={"help": help, "rule": rule, "rule_text": rule_text,
                                             "option": option})
-
-
-SEED_MAX = 2**63 - 1   # torch.manual_seed's int64
 
 
 def _at_least(n: int) -> Callable[[Any], bool]:
