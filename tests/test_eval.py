@@ -290,6 +290,7 @@ def test_eval_cli_multiple_choice_and_generation_offline(runs, data, tmp_path):
     assert res.exit_code == 2 and "--allow-code-execution" in res.stderr
     res = runner.invoke(app, [*args, "--allow-code-execution"])
     assert res.exit_code == 0, res.stderr
+    assert res.stderr == ""  # --json: nothing besides the document; no third-party progress bars
     doc = json.loads(res.stdout)
     assert list(doc) == ["schema", "rows"] and doc["schema"] == "smelt-scale.eval/1"
     rows = doc["rows"]
@@ -336,6 +337,29 @@ def test_eval_cli_multiple_choice_and_generation_offline(runs, data, tmp_path):
         nbytes += len(f" {a}".encode())
     got = _rows(rows, run="smelt", budget_index=1, task="arc_easy", metric="bpb_gold")[0]["value"]
     assert abs(got - bits / nbytes) < 1e-5
+
+
+def test_eval_outside_a_git_checkout_prints_no_git_error(runs, data, tmp_path, monkeypatch, capfd):
+    """lm-eval runs `git describe` in the working directory; outside a checkout git wrote
+    "fatal: not a git repository" straight to file descriptor 2. The probe is skipped."""
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["eval", str(runs["baseline"]), "--tasks", "arc_easy", "--data", str(data),
+                              "--device", "cpu"])
+    assert res.exit_code == 0, res.stderr
+    assert "fatal" not in capfd.readouterr().err
+
+
+def test_held_lm_eval_output_is_shown_when_evaluation_fails(capsys):
+    from scaling.evaluation.run import _quiet_lm_eval
+
+    with pytest.raises(RuntimeError), _quiet_lm_eval():
+        print("lm-eval said why", file=sys.stderr)
+        raise RuntimeError("boom")
+    assert "lm-eval said why" in capsys.readouterr().err
+    with pytest.raises(UserError), _quiet_lm_eval():
+        print("progress bar", file=sys.stderr)
+        raise UserError("one line")
+    assert "progress bar" not in capsys.readouterr().err
 
 
 def test_eval_errors_are_one_line(runs, data, tmp_path):

@@ -24,13 +24,23 @@ that budget, nats/token), val_bpb, task, metric, value, stderr, n, backend, num_
 
 Offline: ``HF_DATASETS_OFFLINE``, ``HF_HUB_OFFLINE``, ``HF_EVALUATE_OFFLINE`` and
 ``TRANSFORMERS_OFFLINE`` are set to 1 before lm-eval is imported.
+
+Quiet: lm-eval's and datasets' progress bars (one per task and stage, on stderr) are held back
+while ``simple_evaluate`` runs and shown only if it fails, and its provenance probes are skipped:
+``git describe`` in the caller's working directory (which printed "fatal: not a git repository"
+outside one, and names the caller's checkout, not the model) and torch's ``collect_env`` (about
+0.8 s per evaluation). Neither reaches a row; a row's provenance is the weights' sha256 and the
+run's own config.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,6 +310,33 @@ def _metric_rows(task: str, res: dict, n: int | None) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def _quiet_lm_eval():
+    """Hold lm-eval's stderr (progress bars) and skip its git/env probes; see the module docstring.
+    The held text is written out if the evaluation fails (not for a ``UserError``, which is one
+    line), so a failure keeps its context."""
+    import lm_eval.evaluator as evaluator
+
+    saved = {name: getattr(evaluator, name) for name in ("get_git_commit_hash", "add_env_info")
+             if hasattr(evaluator, name)}
+    if "get_git_commit_hash" in saved:
+        evaluator.get_git_commit_hash = lambda: None
+    if "add_env_info" in saved:
+        evaluator.add_env_info = lambda storage: None
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except UserError:
+        raise
+    except BaseException:
+        sys.stderr.write(held.getvalue())
+        raise
+    finally:
+        for name, fn in saved.items():
+            setattr(evaluator, name, fn)
+
+
 def evaluate_model(lm, tasks: list[LocalTask], settings: EvalSettings, max_length: int) -> list[dict]:
     """lm-eval on ``tasks`` with ``lm`` (an lm-eval model): one row per (task, metric).
 
@@ -311,25 +348,26 @@ def evaluate_model(lm, tasks: list[LocalTask], settings: EvalSettings, max_lengt
     with tempfile.TemporaryDirectory(prefix="smelt-tasks-") as tmp:
         write_overlays(tasks, Path(tmp))
         manager = TaskManager(include_path=tmp, include_defaults=False)
-        try:
-            out = simple_evaluate(
-                model=lm,
-                tasks=[t.name for t in tasks],
-                num_fewshot=settings.num_fewshot,
-                limit=settings.limit,
-                task_manager=manager,
-                log_samples=True,
-                bootstrap_iters=1000,
-                confirm_run_unsafe_code=settings.allow_code,
-                gen_kwargs={"max_gen_toks": max_length // 2} if max_length < 2048 else None,
-                verbosity="ERROR",
-            )
-        except ValueError as exc:
-            if "larger than population" not in str(exc):
-                raise
-            # lm-eval draws the few-shot examples without replacement
-            raise UserError(f"num_fewshot {settings.num_fewshot} is more than the tasks' few-shot "
-                            "documents") from None
+        with _quiet_lm_eval():
+            try:
+                out = simple_evaluate(
+                    model=lm,
+                    tasks=[t.name for t in tasks],
+                    num_fewshot=settings.num_fewshot,
+                    limit=settings.limit,
+                    task_manager=manager,
+                    log_samples=True,
+                    bootstrap_iters=1000,
+                    confirm_run_unsafe_code=settings.allow_code,
+                    gen_kwargs={"max_gen_toks": max_length // 2} if max_length < 2048 else None,
+                    verbosity="ERROR",
+                )
+            except ValueError as exc:
+                if "larger than population" not in str(exc):
+                    raise
+                # lm-eval draws the few-shot examples without replacement
+                raise UserError(f"num_fewshot {settings.num_fewshot} is more than the tasks' "
+                                "few-shot documents") from None
     if out is None:  # a non-zero rank under torch.distributed
         return []
     rows = []
