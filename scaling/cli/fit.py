@@ -158,11 +158,12 @@ def print_fit(fit: FitResult) -> None:
                      f"{x}* = G C^{ea} = {fit.derived['G']:.4g} "
                      f"C^{fit.derived[ea]:.4f}, "
                      f"D* = H C^{eb} = {fit.derived['H']:.4g} C^{fit.derived[eb]:.4f}  "
-                     f"(G {_ci(fit, 'G')}, H {_ci(fit, 'H')}, {ea} {_ci(fit, ea)})", highlight=False)
+                     f"(G {_ci(fit, 'G', '.4g')}, H {_ci(fit, 'H', '.4g')}, {ea} {_ci(fit, ea, '.4f')})",
+                     highlight=False)
     if "a_data" in fit.derived:
         stdout.print(f"  across the data's compute ({fit.data_summary['compute_min']:.3g} to "
                      f"{fit.data_summary['compute_max']:.3g} FLOPs, C = F(N) D): {x}* ~ C^"
-                     f"{fit.derived['a_data']:.4f} {_ci(fit, 'a_data')}", highlight=False)
+                     f"{fit.derived['a_data']:.4f} {_ci(fit, 'a_data', '.4f')}", highlight=False)
     for key in ("approach1", "approach2"):
         c = fit.cross_checks.get(key)
         if not c:
@@ -200,13 +201,13 @@ def merged_warnings(fits: "dict[str, FitResult] | list[FitResult]") -> list[str]
 
 
 def _ci_text(ci: list | None) -> str:
-    """" [lo, hi]", " (no interval)" where its ends are not numbers (approach 1 when too few seed
-    resamples give an estimate), "" without one."""
+    """" [lo, hi]" of an exponent, to the estimate's three decimals; " (no interval)" where its ends
+    are not numbers (approach 1 when too few seed resamples give an estimate), "" without one."""
     if not ci:
         return ""
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):
         return " (no interval)"
-    return f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 # approach 1's interval under-covers on planted laws (scaling/fitting/approaches.py, measured by
@@ -248,7 +249,7 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
     for f in groups:
         key = "a_data" if "a_data" in f.derived else ea
         a3 = f.derived.get(key)
-        a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, key)}".replace(" [-]", "")
+        a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, key, '.3f')}".replace(" [-]", "")
         a1_text = _a_text(f.cross_checks.get("approach1"), " *")
         if a1_text.endswith(" *"):
             marked.append(f.cross_checks["approach1"])
@@ -292,9 +293,9 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
         stdout.print("[bold]What they do not say[/bold]: " + line(not_says) + ".", highlight=False)
 
 
-def _ci(fit: FitResult, key: str) -> str:
+def _ci(fit: FitResult, key: str, spec: str = ".5g") -> str:
     lo, hi = fit.ci.get(key, (math.nan, math.nan))
-    return f"[{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else "[-]"
+    return f"[{number(lo, spec)}, {number(hi, spec)}]" if math.isfinite(lo) else "[-]"
 
 
 def print_at_budget(fit: FitResult, at: dict) -> None:
