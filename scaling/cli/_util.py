@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from scaling.common.errors import UserError
+from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.serialize import to_json
 
 if TYPE_CHECKING:
@@ -139,6 +140,13 @@ def setup_logging(level: int | None = None) -> None:
 def show_progress(json_mode: bool = False, quiet: bool = False) -> bool:
     """Whether to draw rich progress bars (never into a pipe, never with --json)."""
     return not (json_mode or quiet) and sys.stderr.isatty()
+
+
+def where_option(what: str, examples: str, note: str = "") -> Any:
+    """The ``--where`` option of every command that reads points (one grammar, one wording)."""
+    return typer.Option(None, "--where", metavar="EXPR",
+                        help=f"Keep only the {what} matching {FILTER_GRAMMAR} Repeatable (all must "
+                        f"hold); never evaluated as Python. E.g. {examples}. {note}".rstrip())
 
 
 def _first_existing(path: Path) -> Path:

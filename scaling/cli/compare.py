@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from scaling.cli._util import FORCE_HELP, check_output_file, finish, run_cli, stdout, warn
+from scaling.cli._util import FORCE_HELP, check_output_file, finish, run_cli, stdout, warn, where_option
 from scaling.common.errors import UserError
 from scaling.common.filter import filter_rows
 from scaling.fitting.compare import (
@@ -101,10 +101,8 @@ def register(app: typer.Typer) -> None:
         min_tokens: float = typer.Option(0.0, "--min-tokens", min=0.0, max=1e30,  # max: refuses NaN too
                                          help="Only budgets of at least this many tokens (the requested "
                                          "budget, e.g. 5e5)."),
-        where: Optional[list[str]] = typer.Option(
-            None, "--where", metavar="EXPR", help="Keep only the points satisfying a condition on their "
-            "columns (repeatable; all must hold), e.g. \"lr == 0.006\", \"seed >= 3\", \"tier != "
-            "'iso-d04'\": comparisons, in [...], and/or/not, arithmetic; never evaluated as Python. "
+        where: Optional[list[str]] = where_option(
+            "points", "\"lr == 0.006\", \"seed >= 3\", \"tier != 'iso-d04'\"",
             "Columns: those of `fit runs/` (arch, tier, seed, lr, N, D, flops, loss, budget_index, ...)."),
         cells: bool = typer.Option(False, "--cells", help="Also list every (tier, budget) cell."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a figure of the differences "

@@ -21,9 +21,9 @@ from scaling.cli._util import (
     stderr,
     stdout,
     warn,
+    where_option,
 )
 from scaling.common.errors import UserError
-from scaling.common.filter import GRAMMAR as FILTER_GRAMMAR
 from scaling.common.format import number
 from scaling.common.run_folder import atomic_write_bytes
 from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
@@ -374,12 +374,9 @@ def register(app: typer.Typer) -> None:
         flops_per_nd: Optional[float] = typer.Option(None, help="k in C = k N D, used to derive N or D from "
                                                                 "C and for the compute of tables without a "
                                                                 "compute column. Default 6 (printed)."),
-        where: Optional[list[str]] = typer.Option(None, "--where", metavar="EXPR",
-                                                  help="Keep only the rows matching this condition on "
-                                                  "the table's columns, e.g. 'loss < 4', '1e6 < N <= 1e8 "
-                                                  "and arch == \"smelt\"' or '`Model Size` > 1e8'; "
-                                                  "repeatable (all must hold); recorded in the fit's "
-                                                  "settings. Grammar: " + FILTER_GRAMMAR),
+        where: Optional[list[str]] = where_option(
+            "rows", "'loss < 4', '1e6 < N <= 1e8 and arch == \"smelt\"', '`Model Size` > 1e8'",
+            "Recorded in the fit's settings."),
         isoflop_estimator: str = typer.Option("window", help="Approach-2 IsoFLOP estimator: window (a "
                                               "parabola within --isoflop-window decades of each minimum; "
                                               "robust to wide sweeps) or parabola (the whole sweep)."),

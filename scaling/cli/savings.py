@@ -19,6 +19,7 @@ from scaling.cli._util import (
     run_cli,
     stdout,
     warn,
+    where_option,
 )
 from scaling.common.errors import UserError
 from scaling.common.format import number
@@ -134,11 +135,9 @@ def register(app: typer.Typer) -> None:
                                                 "an extrapolation from it is no result)."),
         extrapolate: bool = typer.Option(False, "--extrapolate", help="Print those estimates anyway, "
                                          "marked as extrapolated."),
-        where: Optional[list[str]] = typer.Option(
-            None, "--where", metavar="EXPR", help="Keep only the runs' points satisfying a condition on "
-            "their columns (repeatable; all must hold), e.g. \"seed <= 4\", \"tier != 'iso-d04'\": "
-            "comparisons, in [...], and/or/not, arithmetic; never evaluated as Python. The envelope and "
-            "the fits both see only the points kept. Columns: those of `fit runs/`."),
+        where: Optional[list[str]] = where_option(
+            "runs' points", "\"seed <= 4\", \"tier != 'iso-d04'\"",
+            "The envelope and the fits both see only the points kept. Columns: those of `fit runs/`."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
         """Compute saved by the candidate over the reference at equal loss on the compute-optimal frontier.
