@@ -39,6 +39,7 @@ from scaling.fitting.fit import (
     ParamMap,
     fit_groups,
 )
+from scaling.fitting.floor_profile import profile_text
 from scaling.fitting.laws import LAWS, get_law
 from scaling.fitting.tables import Columns
 
@@ -187,6 +188,9 @@ def print_fit(fit: FitResult) -> None:
             stdout.print(f"  {label}: a = {c['a']:.3f}{ci}{extra}", highlight=False)
         else:
             stdout.print(f"  {label}: not available: {c['reason']}", highlight=False)
+    prof = fit.cross_checks.get("floor_profile")
+    if prof:
+        stdout.print("  " + profile_text(prof, law.size_input), highlight=False)
 
 
 def merged_warnings(fits: "dict[str, FitResult] | list[FitResult]") -> list[str]:
@@ -246,10 +250,15 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
     for c in ("group", "approach 1 (frontier)", "approach 2 (IsoFLOP)", "approach 3 (law)"):
         table.add_column(c, justify="right" if c != "group" else "left", no_wrap=True)
     marked = []   # approach-1 checks whose interval the table marks
+    spans = []    # (group, exponent range over the allowed floors) of laws not identified
     for f in groups:
         key = "a_data" if "a_data" in f.derived else ea
         a3 = f.derived.get(key)
         a3_text = "—" if a3 is None else f"{a3:.3f} {_ci(f, key, '.3f')}".replace(" [-]", "")
+        span = (f.cross_checks.get("floor_profile") or {}).get(f"{key}_range")
+        if a3 is not None and not f.diagnostics.get("identified") and span and math.isfinite(span[0]):
+            a3_text += " †"
+            spans.append(f"{span[0]:.3f} to {span[1]:.3f} ({f.group})")
         a1_text = _a_text(f.cross_checks.get("approach1"), " *")
         if a1_text.endswith(" *"):
             marked.append(f.cross_checks["approach1"])
@@ -257,6 +266,10 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
     captions = []
     for note in dict.fromkeys(a1_ci_note(c) for c in marked):
         captions.append(f"* approach 1's interval is {note}, not 95%")
+    if spans:
+        captions.append("† the law is not identified: its interval holds the loss floor where the best fit "
+                        "put it; over the floors the points allow (loss-floor profile) the exponent spans "
+                        + ", ".join(spans))
     if any("a_data" in f.derived for f in groups):
         # approaches 1 and 2 see the data's compute range: compare them with the law there
         captions.append("approach 3: the law's frontier across the data's compute (F(N) is not k N there; "

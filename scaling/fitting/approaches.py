@@ -641,18 +641,25 @@ def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
 def cross_checks(points: pd.DataFrame, fit: Any, *, estimator: str = DEFAULT_ESTIMATOR,
                  window: float = WINDOW_DECADES) -> dict[str, Any]:
     """Approaches 1 and 2 beside an approach-3 fit (chinchilla form: they estimate N* ~ C^a), with
-    ``warnings`` from :func:`agreement`."""
+    ``warnings`` from :func:`agreement`; for a law that is not identified, also the profile of its
+    loss floor (``floor_profile``: the floors the points allow and the exponents across them)."""
+    from scaling.fitting.floor_profile import floor_profile
+
     law = fit.law_obj
     if law.size_input != "N" or law.fixed_inputs:
         reason = (f"approaches 1 and 2 estimate N* ~ C^a from N alone; the {fit.law} law sizes models by "
                   f"{law.size_input} at fixed {', '.join(law.fixed_inputs) or 'nothing'}, so they are run "
                   "for laws of N and D only")
-        return {**{key: {"available": False, "reason": reason} for key in ("approach1", "approach2")},
-                "warnings": []}
-    boot = {"n_bootstrap": int(fit.settings.get("n_bootstrap", 0)), "seed": int(fit.settings.get("seed", 0))}
-    out = {"approach1": approach1(points, fit, **boot),
-           "approach2": approach2(points, fit, estimator=estimator, window=window, **boot)}
-    out["warnings"] = agreement(out, fit)
+        out: dict[str, Any] = {**{key: {"available": False, "reason": reason}
+                                  for key in ("approach1", "approach2")}, "warnings": []}
+    else:
+        boot = {"n_bootstrap": int(fit.settings.get("n_bootstrap", 0)),
+                "seed": int(fit.settings.get("seed", 0))}
+        out = {"approach1": approach1(points, fit, **boot),
+               "approach2": approach2(points, fit, estimator=estimator, window=window, **boot)}
+        out["warnings"] = agreement(out, fit)
+    if not fit.diagnostics.get("identified", True) and "run" in points.columns:
+        out["floor_profile"] = floor_profile(points, fit)
     return out
 
 
