@@ -86,7 +86,7 @@ def run_case(name: str, studies: int, seed: int) -> dict:
     for _ in range(studies):
         pts = proxy_study(rng, run, point) if design == "proxy" else study(rng, design, seeds, run, point)
         fit = fit_law(pts, n_bootstrap=0)
-        prof = fp.floor_profile(pts, fit)
+        prof = fp.floor_profile(pts, fit, fit_law)
         bound += "E" in fit.diagnostics["on_bound"]
         e_true = PROXY_LAW["E"] if design == "proxy" else E_TRUE
         hits += covered(prof, e_true)

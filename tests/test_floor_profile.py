@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from scaling.cli import app
 from scaling.fitting.fit import fit_law
-from scaling.fitting.floor_profile import design_effect, floor_profile, profile_text
+from scaling.fitting.floor_profile import design_effect, floor_profile
+from scaling.fitting.result import profile_text
 from scaling.fitting.tables import load_points
 
 runner = CliRunner()
@@ -62,7 +63,7 @@ def test_identified_law_profile_is_narrow_around_the_planted_floor():
     law = {"E": 1.82, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}
     pts = _study(law, np.geomspace(3e7, 3e9, 6), np.geomspace(1e9, 1e12, 6), 2, 0.005, 0.003, seed=1)
     fit = fit_law(pts, n_bootstrap=0)
-    prof = floor_profile(pts, fit)
+    prof = floor_profile(pts, fit, fit_law)
     lo, hi = prof["E_range"]
     assert not prof["from_bound"] and not prof["up_to_lowest_loss"] and prof["contiguous"]
     assert lo <= law["E"] <= hi and hi - lo < 0.25, prof["E_range"]
@@ -89,7 +90,7 @@ def test_unidentified_law_profile_holds_the_planted_floor_and_exponent():
     pts = _study(law, np.geomspace(5e3, 4e5, 7), np.geomspace(2e5, 1.8e6, 4), 2, 0.012, 0.012, seed=3)
     fit = fit_law(pts, n_bootstrap=0)
     assert "E" in fit.diagnostics["on_bound"] and not fit.diagnostics["identified"]
-    prof = floor_profile(pts, fit)
+    prof = floor_profile(pts, fit, fit_law)
     assert prof["from_bound"] and prof["E_range"][0] <= law["E"] <= prof["E_range"][1]
     a_true = law["beta"] / (law["alpha"] + law["beta"])
     lo, hi = prof["a_range"]
@@ -100,7 +101,7 @@ def test_unidentified_law_profile_holds_the_planted_floor_and_exponent():
 def test_no_profile_where_the_floor_is_not_free():
     law = {"E": 1.82, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}
     pts = _study(law, np.geomspace(3e7, 3e9, 5), np.geomspace(1e9, 1e11, 4), 1, 0.0, 0.003, seed=2)
-    prof = floor_profile(pts, fit_law(pts, n_bootstrap=0, fix={"E": 1.7}))
+    prof = floor_profile(pts, fit_law(pts, n_bootstrap=0, fix={"E": 1.7}), fit_law)
     assert prof == {"available": False, "reason": "E is fixed"}
 
 

@@ -37,10 +37,11 @@ from scaling.fitting.fit import (
     FitSet,
     FitSettings,
     ParamMap,
+    attach_floor_profiles,
     fit_groups,
 )
-from scaling.fitting.floor_profile import profile_text
 from scaling.fitting.laws import LAWS, get_law
+from scaling.fitting.result import profile_text
 from scaling.fitting.tables import Columns
 
 # Library messages name the quantity; these are the flags that set it.
@@ -430,6 +431,7 @@ def register(app: typer.Typer) -> None:
         fits = _fit_groups(table.points, the_law, settings, json_out, share=list(cons.shared),
                            cross_checks=False)
         fits = cross_check_groups(table.points, fits, estimator=isoflop_estimator, window=isoflop_window)
+        fits = attach_floor_profiles(table.points, fits)
         fits = {g: replace(f, settings={**f.settings, "table": table.settings}) for g, f in fits.items()}
         fitset = FitSet(fits)
         at_budget = {g: f.at_budget(at) for g, f in fits.items()} if at is not None else {}

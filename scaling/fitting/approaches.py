@@ -641,10 +641,7 @@ def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
 def cross_checks(points: pd.DataFrame, fit: Any, *, estimator: str = DEFAULT_ESTIMATOR,
                  window: float = WINDOW_DECADES) -> dict[str, Any]:
     """Approaches 1 and 2 beside an approach-3 fit (chinchilla form: they estimate N* ~ C^a), with
-    ``warnings`` from :func:`agreement`; for a law that is not identified, also the profile of its
-    loss floor (``floor_profile``: the floors the points allow and the exponents across them)."""
-    from scaling.fitting.floor_profile import floor_profile
-
+    ``warnings`` from :func:`agreement`."""
     law = fit.law_obj
     if law.size_input != "N" or law.fixed_inputs:
         reason = (f"approaches 1 and 2 estimate N* ~ C^a from N alone; the {fit.law} law sizes models by "
@@ -658,8 +655,6 @@ def cross_checks(points: pd.DataFrame, fit: Any, *, estimator: str = DEFAULT_EST
         out = {"approach1": approach1(points, fit, **boot),
                "approach2": approach2(points, fit, estimator=estimator, window=window, **boot)}
         out["warnings"] = agreement(out, fit)
-    if not fit.diagnostics.get("identified", True) and "run" in points.columns:
-        out["floor_profile"] = floor_profile(points, fit)
     return out
 
 

@@ -78,7 +78,8 @@ __all__ = [
     "ONE_STEP_POINTS",
     "REFINE_POINTS", "SCREEN_ITERS", "SCREEN_POINTS", "BatchResult", "Constraints", "FitResult", "FitSet",
     "MultistartResult", "Objective", "ParamMap", "_design", "_run_weights", "allocation", "bootstrap",
-    "distinct_optima", "fit_groups", "fit_law", "fits_version", "get_law", "goodness_of_fit", "lbfgs_batch",
+    "attach_floor_profiles", "distinct_optima", "fit_groups", "fit_law", "fits_version", "get_law",
+    "goodness_of_fit", "lbfgs_batch",
     "multistart", "one_step_bootstrap",
 ]
 
@@ -441,4 +442,23 @@ def fit_groups(points: pd.DataFrame, law: str | Law = "chinchilla", settings: Fi
             fits[g] = fit_law(sub, law, settings, group=g, progress=cb)
     if not cross_checks:
         return fits
-    return {g: replace(res, cross_checks=run_cross_checks(subs[g], res)) for g, res in fits.items()}
+    fits = {g: replace(res, cross_checks=run_cross_checks(subs[g], res)) for g, res in fits.items()}
+    return attach_floor_profiles(points, fits)
+
+
+def attach_floor_profiles(points: pd.DataFrame, fits: dict[str, FitResult]) -> dict[str, FitResult]:
+    """``fits`` with ``cross_checks["floor_profile"]`` (``scaling.fitting.floor_profile``) added to
+    each law that is not identified; a new dict, the results are immutable."""
+    from dataclasses import replace
+
+    from scaling.fitting.floor_profile import floor_profile
+
+    out = {}
+    for g, f in fits.items():
+        if f.diagnostics.get("identified", True):
+            out[g] = f
+            continue
+        sub = points[points["group"].astype(str) == g] if "group" in points.columns else points
+        prof = floor_profile(sub.reset_index(drop=True), f, fit_law)
+        out[g] = replace(f, cross_checks={**f.cross_checks, "floor_profile": prof})
+    return out

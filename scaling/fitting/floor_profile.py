@@ -40,7 +40,7 @@ budget allocation exponent. Tested against planted laws (tests/test_floor_profil
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -100,12 +100,13 @@ def _why_not(fit: Any) -> str | None:
     return None
 
 
-def floor_profile(points: pd.DataFrame, fit: Any, *, level: float | None = None) -> dict[str, Any]:
+def floor_profile(points: pd.DataFrame, fit: Any, refit: Callable[..., Any], *,
+                  level: float | None = None) -> dict[str, Any]:
     """The profile of E for ``fit`` (a ``FitResult`` of ``points``, a group's canonical points):
     floors tried, their Delta, allowed or not, and the exponents there; the allowed range of E and
-    the exponents' range over it. ``{"available": False, "reason": ...}`` where E is not free."""
-    from scaling.fitting.fit import fit_law
-
+    the exponents' range over it. ``{"available": False, "reason": ...}`` where E is not free.
+    ``refit`` is ``scaling.fitting.fit.fit_law`` (given, so that this module does not import the
+    fitter that calls it)."""
     reason = _why_not(fit)
     if reason:
         return {"available": False, "reason": reason}
@@ -128,7 +129,7 @@ def floor_profile(points: pd.DataFrame, fit: Any, *, level: float | None = None)
     def at(E: float) -> dict[str, float]:
         if E not in fits:
             near = min(solved, key=lambda e: abs(e - E))
-            f = fit_law(points, law, _refit_settings(fit, E, [fit.params, solved[near]]), group=fit.group)
+            f = refit(points, law, _refit_settings(fit, E, [fit.params, solved[near]]), group=fit.group)
             solved[E] = f.params
             fits[E] = {"S": float(np.sum(f.residuals() ** 2)), **{k: float(f.derived[k]) for k in exp_keys}}
         return fits[E]
@@ -181,26 +182,3 @@ def _contiguous(allowed: list[bool]) -> bool:
     """The allowed floors form one run of the grid (the interval has no hole)."""
     idx = [i for i, a in enumerate(allowed) if a]
     return not idx or idx[-1] - idx[0] + 1 == len(idx)
-
-
-def profile_text(prof: dict[str, Any], size_input: str = "N") -> str:
-    """One line: the floors the points allow and the exponents over them."""
-    if not prof.get("available"):
-        return f"loss-floor profile: not available ({prof.get('reason', '')})"
-    lo, hi = prof["E_range"]
-    if not math.isfinite(lo):
-        return "loss-floor profile: none of the floors tried is allowed"
-    lo_t = "its bound" if prof["from_bound"] else f"{lo:.3g}"
-    hi_t = f"{hi:.3g}" + (" (0.99 x the lowest loss)" if prof["up_to_lowest_loss"] else "")
-    text = (f"loss-floor profile: the points allow E from {lo_t} to {hi_t} ({100 * prof['level']:.0f}% "
-            f"profile likelihood, design effect {prof['design_effect']:.2f} for {prof['points_per_run']:.1f} "
-            "points per run)")
-    labels = {"a_data": f"{size_input}* ~ C^a across the data's compute"}
-    spans = []
-    for k in prof.get("exponents", []):
-        lo_k, hi_k = prof[f"{k}_range"]
-        if math.isfinite(lo_k):
-            spans.append(f"{labels.get(k, f'the large-budget {k}')} {lo_k:.3f} to {hi_k:.3f}")
-    if spans:
-        text += "; over them " + " and ".join(spans)
-    return text + ("" if prof["contiguous"] else "; the allowed floors are not one interval")

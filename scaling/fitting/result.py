@@ -151,6 +151,9 @@ class FitResult:
                      f"objective {d['objective']:.10g}, identified: {'yes' if d['identified'] else 'NO'}, "
                      f"fit: {'MISFIT' if d.get('misfit') else 'ok'}")
         lines += [f"  warning: {w}" for w in d.get("warnings", [])]
+        prof = self.cross_checks.get("floor_profile")
+        if prof:
+            lines.append("  " + profile_text(prof, law.size_input))
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -504,6 +507,30 @@ def allocation(law: Law, theta: np.ndarray, k: float, S: float | None = None) ->
     C = k N D, i.e. the large-budget limit where a per-token cost k N + e sqrt(N) + c is k N."""
     fr = frontier(law, theta, 1.0, cost=k, S=S)
     return {"G": fr.size, "H": fr.tokens}
+
+
+def profile_text(prof: dict[str, Any], size_input: str = "N") -> str:
+    """One line of a loss-floor profile (``scaling.fitting.floor_profile``): the floors the points
+    allow and the exponents over them."""
+    if not prof.get("available"):
+        return f"loss-floor profile: not available ({prof.get('reason', '')})"
+    lo, hi = prof["E_range"]
+    if not math.isfinite(lo):
+        return "loss-floor profile: none of the floors tried is allowed"
+    lo_t = "its bound" if prof["from_bound"] else f"{lo:.3g}"
+    hi_t = f"{hi:.3g}" + (" (0.99 x the lowest loss)" if prof["up_to_lowest_loss"] else "")
+    text = (f"loss-floor profile: the points allow E from {lo_t} to {hi_t} ({100 * prof['level']:.0f}% "
+            f"profile likelihood, design effect {prof['design_effect']:.2f} for {prof['points_per_run']:.1f} "
+            "points per run)")
+    labels = {"a_data": f"{size_input}* ~ C^a across the data's compute"}
+    spans = []
+    for k in prof.get("exponents", []):
+        lo_k, hi_k = prof[f"{k}_range"]
+        if math.isfinite(lo_k):
+            spans.append(f"{labels.get(k, f'the large-budget {k}')} {lo_k:.3f} to {hi_k:.3f}")
+    if spans:
+        text += "; over them " + " and ".join(spans)
+    return text + ("" if prof["contiguous"] else "; the allowed floors are not one interval")
 
 
 def exponent_over_data(law: Law, theta: np.ndarray, cost: TokenCost, c_lo: float, c_hi: float,
