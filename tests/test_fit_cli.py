@@ -110,9 +110,16 @@ def test_runs_directory_with_corrupt_run(tmp_path):
     bad.mkdir()
     (bad / "config.json").write_text("{}")
     (bad / "final.json").write_text("{truncated")
+    # a run started but before its first budget: the trainer's final.json, complete false, no points
+    started = runs / "r_started"
+    started.mkdir()
+    (started / "config.json").write_text("{}")
+    (started / "final.json").write_text(json.dumps({"run": "r_started", "arch": "baseline", "tier": "t",
+                                                    "complete": False, "points": []}))
     res = runner.invoke(app, ["fit", str(runs), "--json", "--bootstrap", "5"])
     assert res.exit_code == 0, res.output
     assert "skipped run r_bad: unreadable final.json" in res.stderr
+    assert "skipped run r_started: unfinished: no token budget reached yet" in res.stderr
     entry = json.loads(res.stdout)["fits"]["baseline"]
     assert entry["n_points"] == 16 and entry["diagnostics"]["n_runs"] == 4
     assert abs(entry["data_summary"]["flops_per_param_k"] - 6.2) < 1e-9

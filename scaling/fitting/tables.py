@@ -305,6 +305,11 @@ def read_runs_dir(root: Path, *, warn: Callable[[str], None] | None = None,
                                                 "reached)"))
                 continue
             pts = _points_of(final, str(run.path / FINAL))
+            if not pts and isinstance(final, dict) and final.get("complete") is False:
+                # the trainer writes final.json when it starts: a run before its first budget
+                n_unfinished += 1
+                skipped.append(SkippedRun(name, "unfinished: no token budget reached yet"))
+                continue
             if not pts:
                 raise UserError("no points")
             for p in pts:
