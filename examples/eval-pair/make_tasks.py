@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 from scaling.analysis.runs import load_run
+from scaling.common.errors import UserError
 
 
 def main() -> None:
@@ -66,4 +68,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as exc:   # the toolkit's one-line error, as its commands print it
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
