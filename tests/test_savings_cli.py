@@ -285,3 +285,11 @@ def test_laws_that_misfit_leave_the_inside_of_the_data_to_the_envelope():
     (msg,) = disagreements([law], [env_far])
     assert "law 48.0% [44.0, 52.0]%" in msg and "envelope 20.0% [10.0, 30.0]%" in msg
     assert disagreements([law], [env_near]) == []
+
+
+def test_tokens_per_parameter_below_one_keep_their_digits():
+    """An extrapolated law can put D*/N* far below 1; one decimal printed 7.9e-05 as 0.0."""
+    from scaling.cli.savings import _num
+
+    assert (_num(20.34), _num(1.0), _num(7.9e-05), _num(0.25), _num(float("nan"))) == (
+        "20.3", "1.0", "7.9e-05", "0.25", "—")

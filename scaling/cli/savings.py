@@ -89,7 +89,9 @@ def print_result(res: SavingsResult) -> None:
 
 
 def _num(x: float) -> str:
-    return number(x, ".1f", missing="—")
+    """Tokens per parameter: one decimal, or two significant digits below 1 (an extrapolated law can
+    put D*/N* at 4e-4, which one decimal printed as 0.0)."""
+    return number(x, ".1f" if abs(x) >= 1 else ".2g", missing="—")
 
 
 def register(app: typer.Typer) -> None:
