@@ -108,8 +108,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Tokenize text, JSONL or Parquet into uint16/uint32 token shards with a manifest.json.
 
-        Documents go to validation by a hash of their id (never by position). The output is resumable:
-        rerun the same command after an interruption and finished shards are kept.
+        Documents go to validation by a hash of their text (or of their id: --split-by), never by
+        position. The output is resumable: rerun the same command after an interruption and finished
+        shards are kept.
 
         Existing shards without a manifest (nanoGPT's train.bin/val.bin, OLMo-style .npy token
         files) are accepted too: pass their folder with --dtype and --vocab-size (and optionally

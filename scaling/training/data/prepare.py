@@ -907,8 +907,10 @@ def fallback_warnings(manifest: dict) -> list[str]:
     ident = fb.get("id") or {}
     n = ident.get("records_without") or 0
     if n and (n < total or ident.get("field") != "id"):
-        out.append(f"{n:,} of {total:,} records have no {ident.get('field')!r} field: their id, and so their "
-                   "split, is the SHA-256 of their text")
+        by_id = (manifest.get("split_rule") or {}).get("key") == "id"
+        out.append(f"{n:,} of {total:,} records have no {ident.get('field')!r} field: their id is the "
+                   "SHA-256 of their text" + (", and so is their split key (--split-by id)" if by_id else
+                                              " (the split hashes the text either way: --split-by text)"))
     return out
 
 
