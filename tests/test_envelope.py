@@ -62,6 +62,14 @@ def test_matched_loss_beyond_the_other_frontier_is_refused():
     top = pts.loc[pts["group"] == "smelt", "compute"].max()
     r = envelope_savings(pts, "baseline", "smelt", [top], n_bootstrap=0)[0]
     assert r.savings is None and "never reaches the matched loss" in r.reason
+    # the other side: a worse candidate's loss at the bottom of the data lies above the reference's whole
+    # frontier, which reached it with less compute than any it was run at
+    pts = two_architectures(1 / 3.0)
+    bottom = pts.loc[pts["group"] == "smelt", "compute"].min()
+    r = envelope_savings(pts, "baseline", "smelt", [bottom], n_bootstrap=0)[0]
+    assert r.savings is None and r.refusal == "not-reached"
+    assert "baseline's observed frontier is below the matched loss" in r.reason
+    assert "with less compute than any it was run at" in r.reason
 
 
 def test_envelope_is_monotone_and_below_every_point():

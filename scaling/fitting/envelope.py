@@ -180,8 +180,12 @@ def _refusal(c: float, ref: Envelope, cand: Envelope, names: tuple[str, str], m:
                                     f"{env.c_max:.3g} FLOPs): the envelope does not extrapolate")
     if not np.isfinite(m["savings"][i]):
         solved, env = (names[0], ref) if convention == "candidate-budget" else (names[1], cand)
-        return "not-reached", (f"{solved}'s observed frontier never reaches the matched loss "
-                               f"{float(m['loss'][i]):.4f} (its range {env.loss[-1]:.4f}-{env.loss[0]:.4f})")
+        loss, lo, hi = float(m["loss"][i]), float(env.loss[-1]), float(env.loss[0])
+        where = (f"is below the matched loss {loss:.4f} at every observed compute (its range {lo:.4f}-"
+                 f"{hi:.4f}): it reaches that loss with less compute than any it was run at"
+                 if loss > hi else
+                 f"never reaches the matched loss {loss:.4f} (its range {lo:.4f}-{hi:.4f})")
+        return "not-reached", f"{solved}'s observed frontier {where}"
     return None
 
 
