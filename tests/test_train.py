@@ -163,6 +163,32 @@ def test_overwrite_deletes_only_the_old_runs_own_checkpoints(tmp_path):
     assert not (tmp_path / "ckpt" / last.rsplit("/", 1)[-1]).exists()
 
 
+def test_overwrite_interrupted_while_deleting_is_finished_by_the_same_command(tmp_path, monkeypatch):
+    """Killed inside --overwrite's deletions (here: an error raised from the checkpoint deletion), the
+    folder still holds the old run's config.json, so the same --overwrite command finishes; before,
+    config.json went first and the leftover checkpoints made a folder that no command accepted."""
+    import shutil
+
+    cfg = get_config(TIER, "baseline")
+    kw = dict(tier=TIER, run_name="k", runs_dir=tmp_path / "runs")
+    short = tiny(tokens=(4 * STEP_TOKENS,), ckpt_every=2)
+    train(cfg, short, **kw)
+    real = shutil.rmtree
+
+    def dies(path, *a, **k):
+        if "checkpoints" in str(path) or "iter-" in str(path):
+            raise KeyboardInterrupt("killed")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", dies)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, short, overwrite=True, **kw)
+    monkeypatch.setattr(shutil, "rmtree", real)
+    assert (tmp_path / "runs" / "k" / "config.json").exists()
+    doc = train(cfg, short, overwrite=True, **kw)
+    assert doc["complete"]
+
+
 def test_param_groups_skip_embedding_and_gains():
     from scaling.training.model.transformer import MoETransformer
 

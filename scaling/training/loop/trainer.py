@@ -273,11 +273,9 @@ def _create_run_dir(run_dir: Path, overwrite: bool, doomed: list[Path], lock: Ru
     if overwrite:
         import shutil
 
-        for path in _replaced_files(run_dir):
-            path.unlink()
-        for name in (runlog.BUDGET_WEIGHTS_DIR, ANALYSIS_DIR, EVAL_DATA):
-            with contextlib.suppress(OSError):  # only when nothing else is left in it
-                (run_dir / name).rmdir()
+        # the old checkpoints first and config.json last: killed at any point, the folder still
+        # holds the old run's config, so the same --overwrite command finishes the job (config.json
+        # gone with checkpoints left would be a folder no command accepts)
         for path in doomed:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -286,6 +284,12 @@ def _create_run_dir(run_dir: Path, overwrite: bool, doomed: list[Path], lock: Ru
         if doomed:
             with contextlib.suppress(OSError):
                 doomed[0].parent.rmdir()
+        replaced = _replaced_files(run_dir)
+        for path in sorted(replaced, key=lambda q: q.name == runlog.CONFIG):
+            path.unlink()
+        for name in (runlog.BUDGET_WEIGHTS_DIR, ANALYSIS_DIR, EVAL_DATA):
+            with contextlib.suppress(OSError):  # only when nothing else is left in it
+                (run_dir / name).rmdir()
 
 
 def _replaced_files(run_dir: Path) -> list[Path]:
