@@ -175,3 +175,21 @@ def test_a_config_file_may_set_fields_that_are_not_options(tmp_path, env):
     assert res.exit_code == 0, res.output
     recorded = json.loads((tmp_path / "runs" / "r" / "config.json").read_text())["train"]
     assert recorded["beta1"] == 0.8 and recorded["eval_batch_size"] == 8 and recorded["seed"] == 3
+
+
+def test_thread_counts_torch_cannot_use_are_refused_before_any_write(tmp_path):
+    """torch.set_num_threads(100000) segfaulted (exit 139, no error line) after the run folder was
+    made; every command that takes --threads refuses counts outside 1..1024 in one line first."""
+    res = runner.invoke(app, ["train", "--tier", "proxy-tiny", "--arch", "baseline", "--tokens", "1024",
+                              "--runs-dir", str(tmp_path / "runs"), "--run-name", "t", "--threads", "100000"])
+    assert res.exit_code == 2 and "threads must be 1 to 1024, got 100000" in res.stderr
+    assert not (tmp_path / "runs").exists()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[train]\nthreads = 5000\n")
+    res = runner.invoke(app, ["train", "--config", str(cfg), "--tier", "proxy-tiny", "--arch", "baseline",
+                              "--tokens", "1024", "--runs-dir", str(tmp_path / "runs")])
+    assert res.exit_code == 2 and "1 to 1024" in res.stderr and not (tmp_path / "runs").exists()
+    for cmd in (["analyze", "sink", "runs/iso-d04-baseline-s0"],
+                ["eval", "x", "--tasks", "a", "--data", "."]):
+        res = runner.invoke(app, [*cmd, "--threads", "0"])
+        assert res.exit_code == 2 and res.stderr.strip() == "error: --threads must be 1 to 1024, got 0"

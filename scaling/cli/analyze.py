@@ -28,7 +28,7 @@ from scaling.cli._util import (
     stdout,
     warn,
 )
-from scaling.common.device import check_device
+from scaling.common.device import check_device, check_threads
 from scaling.common.errors import UserError
 from scaling.common.format import number
 
@@ -39,9 +39,7 @@ def _device(name: str, threads: Optional[int] = None) -> str:
     """Resolve --device; set torch's CPU threads when --threads is given."""
     import torch
 
-    if threads is not None:
-        if threads < 1:
-            raise UserError(f"--threads must be >= 1, got {threads}")
+    if check_threads(threads) is not None:
         torch.set_num_threads(threads)
     if check_device(name, "--device") == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,6 +19,7 @@ from scaling.cli._util import (
     stderr,
     stdout,
 )
+from scaling.common.device import check_threads
 from scaling.common.errors import UserError
 
 
@@ -168,9 +169,7 @@ def register(app: typer.Typer) -> None:
             check_output_file(out, "--out file", force=force, inputs=[*runs, data])
             if out.suffix.lower() not in (".csv", ".jsonl", ".json"):
                 raise UserError(f"--out {out}: use a .csv, .jsonl or .json file name")
-        if threads is not None:
-            if threads < 1:
-                raise UserError(f"--threads must be >= 1, got {threads}")
+        if check_threads(threads) is not None:
             import torch
 
             torch.set_num_threads(threads)

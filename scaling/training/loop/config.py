@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from scaling.accounting.config import HEAD_PADDING
 from scaling.accounting.memory import GRAD_SYNCS, LOOP_GRADS, MODES
-from scaling.common.device import DEVICE_HELP, valid_device
+from scaling.common.device import DEVICE_HELP, THREADS_RULE, valid_device, valid_threads
 from scaling.common.errors import UserError
 from scaling.training.data.corpus import DataSpec
 from scaling.training.data.loader import DATA_TO_TRAIN, expand_path
@@ -168,7 +168,7 @@ class ParallelConfig(_Part):
     (:mod:`scaling.training.parallel.data_parallel`)."""
 
     device: str = setting("auto", f"{DEVICE_HELP}.", valid_device, DEVICE_HELP)
-    threads: int | None = setting(None, "torch CPU threads [default: torch's].", _at_least(1), ">= 1")
+    threads: int | None = setting(None, "torch CPU threads [default: torch's].", valid_threads, THREADS_RULE)
     parallel: str = setting("none", "none (DDP under torchrun), ddp, fsdp or hsdp.",
                             lambda v: v in MODES, "none, ddp, fsdp or hsdp")
     activation_checkpointing: bool = setting(False, "Recompute each layer pass in the backward.")
