@@ -500,3 +500,28 @@ def test_loss_curves_say_how_many_torn_lines_they_left_out(tmp_path):
                               str(tmp_path / "fig")])
     assert res.exit_code == 0, res.output
     assert "1 torn last line of metrics.jsonl left out" in res.stderr
+
+
+def test_a_failed_figure_write_keeps_the_previous_figure_whole(tmp_path, monkeypatch):
+    """save() writes a tmp file and replaces the figure at the end: a write that fails part-way (here
+    the PNG writer raises after its first bytes) leaves the previous figure as it was, no tmp file."""
+    import matplotlib.pyplot as plt
+
+    from scaling.plots.style import save
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    path = save(fig, tmp_path / "f.png")
+    before = path.read_bytes()
+    real = type(fig).savefig
+
+    def torn(self, fh, **kw):
+        fh.write(b"\x89PNG partial")
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(type(fig), "savefig", torn)
+    with pytest.raises(UserError, match="cannot write the figure"):
+        save(fig, path)
+    monkeypatch.setattr(type(fig), "savefig", real)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["f.png"]
+    plt.close(fig)

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from scaling.accounting.tiers import ARCHS
 from scaling.common.errors import UserError
 from scaling.common.format import si
+from scaling.common.run_folder import atomic_write
 
 __all__ = ["ARCH_COLOURS", "ARCH_LABELS", "EXTRA", "LEVEL_MARKERS", "MARKERS", "RC", "fig_legend", "figure",
            "group_colours", "group_label", "legend", "log_axis", "order", "run_colours", "save",
@@ -71,7 +72,8 @@ def save(fig: Figure, path: str | Path, dpi: int | None = None) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with mpl.rc_context(RC):
-            fig.savefig(path, dpi=dpi)
+            # a tmp file replaced at the end: a failed or killed write keeps the previous figure whole
+            atomic_write(path, lambda fh: fig.savefig(fh, format=path.suffix.lower()[1:], dpi=dpi))
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot write the figure {path}: {exc}") from None
     return path
