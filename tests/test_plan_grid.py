@@ -148,6 +148,21 @@ def test_never_overwrites_without_force(tmp_path):
     assert res.exit_code == 2 and "--lr-rule" in res.output
 
 
+def test_a_newline_in_a_path_keeps_the_header_a_comment(tmp_path):
+    """The header quotes the command; a newline in --out or --runs-dir ended the comment line and the
+    file failed to parse (a traceback). Control characters are escaped there; the paths themselves
+    are kept."""
+    out = tmp_path / "p\ng.toml"
+    template = str(PLANS / "isoflop-template.toml")
+    res = CliRunner().invoke(app, ["plan-grid", "--grid", "6,10,14", "--budgets", "3.56e11,6.32e11",
+                                   "--lr-rule", "0.05,1.27", "--template", template,
+                                   "--runs-dir", "a\nb", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "--runs-dir 'a\\x0ab'" in text.splitlines()[0] and "g.toml'`" in text.splitlines()[0]
+    assert tomllib.loads(text)["sweep"]["runs_dir"] == "a\nb"
+
+
 @pytest.mark.parametrize("template, message", [
     ("train = 5\n", "[train] must be a table"),
     ("[train]\nbatch_size = -3\n", "batch_size"),

@@ -31,7 +31,7 @@ from scaling.cli._util import (
 )
 from scaling.common.errors import UserError
 from scaling.common.files import read_config
-from scaling.common.format import count, percent
+from scaling.common.format import comment_safe, count, percent
 from scaling.common.run_folder import atomic_write_bytes
 from scaling.design.grid import PROXY_LR_RULE, PROXY_MIN_TOKENS, PROXY_SMELT_LR_RULE, LrRule
 from scaling.design.output import sweep_plan_document
@@ -206,7 +206,8 @@ def _write_plan(out: Path, doc: dict[str, Any], proposal: Proposal, src: LawSour
         f"# Laws: {src.source}\n"
         f"# Shape {proposal.shape} (d_model, expert_hidden scaled; width multiple "
         f"{proposal.width_multiple}); each tier's SMELT twin is derived by the matcher.\n"
-        f"# Train/data/executor copied from {tpl_path if tpl else 'nothing (defaults)'}.\n"
+        f"# Train/data/executor copied from "
+        f"{comment_safe(str(tpl_path)) if tpl else 'nothing (defaults)'}.\n"
     )
     text = header + tomli_w.dumps(doc)
     import tomllib

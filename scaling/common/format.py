@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 
 def _missing(x: float | None) -> bool:
@@ -57,3 +58,9 @@ def format_tokens(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.4g}{unit}"
     return f"{n:.4g}"
+
+
+def comment_safe(text: str) -> str:
+    """``text`` for one line of a ``#`` comment: control characters (a newline in a path would end
+    the comment and break the file) written as ``\\xNN`` escapes; everything else as it is."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)

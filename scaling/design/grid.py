@@ -37,6 +37,7 @@ from scaling.accounting.config import ModelConfig
 from scaling.accounting.costs import costs
 from scaling.accounting.tiers import ARCHS
 from scaling.common.errors import UserError
+from scaling.common.format import comment_safe
 from scaling.design.output import NOT_IN_PLAN
 from scaling.design.sizing import scaled_baseline
 
@@ -253,7 +254,7 @@ def grid_documents(plan: GridPlan, *, name: str, runs_dir: str, train: Mapping[s
 def grid_header(plan: GridPlan, command: str) -> str:
     """The comment block a grid plan file starts with: how it was written and its rules."""
     return (
-        f"# Written by `{command}` (do not edit by hand; rerun the command).\n"
+        f"# Written by `{comment_safe(command)}` (do not edit by hand; rerun the command).\n"
         f"# IsoFLOP proxy study: budgets {', '.join(f'{c:.3g}' for c in plan.budgets)} FLOPs, sizes d_model "
         f"{', '.join(str(s.config.d_model) for s in plan.sizes)}\n# ({plan.shape} shape scaled), one WSD "
         f"trunk per size with a cooldown branch at each budget it serves.\n# Per-size peak lr: "
