@@ -153,6 +153,12 @@ def test_figures_never_go_into_a_run_folder(tmp_path):
     one_line_exit_2(runner.invoke(app, ["plot", "loss-curves", "--runs", str(tmp_path / "runs"), "--out",
                                         str(run), "--force"]), "is a run folder")
     assert sorted(p.name for p in run.iterdir()) == before
+    # nor a file of another command's, at any depth (compare --plot and fit --out wrote there)
+    one_line_exit_2(runner.invoke(app, ["compare", str(ROOT / "runs"), "--plot", str(run / "c.png")]),
+                    f"is inside run folder {run.resolve()}")
+    one_line_exit_2(runner.invoke(app, ["fit", str(ROOT / "runs"), "--bootstrap", "0", "--out",
+                                        str(run / "sub" / "f.json")]), "is inside run folder")
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 def test_a_run_name_too_long_for_a_folder_gets_the_naming_rule(tmp_path):

@@ -206,6 +206,7 @@ def check_output_file(path: Path | str, what: str = "output file", *, force: boo
     if path.is_dir():
         fail(f"{what} {path} is a folder, not a file")
     check_output_dir(path.parent, what=f"folder of the {what}")
+    _outside_run_folders(path, what)
     for src in inputs:
         if src is None:
             continue
@@ -221,6 +222,18 @@ def check_output_file(path: Path | str, what: str = "output file", *, force: boo
         if not os.access(path, os.W_OK):
             fail(f"{what} {path} is not writable")
     return path
+
+
+def _outside_run_folders(target: Path, what: str) -> None:
+    """Refuse an output that is a run folder or lies in one (at any depth): a run folder is the
+    trainer's (one writer, under its lock), and --force must not put other commands' files there."""
+    from scaling.common.run_folder import is_run_folder
+
+    here = target.resolve()
+    for p in (here, *here.parents):
+        if p.is_dir() and is_run_folder(p):
+            fail(f"{what} {target} is a run folder; choose a folder outside it" if p == here
+                 else f"{what} {target} is inside run folder {p}; choose a path outside it")
 
 
 def one_path(positional: Optional[Path], option: Optional[Path], flag: str = "--runs") -> Optional[Path]:
@@ -245,11 +258,7 @@ def check_output_folder(path: Path | str, what: str = "output folder", *, force:
         src = Path(src)
         if _same_file(path, src):
             fail(f"{what} {path} is an input of this command; choose another folder")
-    from scaling.common.run_folder import is_run_folder
-
-    if path.is_dir() and is_run_folder(path):
-        # a run folder is the trainer's (one writer, under its lock): --force must not put files there
-        fail(f"{what} {path} is a run folder; choose a folder outside it")
+    _outside_run_folders(path, what)
     if path.is_dir() and any(path.iterdir()) and not force:
         fail(f"{what} {path} is not empty; give --force to write into it (files of the same name are "
              "replaced)")
