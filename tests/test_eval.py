@@ -697,3 +697,15 @@ def test_empty_text_duplicate_tasks_and_bad_final_json_are_one_line(runs, tmp_pa
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and "final.json: point 1 has budget_index 'x'" in res.stderr, res.output
         assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_refuses_a_table_holding_one_models_score_twice(tmp_path):
+    """A table concatenated with itself was fitted as twice the points (6 instead of 3)."""
+    import pandas as pd
+
+    table = pd.read_csv("examples/eval-pair/eval.csv")
+    pd.concat([table, table]).to_csv(tmp_path / "dup.csv", index=False)
+    res = runner.invoke(app, ["calibrate", str(tmp_path / "dup.csv"), "--task", "arc_easy",
+                              "--bootstrap", "10"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "holds arc_easy/acc of run 'proxy-xs-baseline-s0' at budget 0 more than once" in res.stderr

@@ -295,6 +295,15 @@ def calibrate_table(
             raise UserError(f"column {col!r} of the evaluation table holds {str(example)[:30]!r}, "
                             "not a number")
         rows = rows.assign(**{col: num.astype(float)})
+    keys = [c for c in ("run", "budget_index", "num_fewshot", "backend") if c in rows.columns]
+    if {"run", "budget_index"} <= set(keys):
+        # the same model's score twice (a table concatenated with itself) would count as two points
+        dup = rows[rows.duplicated(keys, keep=False)]
+        if len(dup):
+            r = dup.iloc[0]
+            raise UserError(f"the evaluation table holds {task}/{metric} of run {r['run']!r} at budget "
+                            f"{r['budget_index']} more than once ({len(dup)} such rows): one row per "
+                            "(run, budget) and setting")
     ref, cand = rows[rows["arch"] == reference], rows[rows["arch"] == candidate]
     for arch, part in ((reference, ref), (candidate, cand)):
         if part.empty:
