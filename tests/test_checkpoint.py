@@ -125,6 +125,39 @@ def test_checkpointer_identity_and_run_id_units(tmp_path):
     assert Checkpointer(tmp_path, code_b, "run-a").load(ck.latest(), model, opt).done
 
 
+def _edit_meta(path, edit):
+    meta = json.loads((path / "meta.json").read_text())
+    edit(meta)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: torch.save({}, p / "rng.pt"),
+    lambda p: torch.save({"torch": torch.zeros(3), "numpy": 5, "python": "x"}, p / "rng.pt"),
+    lambda p: _edit_meta(p, lambda m: m.pop("run_id")),
+    lambda p: _edit_meta(p, lambda m: m.pop("state")),
+    lambda p: _edit_meta(p, lambda m: m["state"].pop("position")),
+    lambda p: _edit_meta(p, lambda m: m["state"].update(points=5)),
+    lambda p: _edit_meta(p, lambda m: m["state"].update(iter="x")),
+    lambda p: _edit_meta(p, lambda m: m["state"]["position"].update(trunk_step=-1)),
+    lambda p: _edit_meta(p, lambda m: m.update(world_size="2")),
+], ids=["rng-empty", "rng-wrong-types", "no-run-id", "no-state", "no-position", "points-int", "iter-str",
+        "negative-step", "world-str"])
+def test_a_tampered_checkpoint_is_refused_in_one_line(tmp_path, damage):
+    """Each of these gave a KeyError or TypeError traceback on resume (an adversarial review)."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    ident = {"model": {"d": 3}}
+    ck = Checkpointer(tmp_path, ident, "run-a", every=1)
+    ck.prepare()
+    ck.save_latest(model, opt, TrainState(iter=1))
+    path = ck.latest()
+    damage(path)
+    with pytest.raises(UserError, match=f"checkpoint {path} is unreadable") as err:
+        Checkpointer(tmp_path, ident, "run-a").load(path, model, opt)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("damage", ["truncate-data", "garbage-meta"])
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, env, damage):
     args = cli_args(tmp_path / "runs")

@@ -360,6 +360,10 @@ class Checkpointer:
             meta = read_json(path / META, "checkpoint meta.json")
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else None}")
+            for key, kind in (("run_id", str), ("identity_hash", str), ("world_size", int)):
+                if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+                    raise ValueError(f"{key} {str(meta.get(key))[:30]!r}")
+            TrainState.from_dict(meta.get("state"))  # checked here, before anything is loaded
         except (OSError, ValueError) as exc:
             raise UserError(f"checkpoint {path} is unreadable ({exc}); delete it to start the run "
                             "again") from None
@@ -404,7 +408,12 @@ class Checkpointer:
                         "may differ slightly from an uninterrupted run", meta["world_size"], self.world)
         if not with_state:
             return None
-        set_rng_state(rng)
+        try:
+            set_rng_state(rng)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise UserError(f"checkpoint {path} is unreadable (its {RNG} holds no RNG states this trainer "
+                            f"wrote: {type(exc).__name__} {str(exc)[:80]}); delete it to resume from an "
+                            "earlier one or start the run again") from None
         return TrainState.from_dict(meta["state"])
 
     def close(self) -> None:

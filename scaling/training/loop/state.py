@@ -45,7 +45,43 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":
+        """The state a checkpoint's meta.json holds; ValueError (saying which key) for anything a
+        trainer never wrote there: an unknown or (position, points) missing key, another type, a
+        negative count. Other keys may be missing (older checkpoints): their defaults stand."""
+        _check(d, _STATE_TYPES, "state", required=("position", "points"))
+        _check(d["position"], _POSITION_TYPES, "state.position")
+        if not all(isinstance(p, dict) for p in d["points"]):
+            raise ValueError("state.points must be a list of objects")
         return cls(**{**d, "position": Position(**d["position"]), "points": list(d["points"])})
 
     def copy(self) -> "TrainState":
         return TrainState.from_dict(self.to_dict())
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_STATE_TYPES = {"iter": _count, "position": lambda v: isinstance(v, dict), "tokens_seen": _count,
+                "points": lambda v: isinstance(v, list), "wall_s": _number,
+                "last_eval": lambda v: v is None or isinstance(v, dict),
+                "best_val": lambda v: v is None or _number(v)}
+_POSITION_TYPES = {"trunk_step": _count, "branch": lambda v: v is None or _count(v), "branch_step": _count,
+                   "next_branch": _count, "done": lambda v: isinstance(v, bool)}
+
+
+def _check(d: object, types: dict, where: str, required: tuple[str, ...] = ()) -> None:
+    """``d`` a dict of keys of ``types`` (``required`` among them), each passing its check."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be an object, got {type(d).__name__}")
+    missing, extra = sorted(set(required) - set(d)), sorted(set(d) - set(types))
+    if missing or extra:
+        raise ValueError(f"{where} " + (f"lacks {', '.join(missing)}" if missing else
+                                        f"has unknown keys {', '.join(extra)}"))
+    for key, ok in types.items():
+        if key in d and not ok(d[key]):
+            raise ValueError(f"{where}.{key} is {str(d[key])[:30]!r}, not what a trainer writes there")
