@@ -95,6 +95,48 @@ def test_overwrite_replaces_only_the_earlier_preparation(prepared):
     load_shards(out)                                     # the folder verifies
 
 
+@pytest.mark.parametrize("fail_at", [1, 3, "manifest.json"])
+def test_an_overwrite_killed_while_it_swaps_files_is_finished_by_the_next_run(prepared, tmp_path, monkeypatch,
+                                                                            fail_at):
+    """The swap deleted the old files (the manifest first) and moved the new ones in one by one: killed
+    in between, the folder held some new shards and no manifest, and every rerun was refused. The swap
+    is journaled now: the next run into the folder finishes it, to the same files a clean
+    --overwrite gives, and build folders of killed runs are cleaned up."""
+    import os
+
+    from scaling.training.data import prepare as prep
+
+    src, out = prepared
+    ref = tmp_path / "ref"
+    assert _prep(src, ref, "--vocab-size", "300", "--shard-tokens", "700").exit_code == 0
+    stale = tmp_path / ".out.overwrite-999999"          # a build folder of an --overwrite killed earlier
+    stale.mkdir()
+    (stale / "train-00000.bin").write_bytes(b"\0")
+    real, calls = os.replace, []
+
+    def dies(a, b):
+        if ".overwrite-" in str(a) and ".overwrite-" not in str(b):     # a move from the build into out
+            calls.append(a)
+            if len(calls) == fail_at or Path(b).name == fail_at:
+                raise KeyboardInterrupt("killed during the swap")
+        return real(a, b)
+
+    monkeypatch.setattr(prep.os, "replace", dies)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare([str(src)], out, prep.PrepareOptions(vocab_size=300, shard_tokens=700, val_fraction=0.2),
+                     overwrite=True)
+    monkeypatch.setattr(prep.os, "replace", real)
+    assert calls and not (out / "manifest.json").exists()         # killed inside the swap
+    res = _prep(src, out, "--vocab-size", "300", "--shard-tokens", "700")    # the same command, plain
+    assert res.exit_code == 0, res.output
+    mine = {"notes.txt", "mine-00001.bin"}
+    assert {k: v for k, v in _snapshot(out).items() if k not in mine} == _snapshot(ref)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.prepare-lock", ".ref.prepare-lock", "in",
+                                                          "out", "ref"]
+    load_shards(out)
+
+
 def test_overwrite_keeps_its_own_input_tokenizer(prepared):
     src, out = prepared
     tok = out / "tokenizer.json"

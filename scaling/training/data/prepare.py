@@ -548,6 +548,7 @@ def prepare(
     # one preparation per output folder: two would append to the same work files
     busy = f"output folder {out} is being prepared by another process; wait for it to end"
     with exclusive(out.parent / f".{out.name}.prepare-lock", busy):
+        _finish_swap(out)          # an --overwrite killed while it swapped files: finish it first
         return _prepare_locked(specs, files, out, opts, overwrite, progress, after_shard)
 
 
@@ -960,9 +961,10 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
                   after_shard: Callable[[int], None] | None = None) -> dict:
     """``--overwrite`` of a folder that holds something: validate, prepare into a fresh folder beside
     ``out``, then replace only the earlier preparation's files (:func:`_owned`) with the new ones,
-    manifest last. Nothing in ``out`` is touched before the new shards are complete; files the
-    earlier preparation did not write (the user's) are never deleted, and a new file whose name
-    one of them holds is refused."""
+    manifest last, through a journal (:func:`_finish_swap`: killed mid-swap, the next run into
+    ``out`` finishes it). Nothing in ``out`` is touched before the new shards are complete; files
+    the earlier preparation did not write (the user's) are never deleted, and a new file whose
+    name one of them holds is refused."""
     owned = _owned(out)
     doomed = {(out / n).resolve() for n in owned}
     for f in files:
@@ -972,7 +974,7 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
                             "move it out of the output folder first")
     if opts.tokenizer is not None:
         _load_tokenizer(opts.tokenizer)       # a bad tokenizer is refused before any work
-    tmp = out.parent / f".{out.name}.overwrite-{os.getpid()}"
+    tmp = out.parent / f"{_build_prefix(out)}{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         manifest = _prepare_locked(specs, files, tmp, opts, False, progress, after_shard)  # out's lock held
@@ -981,19 +983,58 @@ def _prepare_over(specs: list[str], files: list[InputFile], out: Path, opts: Pre
         if clash:
             raise UserError(f"{out} holds {', '.join(clash[:3])}, which no earlier preparation wrote and "
                             "the new one would replace; move it away or choose another folder")
-        for n in sorted(owned):
-            p = out / n
-            if n == WORK:
-                shutil.rmtree(p)
-            else:
-                p.unlink(missing_ok=True)
-        for n in new:
-            if n != MANIFEST:
-                os.replace(tmp / n, out / n)
-        os.replace(tmp / MANIFEST, out / MANIFEST)    # last: the folder is valid again
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # from here on the swap is journaled: killed at any point, the next run into ``out`` finishes it
+    write_json(_journal(out), {"build": tmp.name, "owned": sorted(owned), "new": new})
+    _finish_swap(out)
     return manifest
+
+
+def _build_prefix(out: Path) -> str:
+    """Name prefix of the folders an ``--overwrite`` of ``out`` builds in (beside it; + pid)."""
+    return f".{out.name}.overwrite-"
+
+
+def _journal(out: Path) -> Path:
+    return out.parent / f".{out.name}.overwrite-swap.json"
+
+
+def _finish_swap(out: Path) -> None:
+    """Complete the swap a journal records (called under ``out``'s lock): delete what the earlier
+    preparation owned, move each new file still in the build folder into ``out``, the manifest last;
+    then drop the journal and the build folder. Every step may be repeated, so a swap killed
+    anywhere, even inside this function, is finished by the next run. Build folders left by a
+    killed ``--overwrite`` before its swap (nothing refers to them) are deleted."""
+    journal = _journal(out)
+    build = None
+    if journal.exists():
+        j = read_config(journal, "overwrite journal")
+        names = [*j.get("owned", []), *j.get("new", []), j.get("build", "")]
+        if not all(isinstance(n, str) and n and Path(n).name == n for n in names) or \
+                not j["build"].startswith(_build_prefix(out)):
+            raise UserError(f"{journal} is not an overwrite journal this tool wrote; remove it and "
+                            f"check {out} by hand")
+        build = out.parent / j["build"]
+        new = set(j["new"])
+        for n in j["owned"]:
+            p = out / n
+            if n == WORK and p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif n not in new and n != MANIFEST:
+                p.unlink(missing_ok=True)
+        if MANIFEST in j["owned"] and (build / MANIFEST).exists():
+            (out / MANIFEST).unlink(missing_ok=True)   # the old manifest goes before any new shard
+        for n in j["new"]:
+            if n != MANIFEST and (build / n).exists():
+                os.replace(build / n, out / n)
+        if (build / MANIFEST).exists():
+            os.replace(build / MANIFEST, out / MANIFEST)    # last: the folder is valid again
+        journal.unlink()
+    for stale in out.parent.glob(f"{_build_prefix(out)}*"):
+        if stale.is_dir() and not stale.is_symlink() and stale.name[len(_build_prefix(out)):].isdigit():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 # ----- existing shards ----------------------------------------------------------------------
