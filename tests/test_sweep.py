@@ -178,6 +178,24 @@ def test_mini_plan_end_to_end(tmp_path, monkeypatch):
     assert run_status(runs, "tiny-a-smelt-s0") == "done"
 
 
+def test_a_sweep_whose_run_another_process_trains_is_refused_before_starting_any(tmp_path, monkeypatch):
+    """A second sweep of a running plan reported 'failed: run ...: UserError: ... in use by pid ...',
+    then 'error: 1 run(s) failed', exit 1, after starting the other runs; now one line, exit 2,
+    nothing started."""
+    from scaling.training.loop.lock import held
+
+    monkeypatch.setenv("SMELT_CACHE", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    plan = tmp_path / "mini.toml"
+    plan.write_text(MINI.format(runs=runs))
+    (runs / "tiny-b-smelt-s0").mkdir(parents=True)
+    with held([runs / "tiny-b-smelt-s0"]):
+        res = runner.invoke(app, ["sweep", str(plan), "--no-probe"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert "tiny-b-smelt-s0 is in use by" in res.stderr and "this sweep starts nothing" in res.stderr
+    assert sorted(p.name for p in runs.iterdir()) == ["tiny-b-smelt-s0"]
+
+
 @pytest.mark.parametrize("edit, args, message", [
     (None, ["--runs-dir", "{tmp}/afile"], "is a file, not a folder"),
     (None, ["--executor", "bogus"], "'bogus' is not one of 'local', 'slurm', 'debug'"),

@@ -32,6 +32,7 @@ from scaling.accounting.steptime import StepTime, predict_step_time
 from scaling.common.errors import UserError
 from scaling.common.files import bad_number
 from scaling.common.run_folder import CONFIG, FINAL, METRICS, WEIGHTS, RunFolder
+from scaling.training.loop.lock import check_free
 from scaling.training.sweep.plan import PlannedRun, SweepPlan
 
 # the plan's [executor] assumptions when it states none (a typical MFU; H100 SXM dense bf16)
@@ -418,6 +419,12 @@ def submit_runs(
     check_recorded(plan)  # a run of another config is neither skipped nor resumed
     todo = [r for r in plan.runs if planned_status(r, plan.runs_dir) != "done"]
     skipped = [r.name for r in plan.runs if r not in todo]
+    for r in todo:  # another sweep or training holds one: refuse the sweep before starting any run
+        try:
+            check_free(plan.runs_dir / r.name)
+        except UserError as exc:
+            raise UserError(f"{exc}; this sweep starts nothing while another process trains one of its "
+                            "runs") from None
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     log_dir = log_dir or plan.runs_dir / ".submitit"
     executor, kind = make_executor(plan, log_dir, kind)
