@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from cli import app
@@ -200,3 +201,17 @@ def test_the_table_marks_approach_1s_interval_as_a_lower_bound(tmp_path):
     # an approach 1 without an interval gets no mark
     from scaling.cli.fit import _a_text
     assert _a_text({"available": True, "a": 0.5, "a_ci": [float("nan")] * 2}, " *") == "0.500 (no interval)"
+
+
+@pytest.mark.parametrize("label", ["a\nb", "c\x1b[31md", "tab\there"])
+def test_labels_with_control_characters_are_refused(tmp_path, label):
+    """A group or run label with a newline split the warning lines naming it, and an escape sequence
+    reached the terminal raw (an adversarial review): refused in one line, the label escaped."""
+    grid = [(n, d) for n in (1e8, 1e9, 1e10) for d in (1e10, 1e11)]
+    rows = [{"N": n, "D": d, "loss": float(CHIN.predict(TRUE, N=n, D=d)), "arch": label if i % 2 else "base",
+             "run": f"r{i}"} for i, (n, d) in enumerate(grid)]
+
+    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
+    res = runner.invoke(app, ["fit", str(tmp_path / "t.csv"), "--bootstrap", "0"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert "holds a control character" in res.stderr and "\x1b" not in res.output

@@ -75,6 +75,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -545,6 +546,8 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         out["run"] = [f"row{int(i)}" for i in rownum]
         mapping["run"] = "none: each row is its own run (the bootstrap treats rows as independent)"
 
+    for col, what in (("group", "group"), ("run", "run id"), ("seed", "seed")):
+        _printable(out[col], what, source, rownum)
     notes += _checked_points(out, raw, k, source, rownum)
     n_kept = len(out)   # by the row filters; the lr selection's share is said apart
     out, lr_notes, lr_left_out = _at_tuned_lr(out, lr_off=_off(c.lr))
@@ -665,6 +668,20 @@ def _no_blank(raw: pd.DataFrame, name: str, role: str, source: str, rownum: np.n
         rows = ", ".join(str(int(r)) for r in rownum[blank][:5]) + (", ..." if blank.sum() > 5 else "")
         raise UserError(f"{source}: column {name!r} gives no {role} in {int(blank.sum())} row(s) "
                         f"(data row {rows}); give every row one" + (f", {hint}" if hint else ""))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(values: pd.Series, what: str, source: str, rownum: np.ndarray) -> None:
+    """UserError for a label holding a control character: a newline would split the warning lines that
+    name it, and an escape sequence would reach the terminal (a crafted table could rewrite it)."""
+    text = values.astype(str)
+    bad = text.str.contains(_CONTROL)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise UserError(f"{source}: row {int(rownum[i])}: the {what} {text.iloc[i][:40]!r} holds a control "
+                        "character (a newline, tab or escape); labels must be printable")
 
 
 def _group_column(raw: pd.DataFrame, name: str | None, source: str) -> tuple[Any, str]:
