@@ -215,3 +215,11 @@ def test_labels_with_control_characters_are_refused(tmp_path, label):
     res = runner.invoke(app, ["fit", str(tmp_path / "t.csv"), "--bootstrap", "0"])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
     assert "holds a control character" in res.stderr and "\x1b" not in res.output
+
+
+def test_a_tab_separated_table_named_csv_gets_a_hint(tmp_path):
+    """Read as CSV, its one column 'N\\tD\\tloss' printed as 'columns: N D loss', which looked right."""
+    (tmp_path / "t.csv").write_text("N\tD\tloss\n1e8\t1e10\t3.0\n")
+    res = runner.invoke(app, ["fit", str(tmp_path / "t.csv")])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "its one column 'N\\tD\\tloss' holds tabs: name a tab-separated table .tsv" in res.stderr

@@ -412,8 +412,11 @@ def _bad_identity(p: dict) -> str | None:
 
 
 def _missing(df: pd.DataFrame, role: str, col: str, source: str, extra: str = "") -> UserError:
-    return UserError(f"{source}: no {ROLES[role]} column {col!r} (columns: {', '.join(map(str, df.columns))})"
-                     + extra)
+    cols = [str(c) for c in df.columns]
+    if len(cols) == 1 and "\t" in cols[0]:
+        # one column whose name holds tabs: a tab-separated file read as comma-separated
+        extra = f"; its one column {cols[0][:60]!r} holds tabs: name a tab-separated table .tsv" + extra
+    return UserError(f"{source}: no {ROLES[role]} column {col!r} (columns: {', '.join(cols)})" + extra)
 
 
 def _off(name: str | None) -> bool:
