@@ -153,10 +153,13 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"unknown model config keys: {', '.join(unknown)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:  # missing required fields
-            raise UserError(f"incomplete model config: {exc}") from None
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise UserError(f"incomplete model config: missing {', '.join(missing)} (whole configs: "
+                            "`smelt-scale tiers --json`; `match --tier NAME` starts from one)")
+        return cls(**data)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
