@@ -426,3 +426,16 @@ def test_sigkill_during_prepare_then_rerun_gives_identical_output(env, tmp_path)
     assert (out / ".prepare" / "state.json").exists()
     prepare(env["inputs"], out, OPTS)
     assert _files(out) == _files(env["out"])
+
+
+def test_one_file_under_two_source_names_is_refused(tmp_path):
+    """`prepare-data a=docs.jsonl b=docs.jsonl` kept source a alone, silently."""
+    from scaling.training.data.prepare import find_inputs
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"text": "hello world"}\n')
+    with pytest.raises(UserError, match="given under two source names \\(a and b\\)"):
+        find_inputs([f"a={docs}", f"b={docs}"])
+    assert [f.source for f in find_inputs([f"a={docs}", f"a={docs}"])] == ["a"]   # the same name: one input
+    with pytest.raises(UserError, match="\\(a and none\\)"):      # a glob without a name reaches it too
+        find_inputs([f"a={docs}", str(tmp_path / "*.jsonl")])

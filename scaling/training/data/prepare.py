@@ -184,6 +184,11 @@ def find_inputs(specs: list[str]) -> list[InputFile]:
             st = p.stat()
             if st.st_size == 0:
                 raise UserError(f"input source {p} is empty")
+            seen = found.get(str(p))
+            if seen is not None and seen.source != name:
+                # one file, two source names: its documents would silently count for the first only
+                raise UserError(f"input file {p} is given under two source names ({seen.source or 'none'} "
+                                f"and {name or 'none'}); a document has one source")
             found.setdefault(str(p), InputFile(str(p), _kind(p), name, st.st_size, st.st_mtime_ns))
     return [found[k] for k in sorted(found)]
 
