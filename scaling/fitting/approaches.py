@@ -553,6 +553,9 @@ def _of_runs(n_labels: int, n_runs: int) -> str:
 def _frontier_slope(pairs: list[tuple[float, float]]) -> tuple[float, float, float, float] | str:
     """(a, intercept, lo, hi) of log N* on log C over the frontier pairs, or why there is none."""
     sizes = {round(n, 3) for _, n in pairs}
+    if not pairs:
+        return ("no compute has a frontier point: at none is the lowest loss's size bracketed by a "
+                "smaller and a larger size trained to it (need 3 points and 3 sizes)")
     if len(pairs) < 3 or len(sizes) < 3:
         return f"the frontier has {len(pairs)} points and {len(sizes)} distinct sizes (need 3 of each)"
     return _slope_ci(np.log([p[0] for p in pairs]), np.log([p[1] for p in pairs]))
