@@ -452,3 +452,13 @@ def test_without_a_bootstrap_the_identified_rate_says_it_judged_the_point_fit_on
                               "--sparsity", "0.95"])
     assert res.exit_code == 0, res.output
     assert "fits identified (point fit only (no bootstrap" in res.stdout
+
+
+def test_a_noise_free_design_that_identifies_says_so_without_a_bootstrap():
+    """With --bootstrap 0 the noise-free check warned "the noise-free design does not identify the
+    smelt law" (no bootstrap alone), then reported 100% of trials identified on the same basis."""
+    res = runner.invoke(app, ["simulate", "--law-set", "paper", "--noise", "0", "--bootstrap", "0",
+                              "--trials", "3"])
+    assert res.exit_code == 0, res.output
+    assert "does not identify" not in res.stderr
+    assert "baseline 100%, smelt 100%" in res.stdout
