@@ -86,7 +86,8 @@ def _spec(tier: str) -> TierSpec:
     try:
         return TIERS[tier]
     except KeyError:
-        raise UserError(f"unknown tier {tier!r}; known tiers: {', '.join(TIERS)}") from None
+        raise UserError(f"unknown tier {tier!r}; known tiers: {', '.join(tier_names())} (and proxy-tiny, "
+                        "for tests)") from None
 
 
 @lru_cache(maxsize=None)
