@@ -439,3 +439,13 @@ def test_one_file_under_two_source_names_is_refused(tmp_path):
     assert [f.source for f in find_inputs([f"a={docs}", f"a={docs}"])] == ["a"]   # the same name: one input
     with pytest.raises(UserError, match="\\(a and none\\)"):      # a glob without a name reaches it too
         find_inputs([f"a={docs}", str(tmp_path / "*.jsonl")])
+
+
+def test_a_refused_input_leaves_no_output_folder(tmp_path):
+    """A bad record refused after the inputs were hashed left out/.prepare/input_hashes.json behind."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{oops\n')
+    res = CliRunner().invoke(app, ["prepare-data", str(bad), "--out", str(tmp_path / "out"),
+                                   "--vocab-size", "300"])
+    assert res.exit_code == 2 and "not a JSON line" in res.stderr
+    assert not (tmp_path / "out").exists()

@@ -554,7 +554,25 @@ def prepare(
     busy = f"output folder {out} is being prepared by another process; wait for it to end"
     with exclusive(out.parent / f".{out.name}.prepare-lock", busy):
         _finish_swap(out)          # an --overwrite killed while it swapped files: finish it first
-        return _prepare_locked(specs, files, out, opts, overwrite, progress, after_shard)
+        created = not out.exists()
+        try:
+            return _prepare_locked(specs, files, out, opts, overwrite, progress, after_shard)
+        except UserError:
+            if created:
+                _remove_if_only_hashes(out)
+            raise
+
+
+def _remove_if_only_hashes(out: Path) -> None:
+    """Remove a folder this run created when it holds no more than its input-hash cache (the input
+    was refused before anything was tokenized): a refusal leaves no output folder behind."""
+    work = out / WORK
+    try:
+        if {p.name for p in out.iterdir()} <= {WORK} and \
+                (not work.exists() or {p.name for p in work.iterdir()} <= {"input_hashes.json"}):
+            shutil.rmtree(out)
+    except OSError:
+        pass
 
 
 # Byte-level BPE gives at most about one token per byte: more shard files than this from the inputs'
