@@ -599,8 +599,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="SDPA head size padded to a multiple of 8 on CUDA (auto, the model's default) "
                          "or not (never: the 2026-12-04 setting)")
     ap.add_argument("--init", default="device", choices=("device", "exact"),
-                    help="weights drawn on the GPU (device: seconds; the same distributions) or the "
-                         "trainer's exact CPU-drawn init (about 23 s per build of the 100M tier)")
+                    help="weights drawn on the GPU (device, the default: seconds; the same distributions) or "
+                         "the trainer's exact CPU-drawn init (about 23 s per build of the 100M tier)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile each block [default: on CUDA, off on the CPU]")
     ap.add_argument("--suite", action="store_true",

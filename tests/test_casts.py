@@ -168,5 +168,6 @@ def test_one_gpu_unwrapped_casts(arch, monkeypatch):
     # residual summed in fp32 (one shared cast would sum them in bf16)
     assert high.calls[((N, d), f32, b16)] == 2 * passes
     assert high.calls[((N * k, d), f32, b16)] == 0          # never the N*k gathered rows
-    assert high.calls[((N, d), b16, f32)] == passes        # the combined output, to the residual
+    assert high.calls[((2, 32, d), b16, f32)] == passes    # the combined output [B, T, d], to the residual
+    assert high.calls[((N, d), b16, f32)] == 0
     assert high.calls[((E, d), f32, b16)] == passes       # the router weight, as autocast would

@@ -432,15 +432,20 @@ def dispatch(x: Tensor, order: Tensor, inverse: Tensor, top_k: int,
     return _Dispatch.apply(x, order, inverse, top_k, dtype or x.dtype)
 
 
-def combine(ys: Tensor, order: Tensor, inverse: Tensor, gates: Tensor) -> Tensor:
-    """ys [N*k, d] (expert order) -> y [N, d] = sum_j gates[:, j] * (expert output of slot j).
+def combine(ys: Tensor, order: Tensor, inverse: Tensor, gates: Tensor,
+            lead: tuple[int, ...] | None = None) -> Tensor:
+    """ys [N*k, d] (expert order) -> y [N, d] = sum_j gates[:, j] * (expert output of slot j), or
+    [*lead, d] with ``lead`` the token dimensions (their product N).
 
     Each token's k outputs are gathered through the inverse permutation and summed in slot order:
     deterministic, and one elementwise kernel under compile (replaces a scatter ``index_add_``).
+    The sum is taken in the output's shape, so the result is a tensor of its own, not a view:
+    FSDP2 warns for every view a wrapped module returns (expert parallelism wraps the MoE).
     """
     N, k = gates.shape
-    yk = _Unsort.apply(ys, order, inverse).view(N, k, ys.shape[-1])
-    return (yk * gates.to(yk.dtype).unsqueeze(-1)).sum(1)
+    lead = (N,) if lead is None else tuple(lead)
+    yk = _Unsort.apply(ys, order, inverse).view(*lead, k, ys.shape[-1])
+    return (yk * gates.to(yk.dtype).view(*lead, k, 1)).sum(-2)
 
 
 def load_balance_loss(probs: Tensor, counts: Tensor) -> Tensor:
@@ -559,15 +564,15 @@ class MoE(nn.Module):
         # the rows travel in the experts' dtype (bf16 on CUDA even where x is fp32)
         xs = dispatch(x, order, inverse, self.top_k, self._grouped_dtype(x))
         ys = (self.expert_fn or self.experts)(xs, offsets, counts)
-        y = combine(ys, order, inverse, gates).to(x.dtype)
+        y = combine(ys, order, inverse, gates, shape[:-1]).to(x.dtype)   # [*shape]: not a view
 
         if self.shared_gate_up is not None:
             g, u = self.shared_gate_up(x).chunk(2, dim=-1)
-            y = y + self.shared_down(F.silu(g) * u)
+            y = y + self.shared_down(F.silu(g) * u).view(shape)
 
         aux = load_balance_loss(probs, per_group)
         z = torch.logsumexp(logits, dim=-1).square().mean()
-        return y.view(shape), aux, z, counts
+        return y, aux, z, counts
 
 
 class Block(nn.Module):
