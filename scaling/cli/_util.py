@@ -206,7 +206,6 @@ def check_output_file(path: Path | str, what: str = "output file", *, force: boo
     if path.is_dir():
         fail(f"{what} {path} is a folder, not a file")
     check_output_dir(path.parent, what=f"folder of the {what}")
-    _outside_run_folders(path, what)
     for src in inputs:
         if src is None:
             continue
@@ -214,6 +213,7 @@ def check_output_file(path: Path | str, what: str = "output file", *, force: boo
         if _same_file(path, src) or (src.is_dir() and path.exists() and _inside(path, src)):
             fail(f"{what} {path} is an input of this command ({src}); refusing to write over it, "
                  "even with --force: choose another path")
+    _outside_run_folders(path, what)
     if path.exists() or path.is_symlink():
         if not path.is_file():
             fail(f"{what} {path} exists and is not a regular file")

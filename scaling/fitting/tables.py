@@ -549,8 +549,6 @@ def canonicalize_table(raw: pd.DataFrame, columns: Columns = Columns(), *, sourc
         out["run"] = [f"row{int(i)}" for i in rownum]
         mapping["run"] = "none: each row is its own run (the bootstrap treats rows as independent)"
 
-    for col, what in (("group", "group"), ("run", "run id"), ("seed", "seed")):
-        _printable(out[col], what, source, rownum)
     notes += _checked_points(out, raw, k, source, rownum)
     n_kept = len(out)   # by the row filters; the lr selection's share is said apart
     out, lr_notes, lr_left_out = _at_tuned_lr(out, lr_off=_off(c.lr))
@@ -702,9 +700,11 @@ def _group_column(raw: pd.DataFrame, name: str | None, source: str) -> tuple[Any
 
 def _checked_points(out: pd.DataFrame, raw: pd.DataFrame, k: float, source: str,
                     rownum: np.ndarray) -> list[str]:
-    """N, D and loss positive and finite, k N D finite (UserError otherwise); the notes on implausible
-    counts and repeated rows."""
+    """Labels printable, N, D and loss positive and finite, k N D finite (UserError otherwise); the
+    notes on implausible counts and repeated rows."""
     notes: list[str] = []
+    for col, what in (("group", "group"), ("run", "run id"), ("seed", "seed")):
+        _printable(out[col], what, source, rownum)
     for name in ("N", "D", "loss"):
         check_positive_finite(out[name].to_numpy(), name, source, rows=rownum)
     with np.errstate(over="ignore"):
