@@ -448,14 +448,20 @@ def fit_groups(points: pd.DataFrame, law: str | Law = "chinchilla", settings: Fi
 
 def attach_floor_profiles(points: pd.DataFrame, fits: dict[str, FitResult]) -> dict[str, FitResult]:
     """``fits`` with ``cross_checks["floor_profile"]`` (``scaling.fitting.floor_profile``) added to
-    each law that is not identified; a new dict, the results are immutable."""
+    each law that is not identified for a reason the points show: its best fit is not sound (E on
+    its bound, a flat direction, ...) or its bootstrap fits end on a bound. A sound point fit without
+    a bootstrap (``--bootstrap 0``: not called identified only because nothing was resampled) gets
+    none: that is the quick fit, and its floor is not on a bound. A new dict; the results are
+    immutable."""
     from dataclasses import replace
 
     from scaling.fitting.floor_profile import floor_profile
 
     out = {}
     for g, f in fits.items():
-        if f.diagnostics.get("identified", True):
+        d = f.diagnostics
+        quick = f.bootstrap.shape[0] == 0 and d.get("point_fit_sound", False)
+        if d.get("identified", True) or quick:
             out[g] = f
             continue
         sub = points[points["group"].astype(str) == g] if "group" in points.columns else points
