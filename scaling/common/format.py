@@ -60,7 +60,11 @@ def format_tokens(n: float) -> str:
     return f"{n:.4g}"
 
 
+# control characters (C0, DEL, C1): a newline ends a line, an escape sequence drives the terminal
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def comment_safe(text: str) -> str:
     """``text`` for one line of a ``#`` comment: control characters (a newline in a path would end
     the comment and break the file) written as ``\\xNN`` escapes; everything else as it is."""
-    return re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)
+    return CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -122,27 +122,25 @@ def floor_profile(points: pd.DataFrame, fit: Any, refit: Callable[..., Any], *,
     exp_keys = [k for k in ("a_data", law.allocation_exponents[0]) if k in fit.derived]
     lo_bound = law.bounds["E"][0]
     top = TOP * float(points["loss"].min())
-    fits: dict[float, dict[str, float]] = {}
+    fits: dict[float, dict[str, Any]] = {}   # floor -> S, the exponents and the parameters there
 
-    solved: dict[float, dict[str, float]] = {}    # floor -> the parameters fitted there
+    def record(E: float, f: Any) -> None:
+        fits[E] = {"S": float(np.sum(f.residuals() ** 2)), "params": f.params,
+                   **{k: float(f.derived[k]) for k in exp_keys}}
 
-    def at(E: float) -> dict[str, float]:
+    def at(E: float) -> None:
         if E not in fits:
-            near = min(solved, key=lambda e: abs(e - E))
-            f = refit(points, law, _refit_settings(fit, E, [fit.params, solved[near]]), group=fit.group)
-            solved[E] = f.params
-            fits[E] = {"S": float(np.sum(f.residuals() ** 2)), **{k: float(f.derived[k]) for k in exp_keys}}
-        return fits[E]
+            near = fits[min(fits, key=lambda e: abs(e - E))]["params"]
+            record(E, refit(points, law, _refit_settings(fit, E, [fit.params, near]), group=fit.group))
 
     E_hat = float(fit.params["E"])
     if E_hat <= lo_bound * (1 + 1e-6):      # on the bound: one floor, not two a rounding apart
         E_hat = lo_bound
-    fits[E_hat] = {"S": float(np.sum(resid**2)), **{k: float(fit.derived[k]) for k in exp_keys}}
-    solved[E_hat] = fit.params
+    record(E_hat, fit)
     grid = sorted({lo_bound, *np.linspace(0, top, GRID)[1:], E_hat})
-    grid = [E for E in grid if lo_bound <= E <= max(top, lo_bound)]
     for E in grid:
-        at(E)
+        if lo_bound <= E <= max(top, lo_bound):
+            at(E)
 
     def delta(E: float, s_min: float) -> float:
         sigma2 = s_min / (n - p)

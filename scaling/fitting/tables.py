@@ -75,7 +75,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +86,7 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.files import bad_number, check_regular_file, read_json, read_jsonl
 from scaling.common.filter import filter_rows
+from scaling.common.format import CONTROL_CHARS
 from scaling.common.run_folder import FINAL, FINAL_META, Point, find_run_folders
 from scaling.fitting.laws import TokenCost
 
@@ -671,14 +671,11 @@ def _no_blank(raw: pd.DataFrame, name: str, role: str, source: str, rownum: np.n
                         f"(data row {rows}); give every row one" + (f", {hint}" if hint else ""))
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def _printable(values: pd.Series, what: str, source: str, rownum: np.ndarray) -> None:
     """UserError for a label holding a control character: a newline would split the warning lines that
     name it, and an escape sequence would reach the terminal (a crafted table could rewrite it)."""
     text = values.astype(str)
-    bad = text.str.contains(_CONTROL)
+    bad = text.str.contains(CONTROL_CHARS)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise UserError(f"{source}: row {int(rownum[i])}: the {what} {text.iloc[i][:40]!r} holds a control "
