@@ -610,11 +610,23 @@ def _cubic_note(c: dict[str, Any], lo3: float, hi3: float, a3: float, has3: bool
 def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
     """Warnings: an approach whose interval of a misses approach 3's, approach 2 on few budgets.
     Approach 3's exponent is the one across the data's compute (``a_data``) where F(N) is not k N:
-    approaches 1 and 2 measure that one, not the large-budget limit ``a``."""
+    approaches 1 and 2 measure that one, not the large-budget limit ``a``.
+
+    Where ``checks`` holds a loss-floor profile (a law that is not identified), approach 3's interval
+    is its bootstrap interval joined with the exponent's span over the allowed floors: the bootstrap
+    refits end on the same bound as the point fit, so alone they hide how far the exponent moves
+    with the floor the data cannot fix, and would call a consistent approach 1 or 2 apart."""
     out = []
     key3 = "a_data" if "a_data" in fit.derived else "a"
     a3 = float(fit.derived[key3])
-    lo3, hi3 = fit.ci.get(key3, (math.nan, math.nan))
+    lo3, hi3 = (float(x) for x in fit.ci.get(key3, (math.nan, math.nan)))
+    what = "approach 3's interval"
+    prof = checks.get("floor_profile") or {}
+    span = [math.nan if x is None else float(x) for x in prof.get(f"{key3}_range") or (None, None)]
+    if prof.get("available") and all(map(math.isfinite, span)):
+        lo3 = span[0] if not math.isfinite(lo3) else min(lo3, span[0])
+        hi3 = span[1] if not math.isfinite(hi3) else max(hi3, span[1])
+        what = "approach 3's interval with its span over the allowed loss floors"
     has3 = math.isfinite(lo3) and math.isfinite(hi3)
     for key, name in (("approach1", "approach 1"), ("approach2", "approach 2")):
         c = checks.get(key) or {}
@@ -625,7 +637,7 @@ def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
             continue
         apart = (hi < lo3 or lo > hi3) if has3 else not (lo <= a3 <= hi)
         if apart:
-            ref = f"approach 3's interval [{lo3:.3f}, {hi3:.3f}]" if has3 else f"approach 3's a = {a3:.3f}"
+            ref = f"{what} [{lo3:.3f}, {hi3:.3f}]" if has3 else f"approach 3's a = {a3:.3f}"
             out.append(f"{name} disagrees with approach 3 beyond their intervals: a = {c['a']:.3f} "
                        f"[{lo:.3f}, {hi:.3f}] vs {ref}" + _cubic_note(c, lo3, hi3, a3, has3))
     for key, name in (("approach1", "approach 1"), ("approach2", "approach 2")):

@@ -451,10 +451,12 @@ def attach_floor_profiles(points: pd.DataFrame, fits: dict[str, FitResult]) -> d
     each law that is not identified for a reason the points show: its best fit is not sound (E on
     its bound, a flat direction, ...) or its bootstrap fits end on a bound. A sound point fit without
     a bootstrap (``--bootstrap 0``: not called identified only because nothing was resampled) gets
-    none: that is the quick fit, and its floor is not on a bound. A new dict; the results are
+    none: that is the quick fit, and its floor is not on a bound. The cross-checks' agreement
+    warnings are recomputed with the profile (``approaches.agreement``). A new dict; the results are
     immutable."""
     from dataclasses import replace
 
+    from scaling.fitting.approaches import agreement
     from scaling.fitting.floor_profile import floor_profile
 
     out = {}
@@ -465,6 +467,8 @@ def attach_floor_profiles(points: pd.DataFrame, fits: dict[str, FitResult]) -> d
             out[g] = f
             continue
         sub = points[points["group"].astype(str) == g] if "group" in points.columns else points
-        prof = floor_profile(sub.reset_index(drop=True), f, fit_law)
-        out[g] = replace(f, cross_checks={**f.cross_checks, "floor_profile": prof})
+        checks = {**f.cross_checks, "floor_profile": floor_profile(sub.reset_index(drop=True), f, fit_law)}
+        if "warnings" in checks:
+            checks["warnings"] = agreement(checks, f)
+        out[g] = replace(f, cross_checks=checks)
     return out
