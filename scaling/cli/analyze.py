@@ -52,6 +52,25 @@ def _status(message: str, enabled: bool):
     return stderr.status(message) if enabled else contextlib.nullcontext()
 
 
+def _each(loaded, what: str, bar: bool, analyse) -> list:
+    """``analyse(run)`` for each loaded run, under a status line naming ``what`` and the run."""
+    results = []
+    for run in loaded:
+        with _status(f"{what} on {run.name}", bar):
+            results.append(analyse(run))
+    return results
+
+
+def _report(json_out: bool, results, loaded, save: bool, quiet: bool, plot: Optional[Path], draw: str,
+            table) -> None:
+    """One result per run: the JSON document ``{"runs": [...]}`` or ``table(results)``, each saved in
+    its run's folder with ``--save`` and drawn with ``scaling.plots.<draw>`` to ``plot``."""
+    finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
+           lambda: stdout.print(table(results)),
+           save=lambda: _save(results, loaded, save, quiet),
+           plot=lambda: _plot(draw, plot, quiet, results))
+
+
 def _writing(runs, save: bool):
     """With ``--save``, hold each run folder's lock from loading its weights to saving the result, so
     that no training replaces the weights (or writes the folder) meanwhile."""
@@ -143,17 +162,13 @@ def register(app: typer.Typer) -> None:
         quiet, bar = _common(json_out, quiet)
         with _writing(runs, save):
             loaded = an.load_runs(runs, _device(device, threads))
-            results = []
-            for run in loaded:
-                with _status(f"{probe} probe on {run.name}", bar):
-                    if probe == "bos":
-                        results.append(an.attention_sink(run, sequences, seed, batch_size))
-                    else:
-                        results.append(an.dyck_sink(run, sequences, seed, shots, batch_size=batch_size))
-            finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
-                   lambda: stdout.print(_sink_table(results)),
-                   save=lambda: _save(results, loaded, save, quiet),
-                   plot=lambda: _plot("sink", plot, quiet, results))
+            if probe == "bos":
+                results = _each(loaded, "bos probe", bar,
+                                lambda run: an.attention_sink(run, sequences, seed, batch_size))
+            else:
+                results = _each(loaded, f"{probe} probe", bar,
+                                lambda run: an.dyck_sink(run, sequences, seed, shots, batch_size=batch_size))
+            _report(json_out, results, loaded, save, quiet, plot, "sink", _sink_table)
 
     @sub.command("lengths")
     @run_cli
@@ -201,10 +216,8 @@ def register(app: typer.Typer) -> None:
                                 "baseline and one smelt run; pass --no-gain to compare the losses only")
             if gain or (gain is None and archs == {"baseline", "smelt"}):
                 pair = an.pair_runs(loaded)
-            results = []
-            for run in loaded:
-                with _status(f"loss by length on {run.name}", bar):
-                    results.append(an.loss_by_length(run, windows, documents, batch_size))
+            results = _each(loaded, "loss by length", bar,
+                            lambda run: an.loss_by_length(run, windows, documents, batch_size))
             by_name = {r.run: r for r in results}
             g = an.length_gain(by_name[pair[0].name], by_name[pair[1].name]) if pair else None
 
@@ -258,17 +271,13 @@ def register(app: typer.Typer) -> None:
         quiet, bar = _common(json_out, quiet)
         with _writing(runs, save):
             loaded = an.load_runs(runs, _device(device, threads))
-            results = []
-            for run in loaded:
-                with _status(f"Dyck ICL on {run.name}", bar):
-                    results.append(an.icl_accuracy(run, ks, trials, seed, task, confidence, batch_size))
-                if results[-1].skipped and not quiet:
-                    warn(f"{run.name}: prompts with k = {', '.join(map(str, results[-1].skipped))} "
+            results = _each(loaded, "Dyck ICL", bar,
+                            lambda run: an.icl_accuracy(run, ks, trials, seed, task, confidence, batch_size))
+            for run, res in zip(loaded, results):
+                if res.skipped and not quiet:
+                    warn(f"{run.name}: prompts with k = {', '.join(map(str, res.skipped))} "
                          f"demonstrations do not fit its {run.seq_len}-token context; skipped")
-            finish(json_out, lambda: {"runs": [r.to_dict() for r in results]},
-                   lambda: stdout.print(_icl_table(results)),
-                   save=lambda: _save(results, loaded, save, quiet),
-                   plot=lambda: _plot("icl", plot, quiet, results))
+            _report(json_out, results, loaded, save, quiet, plot, "icl", _icl_table)
 
     @sub.command("snapshot-data")
     @run_cli
