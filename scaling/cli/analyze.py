@@ -115,9 +115,21 @@ def _plot(draw, path: Optional[Path], quiet: bool, *args) -> None:
         stderr.print(f"figure {path}", highlight=False)
 
 
-def _common(json_out: bool, quiet: bool) -> tuple[bool, bool]:
+def _common(batch_size: int, plot: Optional[Path], force: bool, runs, json_out: bool,
+            quiet: bool) -> tuple[bool, bool]:
+    """The options every analysis shares, checked before any run is loaded; (quiet, status lines)."""
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    _check_plot(plot, force, runs)
     quiet = quiet or json_out
     return quiet, show_progress(json_out, quiet)
+
+
+@contextlib.contextmanager
+def _loaded(runs, save: bool, device: str, threads: Optional[int]):
+    """The runs loaded on ``device``, their folders locked meanwhile with ``--save`` (``_writing``)."""
+    with _writing(runs, save):
+        yield an.load_runs(runs, _device(device, threads))
 
 
 def register(app: typer.Typer) -> None:
@@ -156,12 +168,8 @@ def register(app: typer.Typer) -> None:
         """
         if probe not in ("bos", "dyck"):
             raise UserError(f"--probe must be bos or dyck, got {probe!r}")
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-        _check_plot(plot, force, runs)
-        quiet, bar = _common(json_out, quiet)
-        with _writing(runs, save):
-            loaded = an.load_runs(runs, _device(device, threads))
+        quiet, bar = _common(batch_size, plot, force, runs, json_out, quiet)
+        with _loaded(runs, save, device, threads) as loaded:
             if probe == "bos":
                 results = _each(loaded, "bos probe", bar,
                                 lambda run: an.attention_sink(run, sequences, seed, batch_size))
@@ -198,12 +206,8 @@ def register(app: typer.Typer) -> None:
         Gain = L_baseline - L_smelt (nats/token, > 0: SMELT better) with a paired standard error.
         The paper: the gain on 512-4096-token samples is about 1.52x that on shorter ones.
         """
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-        _check_plot(plot, force, runs)
-        quiet, bar = _common(json_out, quiet)
-        with _writing(runs, save):
-            loaded = an.load_runs(runs, _device(device, threads))
+        quiet, bar = _common(batch_size, plot, force, runs, json_out, quiet)
+        with _loaded(runs, save, device, threads) as loaded:
             contexts = sorted({r.seq_len for r in loaded})
             if plot is not None and len(contexts) > 1:
                 raise UserError(f"--plot needs runs of one context; these have "
@@ -264,13 +268,9 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--shots must be comma-separated integers like 0,1,2,4, got {shots!r}") from None
         if not 0 < confidence < 1:
             raise UserError(f"--confidence must be in (0, 1), got {confidence}")
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be >= 1, got {batch_size}")
         task = DyckTask(types, min_pairs, max_pairs)
-        _check_plot(plot, force, runs)
-        quiet, bar = _common(json_out, quiet)
-        with _writing(runs, save):
-            loaded = an.load_runs(runs, _device(device, threads))
+        quiet, bar = _common(batch_size, plot, force, runs, json_out, quiet)
+        with _loaded(runs, save, device, threads) as loaded:
             results = _each(loaded, "Dyck ICL", bar,
                             lambda run: an.icl_accuracy(run, ks, trials, seed, task, confidence, batch_size))
             for run, res in zip(loaded, results):
