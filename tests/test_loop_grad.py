@@ -84,7 +84,7 @@ def _measure_held(model, x, y) -> dict:
         # not): a call made inside one of FSDP2's reductions is part of it, not a per-pass one
         def call(*args, **kwargs):
             if not (nested and inside):
-                calls.append(1)
+                calls.append(bool(kwargs.get("async_op")))
             inside.append(1)
             try:
                 return fn(*args, **kwargs)
@@ -101,7 +101,8 @@ def _measure_held(model, x, y) -> dict:
         group_mod.foreach_reduce, dist.reduce_scatter_tensor = originals
     for r in reducers:
         r.observer = None
-    return {"peak": live["peak"], "count": live["count"], "after": live["now"], "reduce_scatters": len(calls)}
+    return {"peak": live["peak"], "count": live["count"], "after": live["now"], "reduce_scatters": len(calls),
+            "async": sum(calls), "left_in_flight": any(r.in_flight._pending is not None for r in reducers)}
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -177,6 +178,10 @@ def test_per_pass_holds_one_layer_pass_of_unsharded_gradients(two_ranks):
     # one reduce-scatter per FSDP group (4 layers and the root), the looped ones once per pass
     assert plain["reduce_scatters"] == cfg.n_layers + 1
     assert per_pass["reduce_scatters"] == cfg.n_layers + 1 + looped * (cfg.n_loops - 1)
+    # the per-pass ones are issued asynchronously (they overlap the earlier passes' backward, as
+    # FSDP2's own do), and every one has finished into .grad when backward() returns
+    assert per_pass["async"] == looped * cfg.n_loops and plain["async"] == 0
+    assert not per_pass["left_in_flight"]
 
 
 def test_planner_counts_per_pass_and_smelt_stays_within_its_baseline():

@@ -26,9 +26,10 @@ def _toy(layout: Layout, **volumes):
                                **{"reduce_scatter_inline": 0, "params": 0, **volumes})
 
 
-def test_per_pass_reduce_scatters_do_not_hide():
-    """The looped layers' per-pass reduce-scatters run in line (loop_grad.py): even with every FSDP
-    collective hidden (overlap 1), the step waits for them; the rest of the traffic still hides."""
+def test_in_line_reduce_scatters_do_not_hide():
+    """The per-pass reduce-scatter the step waits for (loop_grad.py: the loop block's last) runs in
+    line: even with every FSDP collective hidden (overlap 1), the step waits for it; the rest of
+    the traffic still hides."""
     lay = Layout(mode="fsdp", gpus_per_node=8)
     f_model = flops_per_token(CFG) * CFG.seq_len
     mem = _toy(lay, all_gather=30e9, reduce_scatter=40e9, reduce_scatter_inline=20e9, all_reduce=0,
@@ -40,16 +41,23 @@ def test_per_pass_reduce_scatters_do_not_hide():
     assert slow.step_s == pytest.approx(1.0 + 1.0 + max(0.0, 2.5 - 1.0))
 
 
-def test_the_planner_counts_each_looped_pass_in_line():
+def test_the_planner_counts_each_looped_pass_and_the_last_in_line():
     """Planted relation between the two loop_grad layouts of SMELT: per-pass reduce-scatters every
-    looped layer once per pass (in line), FSDP2's own once per looped layer; the rest is the same."""
+    looped layer once per pass, FSDP2's own once per looped layer, the rest the same; of the
+    per-pass ones the step waits in line for one layer pass per synced micro-batch (the loop
+    block's last in backward; the others overlap, loop_grad.InFlight)."""
     cfg = get_config("600M", "smelt")
     base = dict(mode="fsdp", gpus_per_node=8, micro_batch_size=2, grad_accum_steps=2)
     pp = estimate_memory(cfg, Layout(**base, loop_grad="per-pass"))
     own = estimate_memory(cfg, Layout(**base, loop_grad="fsdp"))
-    assert own.reduce_scatter_inline == 0 < pp.reduce_scatter_inline < pp.reduce_scatter
-    assert pp.reduce_scatter - pp.reduce_scatter_inline == pytest.approx(
-        own.reduce_scatter - pp.reduce_scatter_inline / cfg.n_loops, abs=4)
+    looped_passes = (cfg.loop_end - cfg.loop_start) * cfg.n_loops
+    one_pass = pp.reduce_scatter_inline   # one layer pass, both synced micro-batches
+    assert own.reduce_scatter_inline == 0 < one_pass < pp.reduce_scatter
+    # per-pass adds (n_loops - 1) reductions per looped layer: looped_passes / n_loops more of them
+    assert pp.reduce_scatter - own.reduce_scatter == pytest.approx(
+        one_pass * looped_passes * (cfg.n_loops - 1) / cfg.n_loops, rel=1e-9)
+    last = estimate_memory(cfg, Layout(**base, loop_grad="per-pass", grad_sync="last"))
+    assert last.reduce_scatter_inline == pytest.approx(one_pass / 2, abs=1)   # one synced micro-batch
     assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).reduce_scatter_inline == 0
 
 

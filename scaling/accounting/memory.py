@@ -376,9 +376,11 @@ class MemoryEstimate:
     all_gather, reduce_scatter, all_reduce   bytes each GPU sends per optimizer step
     all_to_all     expert parallelism: token rows each GPU sends per optimizer step (dispatch
                    and combine, forward and backward), under uniform routing
-    reduce_scatter_inline   the part of ``reduce_scatter`` that the per-pass reduction of looped
-                   layers (``loop_grad = "per-pass"``) issues in line on the compute stream
-                   (scaling/training/parallel/loop_grad.py): the step waits for it
+    reduce_scatter_inline   the part of ``reduce_scatter`` that the step waits for in line: under
+                   the per-pass reduction of looped layers (``loop_grad = "per-pass"``,
+                   scaling/training/parallel/loop_grad.py) each pass's reduce-scatter overlaps
+                   the earlier passes' backward, as FSDP2's own do, except the loop block's
+                   last one in backward, finished at once: one layer pass per synced micro-batch
     """
 
     config_name: str
@@ -545,14 +547,15 @@ def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: i
     """FSDP/HSDP bytes each GPU sends per step over its S-rank shard group (experts over S / P):
     all-gather (every layer pass, forward and backward, in the compute dtype's ``c`` bytes),
     reduce-scatter (``rb`` bytes; per layer, or per layer pass under per-pass reduction) and the
-    part of it the per-pass reduction issues in line (the looped layer passes'), in NCCL's
+    part of it the step waits for in line (per-pass reduction: the loop block's last layer pass
+    in backward, finished at once; the others overlap the earlier passes' backward), in NCCL's
     bus-bandwidth convention ((S-1)/S of the tensor)."""
     frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
     ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
                         + frac_e * 2 * cfg.n_layer_passes * share_layer))
     n_rs = cfg.n_layer_passes if per_pass else cfg.n_layers  # reduce-scatters per micro-batch
     rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
-    n_inline = (cfg.loop_end - cfg.loop_start) * cfg.n_loops if per_pass else 0
+    n_inline = 1 if per_pass else 0   # per synced micro-batch (loop_grad.InFlight)
     rs_inline = round(m_sync * rb * (frac * n_inline * Lp_ne + frac_e * n_inline * share_layer))
     return ag, rs, rs_inline
 

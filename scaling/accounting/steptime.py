@@ -60,10 +60,11 @@ before the expert matmul (scaling/training/parallel/expert_parallel.py). Hence
     t_step = t_compute + t_all_to_all + t_inline + max(0, t_fsdp - overlap * t_compute) + t_optimizer
 
 where t_fsdp = t_all_gather + t_reduce_scatter + t_all_reduce - t_inline, and t_inline is the
-time of the looped layers' per-pass reduce-scatters (``Layout.loop_grad = "per-pass"``,
-``MemoryEstimate.reduce_scatter_inline``): scaling/training/parallel/loop_grad.py issues them
-from the backward on the compute stream and the step waits for each, so they do not hide
-either. overlap = 1 gives
+time of the per-pass reduce-scatters the step waits for (``Layout.loop_grad = "per-pass"``,
+``MemoryEstimate.reduce_scatter_inline``): scaling/training/parallel/loop_grad.py issues each
+looped layer pass's reduce-scatter asynchronously from the backward and waits for it when the
+next one is issued, so it overlaps one pass's backward as FSDP2's own do; the loop block's last
+one (one layer pass per synced micro-batch) is waited for at once and does not hide. overlap = 1 gives
 max(t_compute, t_fsdp) + t_all_to_all, overlap = 0 the plain sum.
 
 Optimizer. After the backward each GPU clips and updates the parameters it holds (P_local, the

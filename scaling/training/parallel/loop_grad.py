@@ -38,6 +38,14 @@ then cast to the parameter's dtype and added to the DTensor ``.grad``. A micro-b
 does not reduce (``grad_sync="last"`` before the last one) hands the gradient to autograd
 unchanged, i.e. FSDP2's own unsharded accumulation, reduced by FSDP on the last micro-batch.
 
+Overlap (``InFlight``): each pass's reduce-scatter is issued with ``async_op=True`` (NCCL runs
+it on its own stream while the engine goes on with the earlier pass's backward, as DDP's bucket
+all-reduces do) and finished (waited for, post-processed into ``.grad``) when the next one is
+issued, so one is in flight at a time with its input kept alive, as FSDP2 keeps one of its own.
+The loop block's last one in backward is finished at once, and an autograd-engine callback
+finishes anything left at the end of the backward. The planner counts that last one in line
+(``MemoryEstimate.reduce_scatter_inline``) and lets the others hide like FSDP2's traffic.
+
 Cost: reduce-scatters per step go from one per looped layer to one per looped layer pass (for
 SMELT's loop of r = 2 passes over half the layers, 1.5x the layer reduce-scatter bytes), and
 a looped layer's sharded gradient exists from the backward of its later pass on (the first
@@ -105,10 +113,14 @@ class PerPassReducer:
     set, sees every unsharded pass gradient as it arrives (tests measure their lifetime).
     """
 
-    def __init__(self, module: nn.Module, mp_policy, divide_factor: float | None = None):
+    def __init__(self, module: nn.Module, mp_policy, divide_factor: float | None = None,
+                 in_flight: "InFlight | None" = None):
         from torch.distributed.fsdp import FSDPModule
 
         self.module = module
+        self.in_flight = in_flight or InFlight()
+        if in_flight is None:
+            self.in_flight.reducers = [self]
         self.reduce_dtype = getattr(mp_policy, "reduce_dtype", None)
         self.divide_factor = divide_factor
         self.sync = True
@@ -158,19 +170,20 @@ class PerPassReducer:
     @torch.no_grad()
     def reduce(self, grads: list[torch.Tensor]) -> None:
         """Reduce-scatter one pass's unsharded gradients (one flat collective, FSDP2's layout:
-        each rank's dim-0 chunk of every weight, padded, side by side) and add each rank's
-        share to the sharded ``.grad``."""
+        each rank's dim-0 chunk of every weight, padded, side by side), asynchronously; the
+        model's ``InFlight`` finishes it (adds each rank's share to the sharded ``.grad``)."""
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
-        p0 = self.sharded[0]
-        if not all(isinstance(p, DTensor) for p in self.sharded):
+        sharded = list(self.sharded)
+        if not all(isinstance(p, DTensor) for p in sharded):
             raise RuntimeError("per-pass gradient reduction needs FSDP2's sharded DTensor parameters")
-        mesh, placements = p0.device_mesh, p0.placements
+        mesh, placements = sharded[0].device_mesh, sharded[0].placements
         shard_dims = [i for i, pl in enumerate(placements) if pl.is_shard()]
-        rep_dims = [i for i, pl in enumerate(placements) if pl.is_replicate()]
         if len(shard_dims) != 1 or placements[shard_dims[0]].dim != 0:
             raise RuntimeError(f"per-pass reduction expects Shard(0) on one mesh dim, got {placements}")
+        # the previous pass's reduction is finished first: one in flight, one flat buffer alive
+        self.in_flight.finish()
         S = mesh.size(shard_dims[0])
         rdtype = self.reduce_dtype or grads[0].dtype
         rows = [-(-g.shape[0] // S) for g in grads]
@@ -183,21 +196,37 @@ class PerPassReducer:
         flat = torch.cat(chunks, dim=1) if len(chunks) > 1 else chunks[0].contiguous()
         del chunks, grads
         out = flat.new_empty(flat.shape[1])
+        avg = self.divide_factor is None and rdtype in (torch.float32, torch.bfloat16)
+        work = None
+        if S > 1:
+            work = dist.reduce_scatter_tensor(out, flat.view(-1),
+                                              op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                                              group=mesh.get_group(shard_dims[0]), async_op=True)
+        else:
+            out.copy_(flat.view(-1))
+        # the HSDP all-reduce is due at the last pass of a micro-batch that all-reduces
+        final = self.all_reduce and self.pending == 0
+        self.in_flight.issue(work, flat, lambda: self._post(out, sharded, rows, S, avg, final))
+        if sum(r.pending for r in self.in_flight.reducers) == 0:
+            self.in_flight.finish()   # the loop block's last reduction: nothing left to hide it
+
+    def _post(self, out: torch.Tensor, sharded: list, rows: list[int], S: int, avg: bool,
+              final: bool) -> None:
+        """After the reduce-scatter: HSDP's cross-replica all-reduce (or the partial sum over
+        micro-batches that do not all-reduce), the division, and the add into ``.grad``."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        mesh, placements = sharded[0].device_mesh, sharded[0].placements
+        rep_dims = [i for i, pl in enumerate(placements) if pl.is_replicate()]
         replicas = 1
         for i in rep_dims:
             replicas *= mesh.size(i)
-        avg = self.divide_factor is None and rdtype in (torch.float32, torch.bfloat16)
-        if S > 1:
-            dist.reduce_scatter_tensor(out, flat.view(-1), op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
-                                       group=mesh.get_group(shard_dims[0]))
-        else:
-            out.copy_(flat.view(-1))
-        del flat
         if rep_dims:
             if self.partial is not None:
                 out += self.partial
                 self.partial = None
-            if not (self.all_reduce and self.pending == 0):
+            if not final:
                 self.partial = out
                 return
             for i in rep_dims:
@@ -206,7 +235,7 @@ class PerPassReducer:
         if not avg:
             out.div_(self.divide_factor or S * replicas)
         offset = 0
-        for p, r in zip(self.sharded, rows):
+        for p, r in zip(sharded, rows):
             row = p.numel() // p.shape[0] if p.shape[0] else 0
             local = p.to_local()
             new = out[offset: offset + local.numel()].view(local.shape).to(p.dtype)
@@ -216,6 +245,48 @@ class PerPassReducer:
                                             shape=p.shape, stride=p.stride())
             else:
                 p.grad.to_local().add_(new)
+
+
+class InFlight:
+    """The one per-pass reduce-scatter of a model in flight, as FSDP2 keeps one of its own.
+
+    ``issue`` starts it with ``async_op=True`` (NCCL runs it on its own stream while the engine
+    goes on with the earlier pass's backward, as DDP's bucket all-reduces do), keeping its input
+    alive; ``finish`` waits for it (on CUDA the compute stream waits; the host does not) and runs
+    its post-processing. The next ``issue`` finishes the previous one first, the loop block's
+    last reduction is finished at once, and an engine callback at the end of the backward
+    finishes whatever is left, so every gradient is in ``.grad`` when ``backward()`` returns.
+    """
+
+    def __init__(self) -> None:
+        self.reducers: list[PerPassReducer] = []
+        self._pending: tuple | None = None
+        self._callback_queued = False
+
+    def issue(self, work, keep: torch.Tensor, post: Callable[[], None]) -> None:
+        self.finish()
+        self._pending = (work, keep, post)
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
+            self._callback_queued = True
+
+    def finish(self) -> None:
+        if self._pending is None:
+            return
+        work, keep, post = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        del keep
+        post()
+
+    def _at_backward_end(self) -> None:
+        self._callback_queued = False
+        self.finish()
+
+    def reset(self) -> None:
+        """A new micro-batch: anything left from a backward that did not end is dropped."""
+        self._pending, self._callback_queued = None, False
 
 
 def install_per_pass(model: nn.Module, mp_policy, divide_factors: dict | None = None) -> list[PerPassReducer]:
@@ -229,11 +300,13 @@ def install_per_pass(model: nn.Module, mp_policy, divide_factors: dict | None = 
 
     cfg = model.cfg
     reducers = []
+    in_flight = InFlight()
     if cfg.is_looped:
         for i in range(cfg.loop_start, cfg.loop_end):
             for m in model.layers[i].modules():
                 if isinstance(m, FSDPModule):
-                    reducers.append(PerPassReducer(m, mp_policy, (divide_factors or {}).get(m)))
+                    reducers.append(PerPassReducer(m, mp_policy, (divide_factors or {}).get(m), in_flight))
+    in_flight.reducers = reducers
     model.loop_grad_reducers = reducers
     return reducers
 
@@ -244,3 +317,4 @@ def set_loop_grad_sync(model: nn.Module, sync: bool, all_reduce: bool) -> None:
     graph but no backward, e.g. after an error, would otherwise leave it off by its passes)."""
     for r in getattr(model, "loop_grad_reducers", ()):
         r.sync, r.all_reduce, r.pending = sync, all_reduce, 0
+        r.in_flight.reset()
