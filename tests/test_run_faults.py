@@ -48,8 +48,11 @@ def test_token_ids_beyond_the_vocabulary_are_refused_before_the_run_folder(tmp_p
     (OSError(errno.ENOSPC, "No space left on device"), 2,
      f"error: no space left on device while writing checkpoint iter-{8:09d}"),
     (OSError(errno.EFBIG, "File too large"), 2, "error: file too large for the file system"),
+    # what torch.save's writer raises for a short write (measured under `ulimit -f 300`)
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), 2,
+     "error: a write was cut short (the disk is full, or a file-size limit such as `ulimit -f`"),
     (KeyboardInterrupt(), 130, "error: interrupted"),
-], ids=["ENOSPC", "EFBIG", "Ctrl-C"])
+], ids=["ENOSPC", "EFBIG", "short-write", "Ctrl-C"])
 def test_failed_checkpoint_save_keeps_the_previous_one(tmp_path, env, monkeypatch, exc, code, message):
     fs = pytest.importorskip("torch.distributed.checkpoint.filesystem")
     if not hasattr(fs, "_write_item"):

@@ -324,6 +324,11 @@ class Checkpointer:
                 what, fix = "no space left on device", "free space"
             elif code == errno.EFBIG:
                 what, fix = "file too large for the file system", "use another folder"
+            elif "enforce fail at inline_container" in str(inner):
+                # torch.save's writer checks its position after each write and reports a short
+                # write (EFBIG, ENOSPC, a quota) only as "unexpected pos", without the errno
+                what, fix = ("a write was cut short (the disk is full, or a file-size limit such as "
+                             "`ulimit -f` or a quota was reached)", "free space or raise the limit")
             elif isinstance(inner, OSError) or isinstance(exc, CheckpointException):
                 first = (str(getattr(inner, "strerror", None) or inner).splitlines() or [""])[0][:200]
                 what, fix = f"cannot write ({first or type(inner).__name__})", "fix it"
@@ -331,7 +336,8 @@ class Checkpointer:
                 raise
             previous = self.latest()
             kept = (f"the previous checkpoint {previous.name} is intact; {fix}, then resume the run"
-                    if previous is not None else f"no earlier checkpoint exists; {fix}, then start again")
+                    if previous is not None else
+                    f"no earlier checkpoint exists; {fix}, then resume the run (it starts over)")
             raise UserError(f"{what} while writing checkpoint {name} in {self.folder}; {kept}") from None
 
     def restore_branch_point(self, i: int, model, optimizer) -> None:
