@@ -58,7 +58,7 @@ from scaling.fitting.fit import FitResult, fit_law
 from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
 from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
 from scaling.fitting.settings import FitSettings
-from scaling.fitting.tables import law_inputs
+from scaling.fitting.tables import group_rows, law_inputs
 
 STARTS = ("warm", "grid")
 COVERAGE_SLACK = 1e-7
@@ -317,7 +317,7 @@ def _true_points(truth: Mapping[str, FittedLaw], design: pd.DataFrame,
     """Each group's design points with the truth's noise-free losses."""
     pts: dict[str, pd.DataFrame] = {}
     for g in groups:
-        sub = design[design["group"] == g].reset_index(drop=True)
+        sub = group_rows(design, g)
         law = truth[g].law
         if len(sub) < law.n_params:
             raise UserError(

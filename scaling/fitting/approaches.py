@@ -148,7 +148,7 @@ from scipy import stats
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import TokenCost
-from scaling.fitting.tables import SIZE_COLUMNS, config_keys, seed_replicates, total_flops
+from scaling.fitting.tables import SIZE_COLUMNS, config_keys, group_rows, seed_replicates, total_flops
 
 MIN_BUCKET_POINTS = 5
 MIN_BUCKETS = 3
@@ -678,6 +678,5 @@ def cross_check_groups(points: pd.DataFrame, fits: dict[str, Any], **kwargs: Any
     as ``cross_checks``); a new dict, the results are immutable."""
     from dataclasses import replace
 
-    return {g: replace(f, cross_checks=cross_checks(points[points["group"].astype(str) == g]
-                                                    .reset_index(drop=True), f, **kwargs))
+    return {g: replace(f, cross_checks=cross_checks(group_rows(points, g), f, **kwargs))
             for g, f in fits.items()}

@@ -63,7 +63,7 @@ from scaling.fitting.result import (
     fits_version,
 )
 from scaling.fitting.settings import DEFAULT_BOOTSTRAP, FitSettings, settings_of
-from scaling.fitting.tables import law_inputs, token_cost, total_flops
+from scaling.fitting.tables import group_rows, law_inputs, token_cost, total_flops
 
 MIN_RESIDUAL_DOF = 2   # points beyond the free parameters that an identified fit needs
 MAX_BOOTSTRAP_ON_BOUND = 0.1  # share of bootstrap refits on a bound above which a fit is weakly identified
@@ -428,8 +428,7 @@ def fit_groups(points: pd.DataFrame, law: str | Law = "chinchilla", settings: Fi
     settings = settings_of(settings, changes)
     law = get_law(law) if isinstance(law, str) else law
     names = sorted(points["group"].unique(), key=str) if "group" in points.columns else ["default"]
-    has = "group" in points.columns
-    subs = {str(g): (points[points["group"] == g] if has else points).reset_index(drop=True) for g in names}
+    subs = {str(g): group_rows(points, g) for g in names}
     share = tuple(dict.fromkeys(s for item in share for s in str(item).split(",") if s.strip()))
     if share:
         cons = settings.constraints(shared=(s.strip() for s in share))
@@ -466,8 +465,7 @@ def attach_floor_profiles(points: pd.DataFrame, fits: dict[str, FitResult]) -> d
         if d.get("identified", True) or quick:
             out[g] = f
             continue
-        sub = points[points["group"].astype(str) == g] if "group" in points.columns else points
-        checks = {**f.cross_checks, "floor_profile": floor_profile(sub.reset_index(drop=True), f, fit_law)}
+        checks = {**f.cross_checks, "floor_profile": floor_profile(group_rows(points, g), f, fit_law)}
         if "warnings" in checks:
             checks["warnings"] = agreement(checks, f)
         out[g] = replace(f, cross_checks=checks)

@@ -33,7 +33,7 @@ from scaling.common.stats import percentile_interval
 from scaling.fitting.fit import FitResult, fit_law
 from scaling.fitting.laws import Law, TokenCost, get_law
 from scaling.fitting.settings import FitSettings, settings_of
-from scaling.fitting.tables import law_inputs, token_cost, total_flops
+from scaling.fitting.tables import group_rows, law_inputs, token_cost, total_flops
 
 _RULE = re.compile(r"^\s*([NC])\s*(>=|>)\s*([0-9.eE+\-]+)\s*$")
 
@@ -117,7 +117,7 @@ def holdout(points: pd.DataFrame, law: str | Law, rule: str, settings: FitSettin
     summary: dict[str, dict[str, Any]] = {}
     any_held = False
     for group in sorted(points["group"].astype(str).unique()):
-        sub = points[points["group"].astype(str) == group].reset_index(drop=True)
+        sub = group_rows(points, group)
         cost = token_cost(sub)
         held = holdout_mask(sub, rule, cost)
         if not held.any():

@@ -30,7 +30,7 @@ from scaling.fitting.fit import FitResult, FitSet, fit_law
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import LawSet, load_law_set
 from scaling.fitting.savings import FittedLaw, uses_sparsity
-from scaling.fitting.tables import Columns, load_table
+from scaling.fitting.tables import Columns, group_rows, load_table
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
 SPARSITY_DECIMALS = 4
@@ -120,7 +120,7 @@ def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed
     for g in groups:
         if g not in present:
             raise UserError(f"no runs of group {g!r} in {path}; groups: {', '.join(map(str, present))}")
-        sub = points[points["group"] == g].reset_index(drop=True)
+        sub = group_rows(points, g)
         fit = fit_law(sub, law, group=g, n_bootstrap=n_bootstrap, seed=seed)
         if warn is not None:
             for w in fit.diagnostics.get("warnings", []):

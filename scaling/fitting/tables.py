@@ -838,6 +838,14 @@ def seed_replicates(points: pd.DataFrame, keys: np.ndarray, *, unknown_together:
     return label.groupby(["key", "run"], sort=False, dropna=False).ngroup().to_numpy()
 
 
+def group_rows(points: pd.DataFrame, group: Any) -> pd.DataFrame:
+    """The canonical points of ``group`` (all of them where there is no group column), renumbered:
+    the one way a group's rows are taken, by its name as text (canonical groups are text)."""
+    if "group" not in points.columns:
+        return points.reset_index(drop=True)
+    return points[points["group"].astype(str) == str(group)].reset_index(drop=True)
+
+
 def total_flops(df: pd.DataFrame, cost: TokenCost | float = DEFAULT_FLOPS_PER_ND) -> np.ndarray:
     """Training FLOPs per point: recorded flops, else F*D, else cost(N)*D (k N D for a number k)."""
     flops = df["flops"].to_numpy(dtype=float)

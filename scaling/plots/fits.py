@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
-from scaling.fitting.tables import law_inputs, total_flops
+from scaling.fitting.tables import group_rows, law_inputs, total_flops
 from scaling.plots.style import (
     LEVEL_MARKERS,
     MARKERS,
@@ -135,7 +135,7 @@ def fits(points: pd.DataFrame, fits: Mapping[str, Any], *, groups: Sequence[str]
     colours = group_colours(groups)
     fig, axes = figure(len(groups), 2, 8.2, 3.0 * len(groups) + 0.3)
     for row, g in enumerate(groups):
-        fit, sub = fits[g], points[points["group"] == g].reset_index(drop=True)
+        fit, sub = fits[g], group_rows(points, g)
         Ns = _levels(sub["N"].to_numpy(), at_most=2 * MAX_LEVELS)   # trained sizes: few, each its own line
         Ds = _levels(sub["D"].to_numpy())
         binned = len(Ds) < len(_levels(sub["D"].to_numpy(), at_most=len(sub)))
@@ -190,7 +190,7 @@ def residuals(points: pd.DataFrame, fits: Mapping[str, Any], *,
     colours = group_colours(groups)
     fig, axes = figure(1, len(groups), 3.6 * len(groups) + 0.3, 3.0, sharey=True)
     for ax, g in zip(axes[0], groups):
-        fit, sub = fits[g], points[points["group"] == g].reset_index(drop=True)
+        fit, sub = fits[g], group_rows(points, g)
         r = np.log(sub["loss"].to_numpy()) - np.log(fit.predict(**_inputs(fit, sub)))
         Ns = _levels(sub["N"].to_numpy())
         ni = _nearest(sub["N"].to_numpy(), Ns)
