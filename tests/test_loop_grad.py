@@ -77,11 +77,13 @@ def _measure_held(model, x, y) -> dict:
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod
 
     dist, calls, inside = torch.distributed, [], []
-    originals = (group_mod.foreach_reduce, dist.reduce_scatter_tensor)
+    rs_name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    originals = (group_mod.foreach_reduce, getattr(dist, rs_name))
 
     def counting(fn, nested: bool):
         # torch 2.11's foreach_reduce reduce-scatters through dist.reduce_scatter_tensor (2.13 does
-        # not): a call made inside one of FSDP2's reductions is part of it, not a per-pass one
+        # not; there the per-pass reduction calls reduce_scatter_single): a call made inside one of
+        # FSDP2's reductions is part of it, not a per-pass one
         def call(*args, **kwargs):
             if not (nested and inside):
                 calls.append(bool(kwargs.get("async_op")))
@@ -92,13 +94,15 @@ def _measure_held(model, x, y) -> dict:
                 inside.pop()
         return call
 
-    group_mod.foreach_reduce, dist.reduce_scatter_tensor = (counting(f, nested)
-                                                            for f, nested in zip(originals, (False, True)))
+    patched = [counting(f, nested) for f, nested in zip(originals, (False, True))]
+    group_mod.foreach_reduce = patched[0]
+    setattr(dist, rs_name, patched[1])
     try:
         out = model(x, y)
         (out.loss + 0.01 * out.aux_loss).backward()
     finally:
-        group_mod.foreach_reduce, dist.reduce_scatter_tensor = originals
+        group_mod.foreach_reduce = originals[0]
+        setattr(dist, rs_name, originals[1])
     for r in reducers:
         r.observer = None
     return {"peak": live["peak"], "count": live["count"], "after": live["now"], "reduce_scatters": len(calls),

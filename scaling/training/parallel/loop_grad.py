@@ -29,8 +29,9 @@ gradient to reduce. FSDP still owns the all-gathers, resharding and prefetching.
 The reduction mirrors FSDP2's ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/
 _fsdp_collectives.py) with public collectives: cast to the policy's ``reduce_dtype``, pad dim 0
 to a multiple of the shard degree S (``torch.chunk`` rows, as FSDP2 shards), one
-``reduce_scatter_tensor`` over the shard dimension's group with ``AVG`` (fp32/bf16; fp16 sums
-and divides after, without FSDP2's pre/post split), or with a divide factor (expert
+``reduce_scatter_single`` (``reduce_scatter_tensor`` before torch 2.13) over the shard
+dimension's group with ``AVG`` (fp32/bf16; fp16 sums and divides after, without FSDP2's
+pre/post split), or with a divide factor (expert
 parallelism's ``set_gradient_divide_factor``) ``SUM`` and a division; under HSDP the result is
 summed over the micro-batches that do not all-reduce and all-reduced (``AVG``) over the replicate
 group once, at the last pass of the micro-batch that does (FSDP2's ``partial_reduce_output``);
@@ -199,9 +200,10 @@ class PerPassReducer:
         avg = self.divide_factor is None and rdtype in (torch.float32, torch.bfloat16)
         work = None
         if S > 1:
-            work = dist.reduce_scatter_tensor(out, flat.view(-1),
-                                              op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
-                                              group=mesh.get_group(shard_dims[0]), async_op=True)
+            # torch >= 2.13 names it reduce_scatter_single (the old name warns); 2.11 has the old one
+            reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            work = reduce_scatter(out, flat.view(-1), op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                                  group=mesh.get_group(shard_dims[0]), async_op=True)
         else:
             out.copy_(flat.view(-1))
         # the HSDP all-reduce is due at the last pass of a micro-batch that all-reduces
