@@ -116,7 +116,8 @@ def register(app: typer.Typer) -> None:
             "candidate", "--at", help="Whose budget C is: candidate (the paper's convention) or reference."),
         sparsity: Optional[list[str]] = typer.Option(
             None, "--sparsity", help="Sparsity S in [0, 1) for smelt-form laws (repeatable or "
-            "comma-separated; default: those of the law set or the fitted data)."),
+            "comma-separated; default: the law set's, or for fitted laws the median of the fitted "
+            "data's distinct sparsities, which need not be one they trained at)."),
         law: Literal["chinchilla", "smelt"] = typer.Option("chinchilla", "--law",
                                 help="Law form for fitting --runs: chinchilla or smelt."),
         n_bootstrap: int = typer.Option(DEFAULT_BOOTSTRAP, "--bootstrap", min=0, max=MAX_BOOTSTRAP,

@@ -84,7 +84,7 @@ WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law be
 # where only the observed frontiers may answer and there are none. Where a budget is both beyond
 # such a law's data and unmatched, the unmatched kind is given.
 REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far", "misfit-far",
-            "distrusted-inside")
+            "distrusted-inside", "data-gap", "untrained-sparsity")
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
 _ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
@@ -192,6 +192,7 @@ class FittedLaw:
     per token F(N) of the chinchilla form, C = F(N) D (``TokenCost``; a number k means F = k N;
     unused by the smelt form, whose C = F D). compute_min /
     compute_max: total training FLOPs of the smallest / largest fitted point, None if unknown.
+    sparsities: the sparsities of the fitted points (smelt form; empty if unknown).
     """
 
     name: str
@@ -204,6 +205,7 @@ class FittedLaw:
     source: str = ""
     unidentified: str | None = None  # why the fit is not identified (None: identified or unknown)
     misfit: bool = False             # the fit's residuals trend (``goodness_of_fit``): it misfits
+    sparsities: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", self.law.theta_array(self.theta).astype(float))
@@ -240,6 +242,7 @@ class FittedLaw:
             unidentified=unidentified(getattr(fit, "diagnostics", None) or {},
                                       None if boot is None else int(np.size(boot) // law.n_params)),
             misfit=bool((getattr(fit, "diagnostics", None) or {}).get("misfit")),
+            sparsities=tuple(float(x) for x in summary.get("sparsities") or ()),
         )
 
 
@@ -685,6 +688,7 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
     kind, what = (("unidentified-far", "laws not identified") if why
                   else ("misfit-far", "laws that misfit their points"))
     floors = [law.compute_min for law in (reference, candidate) if law.compute_min]
+    trained = [x for law in (reference, candidate) for x in law.sparsities]
     rows = []
     for r in result.rows:
         far = (r.method == "law" and r.extrapolation_decades is not None
@@ -693,18 +697,23 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
         lows = [x for x in (r.budget, r.candidate_compute, r.reference_compute) if x and x > 0]
         below = (float(np.log10(max(floors) / min(lows)))
                  if r.method == "law" and floors and lows and r.savings is not None else 0.0)
-        if (not far and below <= max_decades) or r.savings is None:
+        # a sparsity the fitted runs did not span is outside the data as well (the S-dependence)
+        off_s = (r.method == "law" and r.sparsity is not None and bool(trained)
+                 and not min(trained) - 5e-5 <= r.sparsity <= max(trained) + 5e-5)
+        if (not far and below <= max_decades and not off_s) or r.savings is None:
             rows.append(r)
         elif extrapolate:
             rows.append(replace(r, extrapolated=True))
         else:
-            where = (f"{r.extrapolation_decades:.1f} decades beyond" if far
-                     else f"{below:.2f} decades below")
+            where = (f"the budget lies {r.extrapolation_decades:.1f} decades beyond the fitted compute"
+                     if far else f"the budget lies {below:.2f} decades below the fitted compute"
+                     if below > max_decades else
+                     f"the sparsity {r.sparsity:g} lies outside the fitted sparsities "
+                     f"({min(trained):g} to {max(trained):g})")
             rows.append(SavingsRow.refused(
                 r.budget, refusal=kind,
-                reason=f"{what} ({'; '.join(why + misfits)}) and the budget lies "
-                f"{where} the fitted compute (limit {max_decades:g}): "
-                "the data cannot speak to it", method=r.method, sparsity=r.sparsity,
+                reason=f"{what} ({'; '.join(why + misfits)}) and {where} (limit {max_decades:g} "
+                "decades): the data cannot speak to it", method=r.method, sparsity=r.sparsity,
                 extrapolation_decades=r.extrapolation_decades))
     old, new = _far_warning(result.rows), _far_warning(rows)
     gone = withheld_warnings(result.rows, rows)

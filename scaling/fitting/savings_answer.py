@@ -34,7 +34,7 @@ from scaling.fitting.savings import (
     withhold_unidentified,
 )
 from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
-from scaling.fitting.sources import load_laws
+from scaling.fitting.sources import assumed_compute_note, load_laws
 
 METHODS = ("auto", "envelope", "law")
 
@@ -70,6 +70,24 @@ def _refuse_inside(result: SavingsResult, distrust: str) -> SavingsResult:
                    "--method law for the laws' number") if inside else r)
     gone = withheld_warnings(result.rows, rows)
     return replace(result, rows=tuple(rows), warnings=tuple(w for w in result.warnings if w not in gone))
+
+
+def sparsity_extrapolation(src: Any, sparsities: Sequence[float | None]) -> str | None:
+    """A warning for the sparsities asked of smelt-form laws outside the sparsities their data
+    trained at (a law set's reported levels, or the fitted runs'): there the law's S-dependence
+    (A (1 - S)^b) is extrapolated; the compute column cannot show it."""
+    if not src.smelt_form:
+        return None
+    trained = (list(src.law_set.sparsities) if src.law_set is not None else
+               [float(x) for f in src.fits or () for x in f.data_summary.get("sparsities", [])])
+    if not trained:
+        return None
+    lo, hi = min(trained), max(trained)
+    out = [s for s in sparsities if s is not None and not lo - 5e-5 <= s <= hi + 5e-5]
+    if not out:
+        return None
+    return (f"sparsity {', '.join(f'{s:g}' for s in out)} lies outside the sparsities the laws' data "
+            f"trained at ({lo:g} to {hi:g}): the laws' dependence on S is extrapolated there")
 
 
 def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
@@ -110,18 +128,26 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
         raise UserError("a sparsity applies only to smelt-form laws; --law chinchilla fits none "
                         "(give --law smelt)")
     n_points = None if points is None else (len(points) if n_read is None else n_read)
+    assumed = None if points is None else assumed_compute_note(points)
+    if assumed:
+        warn_once(assumed)
     C = budgets
     rows: list[SavingsRow] = []
     checks: list[SavingsRow] = []
     sources: list[str] = []
     laws: dict[str, str] = {}
     env: tuple[SavingsRow, ...] = ()
-    if points is not None and method != "law":
-        env = observed_savings(points, path, reference, candidate, C, convention=convention,
-                               n_bootstrap=n_bootstrap, seed=seed, level=level)
+
+    def envelope(at: Sequence[float] | None) -> tuple[SavingsRow, ...]:
+        if points is None or method == "law":
+            return ()
+        return observed_savings(points, path, reference, candidate, C, sparsities=at, convention=convention,
+                                n_bootstrap=n_bootstrap, seed=seed, level=level)
+
     env_source = (f"envelope: observed frontiers of {path} ({n_bootstrap} bootstrap resamples over run "
                   f"pairs, seed {seed})")
     if method == "envelope":
+        env = envelope(None)
         rows += env
         sources.append(env_source)
     else:
@@ -132,6 +158,11 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
         # only whether the laws may answer, in one line below
         ref, cand = src.laws[reference], src.laws[candidate]
         at_sparsities = src.sparsities(sparsities)  # refused now, even if the envelope answers every budget
+        outside = sparsity_extrapolation(src, at_sparsities)
+        if outside:
+            warn_once(outside)
+        # per shared sparsity where the study trained several (envelope.observed_savings)
+        env = envelope([s for s in at_sparsities if s is not None] or None)
         for note in src.notes:  # about the source itself: the reader must see these
             warn_once(note)
         distrust = law_distrust({f.group: getattr(f, "diagnostics", None) for f in (src.fits or ())})
@@ -139,24 +170,41 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
             # the laws do not hold: inside the data the observed frontiers answer, and where
             # they cannot (a frontier never reaches the other's loss) nobody does. Budget by
             # budget, whatever else was asked: one budget gets one answer
-            answered = {r.budget for r in env if r.savings is not None}
-            rows += [r for r in env if r.savings is not None]
+            # one envelope per shared sparsity (its rows carry S): then a (budget, S) is answered
+            # by one method; a pooled envelope answers a budget for every S
+            split = any(r.sparsity is not None for r in env)
+            answered = [r for r in env if r.savings is not None]
             inside = [r for r in env if r.savings is None and r.refusal != "outside-data"]
+            rows += answered
             rows += [SavingsRow.refused(r.budget, f"{r.reason}; the laws are not identified ({distrust})",
-                                        refusal=r.refusal or "not-reached", method="envelope")
+                                        refusal=r.refusal or "not-reached", method="envelope",
+                                        sparsity=r.sparsity)
                      for r in inside]
-            done = answered | {r.budget for r in inside}
-            law_budgets = np.array([c for c in C if float(c) not in done])
+            done_rows = answered + inside
+            done_at = {(float(r.budget), round(r.sparsity, 4)) for r in done_rows if r.sparsity is not None}
+            done_budgets = {float(r.budget) for r in done_rows}
+
+            def is_done(budget: float, s: float | None) -> bool:
+                if split and s is not None:
+                    return (float(budget), round(s, 4)) in done_at
+                return float(budget) in done_budgets
+
+            done = bool(done_budgets)
+            law_budgets = np.array([c for c in C if not all(is_done(c, s) for s in at_sparsities)])
             if done:
                 sources.append(env_source)
                 warn_once(f"inside the data the envelope answers, not the laws: {distrust} "
                           "(`smelt-scale fit` for the details)")
         else:
-            law_budgets = C
+            law_budgets, done = C, False
             checks = [r for r in env if r.savings is not None]
         if law_budgets.size:
             law_res, unanswered = law_savings(ref, cand, law_budgets, sparsities=at_sparsities,
                                               convention=convention, level=level, source=src.source)
+            if done:   # a (budget, S) the envelope answered or refused inside the data
+                law_res = replace(law_res, rows=tuple(r for r in law_res.rows
+                                                      if not is_done(r.budget, r.sparsity)))
+                unanswered = [r for r in unanswered if not is_done(r.budget, r.sparsity)]
             tops = [x for x in (ref.compute_max, cand.compute_max) if x]
             rows += [SavingsRow.refused(
                 r.budget, r.reason if not distrust else f"laws not identified ({distrust}); and {r.reason}",

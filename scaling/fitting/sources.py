@@ -30,7 +30,7 @@ from scaling.fitting.fit import FitResult, FitSet, fit_law
 from scaling.fitting.laws import get_law
 from scaling.fitting.reference_laws import LawSet, load_law_set
 from scaling.fitting.savings import FittedLaw, uses_sparsity
-from scaling.fitting.tables import Columns, group_rows, load_table
+from scaling.fitting.tables import DEFAULT_FLOPS_PER_ND, Columns, group_rows, load_table, per_token_flops
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
 SPARSITY_DECIMALS = 4
@@ -108,6 +108,19 @@ def read_points(path: Path, *, is_default: bool = False, warn: Callable[[str], N
     return table.points, table.rows_read
 
 
+def assumed_compute_note(points: pd.DataFrame) -> str | None:
+    """A warning when no point records its compute or FLOPs per token and several groups are
+    compared: their compute is then C = 6 N D for all (``scaling.fitting.tables.token_cost``), while
+    a looped or sparse model spends other FLOPs per parameter and token, and a saving between
+    groups moves with that ratio (a 10% higher k is about a 5-point larger saving)."""
+    if points["group"].astype(str).nunique() < 2 or np.isfinite(per_token_flops(points)).any():
+        return None
+    return (f"no point records its compute or FLOPs per token: every group's compute is taken as "
+            f"C = {DEFAULT_FLOPS_PER_ND:g} N D, but a looped or MoE model spends other FLOPs per "
+            "parameter and token, and the savings between groups move with that; add a flops (or "
+            "flops_per_token) column")
+
+
 def fit_runs(path: Path, law: str, groups: Sequence[str], n_bootstrap: int, seed: int, *,
              is_default: bool = False, warn: Callable[[str], None] | None = None,
              points: pd.DataFrame | None = None) -> list[FitResult]:
@@ -175,4 +188,5 @@ def load_laws(groups: Sequence[str], *, runs: Path | None = None, fits: Path | N
     return LawSource(laws, source, fits=tuple(pair), runs_dir=runs_dir, notes=tuple(notes))
 
 
-__all__ = ["DEFAULT_RUNS", "LawSource", "default_sparsity", "fit_runs", "load_laws", "read_points"]
+__all__ = ["DEFAULT_RUNS", "LawSource", "assumed_compute_note", "default_sparsity", "fit_runs", "load_laws",
+           "read_points"]
