@@ -277,3 +277,30 @@ def test_wandb_offline_mirror(tmp_path, env, monkeypatch):
     train(get_config(TIER, "smelt"), cfg, tier=TIER, run_name="w", runs_dir=tmp_path / "runs")
     assert len(read_jsonl(tmp_path / "runs" / "w" / "metrics.jsonl", missing_ok=True).rows) == 3
     assert list((tmp_path / "runs" / "w" / "wandb").glob("offline-run-*"))
+
+
+def test_a_resume_that_finds_no_checkpoint_never_starts_a_run_over_that_had_one(tmp_path, env):
+    """The resume audit (2026-12-07): a run trained with --ckpt-dir and resumed without it found no
+    checkpoint, started over and dropped its 9 metrics lines and its finished budget. Refused now,
+    in one line naming the folder to pass, with the run folder untouched; with the --ckpt-dir it was
+    trained with, it resumes to the uninterrupted run's result. A run killed before its first
+    checkpoint (update 3 of --ckpt-every 4) still starts over, as it must."""
+    code, _, err = cli(cli_args(tmp_path / "ref", "r", "0.003", 12 * STEP_TOKENS, "--tokens", "6144,3072"))
+    assert code == 0, err
+    ck = tmp_path / "ck"
+    args = cli_args(tmp_path / "runs", "r", "0.003", 12 * STEP_TOKENS, "--tokens", "6144,3072",
+                    "--ckpt-dir", str(ck))
+    killed(args, env, 9)
+    run = tmp_path / "runs" / "r"
+    before = snapshot(run)
+    code, out, err = cli([a for a in args if a not in ("--ckpt-dir", str(ck))] + ["--resume"])
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "9 logged updates and finished budgets but no checkpoint" in err and f"--ckpt-dir {ck}" in err
+    assert snapshot(run) == before
+    code, out, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert logs(run) == logs(tmp_path / "ref" / "r")
+    early = cli_args(tmp_path / "early", "e")
+    killed(early, env, 3)
+    code, out, err = cli(early + ["--resume"])
+    assert code == 0 and json.loads(out)["complete"], err

@@ -436,6 +436,8 @@ class Trainer:
         latest = self.checkpointer.latest() if existed else None
         if latest is not None:
             self.state = self.checkpointer.load(latest, self.model, self.optimizer)
+        elif existed:
+            _agreed(dist, lambda: self._refuse_starting_over(old))
         self.checkpointer.prune_branch_points(self.state)
         if dist.is_main:
             from scaling.training.loop.metrics import resume_metrics
@@ -468,6 +470,32 @@ class Trainer:
                     "precision": "bf16-autocast" if device.type == "cuda" else "fp32"},
             "run_dir": str(self.run_dir),
         }
+
+    def _refuse_starting_over(self, old: dict) -> None:
+        """A resume that finds no checkpoint starts the run over, dropping its metrics and points:
+        refused where the run got further than its first checkpoint (more logged updates than
+        ``ckpt_every``, or a finished budget), i.e. where a checkpoint should exist but is not in
+        this checkpoint folder (another --ckpt-dir than the run's, or checkpoints deleted). A run
+        killed before its first checkpoint starts over, as it must."""
+        rows = read_jsonl(self.run_dir / runlog.METRICS, missing_ok=True).rows
+        logged = max((int(r.get("iter") or 0) for r in rows if isinstance(r.get("iter"), (int, float))),
+                     default=0)
+        try:
+            final = runlog.read_json(self.run_dir / runlog.FINAL)
+        except (OSError, ValueError):
+            final = {}
+        finished = isinstance(final, dict) and bool(final.get("points") or final.get("complete"))
+        every = self.cfg.ckpt_every or 0
+        if not (finished or (every and logged > every)):
+            return
+        recorded = old.get("ckpt_dir")
+        hint = ("pass the --ckpt-dir it was trained with" if not recorded or Path(recorded) == self.ckpt_dir
+                else f"its config.json records checkpoints in {recorded}: pass --ckpt-dir "
+                     f"{Path(recorded).parent}" if Path(recorded).name != CHECKPOINTS
+                else f"its config.json records checkpoints in {recorded}: leave --ckpt-dir out")
+        what = f"{logged} logged updates" + (" and finished budgets" if finished else "")
+        raise UserError(f"run {self.run_name} has {what} but no checkpoint in {self.ckpt_dir}: resuming "
+                        f"would start it over and drop them; {hint}, or --overwrite to start again")
 
     def _previous(self, existed: bool, meta: dict, overwrite: bool) -> dict:
         """The existing run's config.json (resume: checked against this run), else {}."""
