@@ -35,6 +35,9 @@ TWO = {
     "baseline-ep2": ("baseline", "fsdp", 2, None),
     "smelt-ep2": ("smelt", "fsdp", 2, None),
     "smelt-e5-ep2": ("smelt-e5", "fsdp", 2, None),  # 5 experts over 2 ranks: 3 + 2
+    # activation checkpointing reruns the nested moe/router FSDP modules' hooks in backward: the
+    # per-pass reduction must not count those as passes (it raised before 2026-12-07)
+    "smelt-ep2-ac": ("smelt", "fsdp", 2, None, True),
 }
 FOUR = {
     "baseline-ep4": ("baseline", "fsdp", 4, None),
@@ -59,13 +62,13 @@ def _worker(rank, world, port, out, scenarios):
     from scaling.training.parallel.distributed import setup_distributed
 
     results, envs = {}, []
-    for name, (model_name, mode, ep, rep) in scenarios.items():
+    for name, (model_name, mode, ep, rep, *ac) in scenarios.items():
         cfg = _cfg(model_name)
         x_all, y_all = batches(cfg, ROWS_PER_RANK * world)
         sl = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
         dist = setup_distributed("cpu", mode, replicate=rep, ep=ep)
         envs.append(dist)
-        model = build_model(cfg, SEED, dist, mode)
+        model = build_model(cfg, SEED, dist, mode, activation_checkpointing=bool(ac and ac[0]))
         init = full_state_dict(model)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
         params = list(model.parameters())

@@ -45,7 +45,8 @@ def test_the_planner_counts_each_looped_pass_and_the_last_in_line():
     """Planted relation between the two loop_grad layouts of SMELT: per-pass reduce-scatters every
     looped layer once per pass, FSDP2's own once per looped layer, the rest the same; of the
     per-pass ones the step waits in line for one layer pass per synced micro-batch (the loop
-    block's last in backward; the others overlap, loop_grad.InFlight)."""
+    block's last in backward; the others overlap, loop_grad.InFlight), and for all of them under
+    grad_sync "last"."""
     cfg = get_config("600M", "smelt")
     base = dict(mode="fsdp", gpus_per_node=8, micro_batch_size=2, grad_accum_steps=2)
     pp = estimate_memory(cfg, Layout(**base, loop_grad="per-pass"))
@@ -56,8 +57,13 @@ def test_the_planner_counts_each_looped_pass_and_the_last_in_line():
     # per-pass adds (n_loops - 1) reductions per looped layer: looped_passes / n_loops more of them
     assert pp.reduce_scatter - own.reduce_scatter == pytest.approx(
         one_pass * looped_passes * (cfg.n_loops - 1) / cfg.n_loops, rel=1e-9)
+    # grad_sync "last": one synced micro-batch, every looped pass of it in line (FSDP2 writes the
+    # same .grad from its own reduce-scatter of the looped gradients it accumulated, once per layer)
     last = estimate_memory(cfg, Layout(**base, loop_grad="per-pass", grad_sync="last"))
-    assert last.reduce_scatter_inline == pytest.approx(one_pass / 2, abs=1)   # one synced micro-batch
+    assert last.reduce_scatter_inline == pytest.approx(one_pass / 2 * looped_passes, rel=1e-9)
+    own_last = estimate_memory(cfg, Layout(**base, loop_grad="fsdp", grad_sync="last"))
+    assert last.reduce_scatter - own_last.reduce_scatter == pytest.approx(
+        one_pass / 2 * looped_passes, rel=1e-9)   # the pass gradients, on top of FSDP2's per layer
     assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).reduce_scatter_inline == 0
 
 

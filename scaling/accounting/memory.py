@@ -142,7 +142,10 @@ tensor, all-reduce twice that; ZeRO section 7: data parallel 2 Psi, ZeRO-3 3 Psi
   hold half the model); the root once. Reduce-scatter in ``reduce_bytes`` once per layer and
   synced micro-batch: the weight gradient of both passes arrives summed (see ``working``);
   with ``loop_grad = "per-pass"`` once per layer *pass* instead (the looped layers r times).
-  HSDP adds an all-reduce of the reduce-scattered shard across the R replicas.
+  HSDP adds an all-reduce of the reduce-scattered shard across the R replicas, once per step
+  (the last micro-batch's; the others only reduce-scatter, ``data_parallel.gradient_sync``).
+  Under ``grad_sync="last"`` with accumulation and per-pass reduction, the synced micro-batch
+  also reduce-scatters the looped gradients FSDP2 accumulated, once per looped layer.
 * DDP: one all-reduce of the fp32 gradients per optimizer step (``no_sync`` before).
 * Expert parallelism of degree P (scaling/training/parallel/expert_parallel.py): a rank holds the
   largest array_split share ceil(E/P) of each layer's experts, FSDP-sharded over the S / P
@@ -381,6 +384,8 @@ class MemoryEstimate:
                    scaling/training/parallel/loop_grad.py) each pass's reduce-scatter overlaps
                    the earlier passes' backward, as FSDP2's own do, except the loop block's
                    last one in backward, finished at once: one layer pass per synced micro-batch
+                   (every looped pass under grad_sync "last" with accumulation, where FSDP2
+                   writes the same gradients)
     """
 
     config_name: str
@@ -553,9 +558,15 @@ def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: i
     frac, frac_e = (S - 1) / S, (S // P - 1) / (S // P)  # experts: over the S / P ranks
     ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
                         + frac_e * 2 * cfg.n_layer_passes * share_layer))
-    n_rs = cfg.n_layer_passes if per_pass else cfg.n_layers  # reduce-scatters per micro-batch
+    looped = cfg.loop_end - cfg.loop_start if cfg.is_looped else 0
+    # grad_sync "last" with accumulation: the synced micro-batch reduce-scatters its own pass
+    # gradients per pass and FSDP2 the looped gradients it accumulated before, once per layer
+    accumulated = per_pass and m_sync == 1 and m > 1
+    n_rs = (cfg.n_layer_passes + (looped if accumulated else 0)) if per_pass else cfg.n_layers
     rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
-    n_inline = 1 if per_pass else 0   # per synced micro-batch (loop_grad.InFlight)
+    # in line (loop_grad.InFlight): the loop block's last pass per synced micro-batch, or every
+    # looped pass where FSDP2 writes the same .grad (accumulated)
+    n_inline = (looped * cfg.n_loops if accumulated else 1) if per_pass else 0
     rs_inline = round(m_sync * rb * (frac * n_inline * Lp_ne + frac_e * n_inline * share_layer))
     return ag, rs, rs_inline
 
@@ -674,8 +685,8 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     R = layout.replicas
     if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
         ar = round(2 * (R - 1) / R * gb * n_total)
-    elif layout.mode == "hsdp" and R > 1:  # the reduce-scattered shard, across the replicas
-        ar = round(m_sync * 2 * (R - 1) / R * rb * local)
+    elif layout.mode == "hsdp" and R > 1:  # the reduce-scattered shard, across the replicas,
+        ar = round(2 * (R - 1) / R * rb * local)  # once per step (only the last micro-batch all-reduces)
 
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,

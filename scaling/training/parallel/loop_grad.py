@@ -44,7 +44,10 @@ it on its own stream while the engine goes on with the earlier pass's backward, 
 all-reduces do) and finished (waited for, post-processed into ``.grad``) when the next one is
 issued, so one is in flight at a time with its input kept alive, as FSDP2 keeps one of its own.
 The loop block's last one in backward is finished at once, and an autograd-engine callback
-finishes anything left at the end of the backward. The planner counts that last one in line
+finishes anything left at the end of the backward. Under ``grad_sync="last"`` with accumulation
+each is finished at once on the synced micro-batch (as before 2026-12-07): FSDP2 then also
+reduces the looped gradients it accumulated and writes ``.grad`` on its own stream, which a
+deferred add would not be ordered after. The planner counts what is finished at once in line
 (``MemoryEstimate.reduce_scatter_inline``) and lets the others hide like FSDP2's traffic.
 
 Cost: reduce-scatters per step go from one per looped layer to one per looped layer pass (for
@@ -77,6 +80,11 @@ def resolve_loop_grad(loop_grad: str | None, mode: str, looped: bool) -> str:
     if loop_grad not in LOOP_GRADS:
         raise UserError(f"loop_grad must be one of {', '.join(LOOP_GRADS)}, got {loop_grad!r}")
     return loop_grad
+
+
+def _recomputing() -> bool:
+    """Inside a backward (a non-reentrant checkpoint's recompute runs there)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class _PassGrad(torch.autograd.Function):
@@ -150,11 +158,17 @@ class PerPassReducer:
 
     # -- forward -----------------------------------------------------------------------------
     def _note_sharded(self, module, args) -> None:
+        if _recomputing():
+            return
         self.sharded = [m._parameters[name] for m, name in self.entries]
 
     def _swap_in(self, module, args) -> None:
         self._saved = []
-        if not torch.is_grad_enabled() or not self.entries:
+        # an activation-checkpointing recompute (in backward) reruns the forward hooks of FSDP
+        # modules nested inside the checkpointed one (expert parallelism's moe/router): it must not
+        # add a pass nor note the unsharded parameters as sharded; its gradients flow through the
+        # original forward's _PassGrad nodes
+        if not torch.is_grad_enabled() or not self.entries or _recomputing():
             return
         self._saved = [m._parameters[name] for m, name in self.entries]
         self.pending += 1
@@ -209,8 +223,12 @@ class PerPassReducer:
         # the HSDP all-reduce is due at the last pass of a micro-batch that all-reduces
         final = self.all_reduce and self.pending == 0
         self.in_flight.issue(work, flat, lambda: self._post(out, sharded, rows, S, avg, final))
-        if sum(r.pending for r in self.in_flight.reducers) == 0:
-            self.in_flight.finish()   # the loop block's last reduction: nothing left to hide it
+        # finished at once: the loop block's last reduction (nothing left to hide it), and every one
+        # on a micro-batch where FSDP2 also reduces the looped layers' gradients it accumulated
+        # (grad_sync "last"): FSDP2 then writes .grad on its own stream, and a deferred add would
+        # not be ordered after it
+        if self.in_flight.inline or sum(r.pending for r in self.in_flight.reducers) == 0:
+            self.in_flight.finish()
 
     def _post(self, out: torch.Tensor, sharded: list, rows: list[int], S: int, avg: bool,
               final: bool) -> None:
@@ -264,6 +282,8 @@ class InFlight:
         self.reducers: list[PerPassReducer] = []
         self._pending: tuple | None = None
         self._callback_queued = False
+        self.inline = False           # finish each at once (set by set_loop_grad_sync)
+        self._fsdp_accumulated = False  # a micro-batch of this step handed its gradients to FSDP2
 
     def issue(self, work, keep: torch.Tensor, post: Callable[[], None]) -> None:
         self.finish()
@@ -286,9 +306,15 @@ class InFlight:
         self._callback_queued = False
         self.finish()
 
-    def reset(self) -> None:
-        """A new micro-batch: anything left from a backward that did not end is dropped."""
+    def reset(self, sync: bool) -> None:
+        """A new micro-batch (``sync``: it reduces): anything left from a backward that did not end
+        is waited for (stream order) and dropped; inline when an earlier micro-batch of the step
+        left its looped gradients to FSDP2."""
+        if self._pending is not None and self._pending[0] is not None:
+            self._pending[0].wait()
         self._pending, self._callback_queued = None, False
+        self.inline = sync and self._fsdp_accumulated
+        self._fsdp_accumulated = not sync
 
 
 def install_per_pass(model: nn.Module, mp_policy, divide_factors: dict | None = None) -> list[PerPassReducer]:
@@ -317,6 +343,8 @@ def set_loop_grad_sync(model: nn.Module, sync: bool, all_reduce: bool) -> None:
     """Whether this micro-batch reduces its looped gradients (and, HSDP, all-reduces them).
     Called before the micro-batch's forward: the pass count starts afresh (a forward with a
     graph but no backward, e.g. after an error, would otherwise leave it off by its passes)."""
-    for r in getattr(model, "loop_grad_reducers", ()):
+    reducers = getattr(model, "loop_grad_reducers", ())
+    for r in reducers:
         r.sync, r.all_reduce, r.pending = sync, all_reduce, 0
-        r.in_flight.reset()
+    for in_flight in {id(r.in_flight): r.in_flight for r in reducers}.values():
+        in_flight.reset(sync)
