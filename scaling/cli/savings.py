@@ -49,7 +49,7 @@ def print_result(res: SavingsResult) -> None:
         stdout.print(f"points kept by --where {' and '.join(repr(w) for w in res.where)}: "
                      f"{res.n_points_kept} of {res.n_points}", highlight=False, markup=False)
     sparse = any(r.sparsity is not None for r in res.rows)
-    level = f"{100 * res.ci_level:.0f}% CI"
+    level = f"{100 * res.ci_level:.4g}% CI"
     table = Table(title_justify="left")
     cols = ["budget", *(["S"] if sparse else []), "method", f"C {res.candidate}", f"C {res.reference}",
             "loss", "savings", level, "loss gap", "D/param ref", "D/param cand", "extrap."]
@@ -58,7 +58,8 @@ def print_result(res: SavingsResult) -> None:
     notes = []
     for r in res.rows:
         S = [f"{r.sparsity:.3g}" if r.sparsity is not None else "—"] if sparse else []
-        ex = "—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec"
+        ex = ("—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec"
+              if not r.below_data_decades else f"{r.below_data_decades:.2f} dec below")
         if r.savings is None:
             notes.append(f"budget {r.budget:.3g}: no estimate — {r.reason}")
             table.add_row(f"{r.budget:.3g}", *S, r.method, "—", "—", "—", f"no estimate [{len(notes)}]",
@@ -85,7 +86,8 @@ def print_result(res: SavingsResult) -> None:
                  f"configuration averaged, computes within {BUDGET_TOLERANCE:.0%} one budget), law = fitted "
                  "or published laws. loss gap = L_ref − L_cand at equal compute (nats/token); D/param = "
                  "optimal tokens per parameter at the budget (laws only; smelt form: D/(F/6)); extrap. = "
-                 "decades beyond the largest fitted compute.", highlight=False)
+                 "decades beyond the largest fitted compute, or below the smallest (\"below\": an "
+                 "extrapolation too).", highlight=False)
 
 
 def _num(x: float) -> str:

@@ -56,7 +56,8 @@ whole, so the two frontiers of a resample come from the same pairs; runs without
 resampled per architecture. Each resample rebuilds both frontiers from the runs drawn (a unit
 drawn twice weighs twice in its configuration's mean) and recomputes the saving; resamples in which
 the budget or the matched compute leaves a resampled frontier give no value and are dropped
-(``ci_resamples`` counts those kept; below half of them, no interval). The interval is the
+(``ci_resamples`` counts those kept; below half of them, or below ``MIN_CI_RESAMPLES`` (20), no
+interval: a "95%" interval of a handful of resamples is only their range). The interval is the
 percentile interval of the kept values: read it as the sensitivity of the saving to which runs were
 trained.
 
@@ -82,7 +83,7 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.approaches import compute_buckets
-from scaling.fitting.savings import CONVENTIONS, SavingsRow, check_budgets
+from scaling.fitting.savings import CONVENTIONS, MIN_CI_RESAMPLES, SavingsRow, check_budgets
 from scaling.fitting.tables import config_keys, read_runs_dir, seed_replicates, token_cost, total_flops
 
 METHOD = "envelope"
@@ -275,7 +276,7 @@ def envelope_savings(points: pd.DataFrame, reference: str, candidate: str, budge
             s, g = boot[0][:, i], boot[1][:, i]
             ok = np.isfinite(s)
             kept = int(ok.sum())
-            if kept >= max(2, n_bootstrap // 2):
+            if kept >= max(MIN_CI_RESAMPLES, n_bootstrap // 2):
                 s_ci = percentile_interval(s[ok], level)
                 g_ok = np.isfinite(g)
                 g_ci = percentile_interval(g[g_ok], level) if g_ok.any() else None

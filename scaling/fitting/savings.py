@@ -85,6 +85,7 @@ WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law be
 # such a law's data and unmatched, the unmatched kind is given.
 REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far", "misfit-far",
             "distrusted-inside", "data-gap", "untrained-sparsity")
+MIN_CI_RESAMPLES = 20  # fewer resamples give their range, not a percentile interval (law and envelope)
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
 _ROOT_RTOL = 1e-9   # the explicit root's L*(C) must equal the target this closely (else: bisection in C)
@@ -327,7 +328,10 @@ class SavingsRow:
     (``savings`` None, the other quantities NaN) says why in ``reason`` and which kind of refusal
     in ``refusal`` (one of REFUSALS); ``extrapolated`` marks a row shown although its laws are not
     identified far beyond the data (the caller asked for it). ``warnings``: the row's own warnings
-    (clamped resamples), also listed in the result's.
+    (clamped resamples), also listed in the result's. below_data_decades: how far below the
+    larger of the two laws' smallest fitted compute the smallest compute the row uses lies
+    (decades; None when inside or unknown): an extrapolation down, which the negative
+    ``extrapolation_decades`` alone would read as "well inside".
     """
 
     budget: float
@@ -344,6 +348,7 @@ class SavingsRow:
     extrapolation_decades: float | None
     ci_resamples: int = 0
     ci_clamped: int = 0
+    below_data_decades: float | None = None
     method: str = "law"
     reason: str | None = None
     extrapolated: bool = False
@@ -377,6 +382,7 @@ class SavingsRow:
             "loss_gap_ci": None if self.loss_gap_ci is None else list(self.loss_gap_ci),
             "candidate_tokens_per_param": self.candidate_tokens_per_param,
             "ci_resamples": self.ci_resamples, "ci_clamped": self.ci_clamped,
+            "below_data_decades": self.below_data_decades,
             "warnings": list(self.warnings),
         }
 
@@ -399,6 +405,8 @@ class SavingsRow:
             extrapolation_decades=(None if d.get("extrapolation_decades") is None
                                    else float(d["extrapolation_decades"])),
             ci_resamples=int(d.get("ci_resamples", 0)), ci_clamped=int(d.get("ci_clamped", 0)),
+            below_data_decades=(None if d.get("below_data_decades") is None
+                                else float(d["below_data_decades"])),
             method=str(d.get("method", "law")), reason=d.get("reason"), refusal=d.get("refusal"),
             extrapolated=bool(d.get("extrapolated", False)),
             warnings=tuple(str(w) for w in d.get("warnings", ())),
@@ -565,6 +573,10 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
         if not ok.all():
             warnings.append(f"dropped {int((~ok).sum())} bootstrap resamples with non-finite parameters")
         paired = (sr[ok], sc[ok]) if ok.any() else None
+        if paired is not None and len(paired[0]) < MIN_CI_RESAMPLES:
+            warnings.append(f"{len(paired[0])} paired bootstrap resamples: no savings interval (a "
+                            f"{100 * level:.4g}% percentile interval needs at least {MIN_CI_RESAMPLES})")
+            paired = None
     elif (reference.samples is None) != (candidate.samples is None):
         lacking = reference.name if reference.samples is None else candidate.name
         warnings.append(f"no bootstrap samples for {lacking}: no savings interval")
@@ -600,13 +612,15 @@ def savings(reference: FittedLaw, candidate: FittedLaw, budgets: Iterable[float]
             c_cand, c_ref = float(m["c_cand"]), float(m["c_ref"])
             ex = [d for d in (_decades(max(c, c_cand), candidate.compute_max),
                               _decades(max(c, c_ref), reference.compute_max)) if d is not None]
+            floors = [x for x in (candidate.compute_min, reference.compute_min) if x]
+            below = float(np.log10(max(floors) / min(c, c_cand, c_ref))) if floors else 0.0
             rows.append(SavingsRow(
                 budget=float(c), sparsity=None if s is None else float(s),
                 candidate_compute=c_cand, reference_compute=c_ref, candidate_loss=float(m["loss"]),
                 savings=float(m["savings"]), savings_ci=s_ci, loss_gap=float(m["gap"]), loss_gap_ci=g_ci,
                 tokens_per_param=float(m["tpp_ref"]), candidate_tokens_per_param=float(m["tpp_cand"]),
                 extrapolation_decades=max(ex) if ex else None, ci_resamples=n_res, ci_clamped=n_clamped,
-                warnings=tuple(own),
+                warnings=tuple(own), below_data_decades=below if below > 0 else None,
             ))
 
     far = _far_warning(rows)
