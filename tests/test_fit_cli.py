@@ -223,3 +223,23 @@ def test_a_tab_separated_table_named_csv_gets_a_hint(tmp_path):
     res = runner.invoke(app, ["fit", str(tmp_path / "t.csv")])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "its one column 'N\\tD\\tloss' holds tabs: name a tab-separated table .tsv" in res.stderr
+
+
+def test_at_a_budget_says_where_it_lies_against_the_data(tmp_path):
+    """The numbers audit (2026-12-07): `fit --at 1e25` printed N*, D*, L* with intervals 6 decades
+    beyond the data without a word. It now gives the decades beyond (or below) the fitted compute,
+    and that a law not identified gives no result there."""
+    src = grid_table(tmp_path / "t.csv")
+    res = runner.invoke(app, ["fit", str(src), "--json", "--bootstrap", "0", "--at", "1e25"])
+    assert res.exit_code == 0, res.output
+    fit = json.loads(res.stdout)["fits"]["baseline"]
+    at = fit["at_budget"]
+    top = fit["data_summary"]["compute_max"]
+    assert at["extrapolation_decades"] == pytest.approx(np.log10(1e25 / top))
+    assert at["below_data_decades"] is None and at["identified"] is False
+    res = runner.invoke(app, ["fit", str(src), "--bootstrap", "0", "--at", "1e25"])
+    assert f"{np.log10(1e25 / top):.2f} decades beyond the fitted compute" in res.stdout
+    assert "not identified: no result" in res.stdout
+    low = fit["data_summary"]["compute_min"] / 1e3
+    res = runner.invoke(app, ["fit", str(src), "--json", "--bootstrap", "0", "--at", f"{low:g}"])
+    assert json.loads(res.stdout)["fits"]["baseline"]["at_budget"]["below_data_decades"] == pytest.approx(3)

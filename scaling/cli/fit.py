@@ -315,11 +315,20 @@ def _ci(fit: FitResult, key: str, spec: str = ".5g") -> str:
 def print_at_budget(fit: FitResult, at: dict) -> None:
     """x*, D*, L* at one budget with intervals (``fit --at C``)."""
     parts = []
-    for name in [k for k in at if k != "C" and not k.endswith("_ci")]:
+    for name in [k for k in at if f"{k}_ci" in at]:
         lo, hi = at[f"{name}_ci"]
         ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else ""
         parts.append(f"{name}* = {_fmt(at[name])}{ci}")
-    stdout.print(f"  at C = {at['C']:.3g} FLOPs: " + ", ".join(parts), highlight=False)
+    where = ""
+    up, down = at.get("extrapolation_decades"), at.get("below_data_decades")
+    if down:
+        where = f"; {down:.2f} decades below the fitted compute (extrapolated"
+    elif up is not None and up > 0:
+        where = f"; {up:.2f} decades beyond the fitted compute (extrapolated"
+    if where:
+        where += ", and the law is not identified: no result)" if not at.get("identified", True) else ")"
+    at_s = f" and S = {at['S']:g}" if at.get("S") is not None else ""
+    stdout.print(f"  at C = {at['C']:.3g} FLOPs{at_s}: " + ", ".join(parts) + where, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -523,3 +523,15 @@ def optimal(law: Law, theta: Mapping[str, float] | np.ndarray, C: np.ndarray | f
             cost: TokenCost | float = 6.0, **fixed: object) -> dict[str, np.ndarray]:
     """``frontier(...).as_dict()``: {"N" or "F": x*, "D": D*, "loss": L*} (fixed inputs as keywords)."""
     return frontier(law, theta, C, cost=cost, S=fixed.get("S")).as_dict()
+
+
+SPARSITY_DECIMALS = 4  # the default sparsity is rounded to this (scaling.fitting.sources)
+
+
+def default_sparsity(recorded: Iterable[float]) -> float:
+    """The default sparsity of fitted smelt-form laws: the median of the distinct recorded
+    sparsities (of both groups together), rounded to 4 decimals (the rule: scaling.fitting.sources)."""
+    seen = sorted({float(s) for s in recorded})
+    if not seen:
+        raise UserError("a smelt-form law needs a sparsity and the fitted data record none: give one")
+    return round(float(np.median(seen)), SPARSITY_DECIMALS)

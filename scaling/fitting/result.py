@@ -14,7 +14,7 @@ import numpy as np
 from scaling.common.errors import UserError
 from scaling.common.files import read_json
 from scaling.common.stats import percentile_interval
-from scaling.fitting.laws import Law, TokenCost, frontier, get_law
+from scaling.fitting.laws import Law, TokenCost, default_sparsity, frontier, get_law
 from scaling.fitting.objective import DEFAULT_DELTA, DEFAULT_OBJECTIVE
 
 CI_LEVEL = 0.95
@@ -98,13 +98,26 @@ class FitResult:
 
     def at_budget(self, C: float, S: float | None = None) -> dict[str, Any]:
         """x*, D*, L* at budget C with their bootstrap percentile intervals:
-        {"C": C, name: value, f"{name}_ci": [lo, hi], ...} for name in (size input, "D", "loss")."""
+        {"C": C, name: value, f"{name}_ci": [lo, hi], ...} for name in (size input, "D", "loss"),
+        and where C lies against the data: ``extrapolation_decades`` (log10 C / the largest fitted
+        compute; above 0 beyond the data), ``below_data_decades`` (log10 of the smallest fitted
+        compute / C, where positive; else None), ``identified`` (the fit's verdict: an
+        extrapolation from a law that is not identified is no result). A smelt-form law fitted at
+        several sparsities is evaluated at ``S`` or the default one (``default_sparsity``: the
+        median of the distinct fitted sparsities), given as ``S``."""
         law = self.law_obj
-        if S is None and "S" in law.fixed_inputs and len(self.data_summary.get("sparsities", [])) == 1:
-            S = self.data_summary["sparsities"][0]
+        recorded = self.data_summary.get("sparsities", [])
+        if S is None and "S" in law.fixed_inputs and recorded:
+            S = recorded[0] if len(recorded) == 1 else default_sparsity(recorded)
         level = self.settings.get("ci_level", CI_LEVEL)
         est = frontier(law, self.params, C, cost=self.cost, S=S).as_dict()
         out: dict[str, Any] = {"C": float(C)}
+        if S is not None:
+            out["S"] = float(S)
+        top, bottom = self.data_summary.get("compute_max"), self.data_summary.get("compute_min")
+        out["extrapolation_decades"] = float(np.log10(C / top)) if top else None
+        out["below_data_decades"] = float(np.log10(bottom / C)) if bottom and bottom > C else None
+        out["identified"] = bool(self.diagnostics.get("identified", False))
         boot = (frontier(law, self.bootstrap, C, cost=self.cost, S=S).as_dict() if self.bootstrap.shape[0]
                 else None)
         for name, v in est.items():

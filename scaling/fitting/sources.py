@@ -20,29 +20,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from scaling.common.errors import UserError
 from scaling.fitting.fit import FitResult, FitSet, fit_law
-from scaling.fitting.laws import get_law
+from scaling.fitting.laws import default_sparsity, get_law
 from scaling.fitting.reference_laws import LawSet, load_law_set
 from scaling.fitting.savings import FittedLaw, uses_sparsity
 from scaling.fitting.tables import DEFAULT_FLOPS_PER_ND, Columns, group_rows, load_table, per_token_flops
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, as a user expects
-SPARSITY_DECIMALS = 4
-
-
-def default_sparsity(recorded: Iterable[float]) -> float:
-    """The default sparsity of fitted smelt-form laws: the median of the distinct recorded
-    sparsities (of both groups together), rounded to 4 decimals (see the module doc)."""
-    seen = sorted({float(s) for s in recorded})
-    if not seen:
-        raise UserError("a smelt-form law needs a sparsity and the fitted data record none: give one")
-    return round(float(np.median(seen)), SPARSITY_DECIMALS)
 
 
 @dataclass(frozen=True)
