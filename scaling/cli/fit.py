@@ -268,9 +268,9 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
     for note in dict.fromkeys(a1_ci_note(c) for c in marked):
         captions.append(f"* approach 1's interval is {note}, not 95%")
     if spans:
-        captions.append("† the law is not identified: its interval holds the loss floor where the best fit "
-                        "put it; over the floors the points allow (loss-floor profile) the exponent spans "
-                        + ", ".join(spans))
+        captions.append("† the law is not identified: over the floors the points allow (loss-floor "
+                        "profile) the best fit's exponent moves from " + ", ".join(spans)
+                        + ": the floor's part of its uncertainty, beside the bootstrap interval's")
     if any("a_data" in f.derived for f in groups):
         # approaches 1 and 2 see the data's compute range: compare them with the law there
         captions.append("approach 3: the law's frontier across the data's compute (F(N) is not k N there; "

@@ -533,7 +533,7 @@ def profile_text(prof: dict[str, Any], size_input: str = "N") -> str:
     lo_t = "its bound" if prof["from_bound"] else f"{lo:.3g}"
     hi_t = f"{hi:.3g}" + (" (0.99 x the lowest loss)" if prof["up_to_lowest_loss"] else "")
     text = (f"loss-floor profile: the points allow E from {lo_t} to {hi_t} ({100 * prof['level']:.0f}% "
-            f"profile likelihood, design effect {prof['design_effect']:.2f} for {prof['points_per_run']:.1f} "
+            f"profile F, design effect {prof['design_effect']:.2f} for {prof['points_per_run']:.1f} "
             "points per run)")
     labels = {"a_data": f"{size_input}* ~ C^a across the data's compute"}
     spans = []
@@ -542,7 +542,8 @@ def profile_text(prof: dict[str, Any], size_input: str = "N") -> str:
         if math.isfinite(lo_k):
             spans.append(f"{labels.get(k, f'the large-budget {k}')} {lo_k:.3f} to {hi_k:.3f}")
     if spans:
-        text += "; over them " + " and ".join(spans)
+        text += ("; over them the best fit's " + " and ".join(spans)
+                 + " (the floor's part of their uncertainty, not their interval)")
     return text + ("" if prof["contiguous"] else "; the allowed floors are not one interval")
 
 
