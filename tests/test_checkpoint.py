@@ -304,3 +304,20 @@ def test_a_resume_that_finds_no_checkpoint_never_starts_a_run_over_that_had_one(
     killed(early, env, 3)
     code, out, err = cli(early + ["--resume"])
     assert code == 0 and json.loads(out)["complete"], err
+
+
+def test_a_resume_removes_what_a_killed_atomic_write_left(tmp_path, env):
+    """The resume audit: a SIGKILL between atomic_write's mkstemp and its replace left a temporary
+    (a whole weights file at the paper tiers) that no resume or --overwrite removed. The resume
+    removes such files under the run lock, in the run folder and one level down, and nothing else."""
+    args = cli_args(tmp_path / "runs", "t")
+    killed(args, env, 6)
+    run = tmp_path / "runs" / "t"
+    (run / "weights").mkdir(exist_ok=True)
+    stale = [run / ".final.json.k2j4_x9a.tmp", run / "weights" / ".budget-0.safetensors.abcd1234.tmp"]
+    kept = [run / ".notes.tmp", run / "weights" / "mine.tmp", run / ".final.json.TOOLONGNAME.tmp"]
+    for p in stale + kept:
+        p.write_bytes(b"x" * 100)
+    code, out, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)

@@ -223,6 +223,25 @@ def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> None:
     fsync_dir(path.parent)
 
 
+_TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")   # mkstemp's names in atomic_write
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files ``atomic_write`` left in ``folder`` and its subfolders one level
+    down (weights/, analysis/; not checkpoints/, whose temporaries the checkpointer owns): a
+    SIGKILL between its mkstemp and its replace skips the cleanup, and a full-size weights file
+    would stay forever. Only while holding the folder's lock (no writer is running). Returns them."""
+    folder = Path(folder)
+    subs = [p for p in folder.iterdir() if p.is_dir() and p.name != CHECKPOINTS] if folder.is_dir() else []
+    removed = []
+    for sub in (folder, *subs):
+        for p in sub.glob(".*.tmp"):
+            if _TEMPORARY.match(p.name) and p.is_file() and not p.is_symlink():
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     atomic_write(path, lambda fh: fh.write(data))

@@ -62,6 +62,7 @@ from scaling.common.run_folder import (
     Point,
     final_doc,
     is_run_folder,
+    remove_stale_temporaries,
 )
 from scaling.training import runlog
 from scaling.training.data.corpus import DataSpec
@@ -413,6 +414,8 @@ class Trainer:
             self.checkpointer.check_writable()
             _create_run_dir(run_dir, overwrite, doomed, self.lock,
                             lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
+            if existed:   # under the lock: a killed writer's temporaries (a whole weights file)
+                remove_stale_temporaries(run_dir)
             if not existed:
                 if overwrite:  # the old run's checkpoints are gone only now
                     self.checkpointer.check_empty()
