@@ -131,9 +131,17 @@ def _edit_meta(path, edit):
     (path / "meta.json").write_text(json.dumps(meta))
 
 
+def _rewrite_rng(path, obj):
+    """rng.pt replaced and its checksum in meta.json with it: a tamper the checksums cannot see."""
+    from scaling.training.loop.checkpoint import _crc32
+
+    torch.save(obj, path / "rng.pt")
+    _edit_meta(path, lambda m: m["digests"].update({"rng.pt": _crc32(path / "rng.pt")}))
+
+
 @pytest.mark.parametrize("damage", [
-    lambda p: torch.save({}, p / "rng.pt"),
-    lambda p: torch.save({"torch": torch.zeros(3), "numpy": 5, "python": "x"}, p / "rng.pt"),
+    lambda p: _rewrite_rng(p, {}),
+    lambda p: _rewrite_rng(p, {"torch": torch.zeros(3), "numpy": 5, "python": "x"}),
     lambda p: _edit_meta(p, lambda m: m.pop("run_id")),
     lambda p: _edit_meta(p, lambda m: m.pop("state")),
     lambda p: _edit_meta(p, lambda m: m["state"].pop("position")),
@@ -170,7 +178,8 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, env, damage):
         (ckpt / "meta.json").write_text('{"format": 2, "iter"')
     code, _, err = cli(args + ["--resume"])
     assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
-    assert "unreadable" in err and str(ckpt) in err
+    # a truncated tensor file fails its checksum before DCP reads it
+    assert ("is corrupt" if damage == "truncate-data" else "unreadable") in err and str(ckpt) in err
 
 
 def test_killed_save_leaves_previous_checkpoint_usable(tmp_path, env):
@@ -321,3 +330,24 @@ def test_a_resume_removes_what_a_killed_atomic_write_left(tmp_path, env):
     code, out, err = cli(args + ["--resume"])
     assert code == 0, err
     assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+
+
+def test_a_flipped_byte_in_a_checkpoint_is_refused_not_loaded(tmp_path, env):
+    """The resume audit: one byte flipped in a .distcp tensor file resumed with exit 0 and drifted
+    from the flip on (DCP keeps no checksums). meta.json records each file's CRC-32 now, and the
+    resume refuses the checkpoint in one line, leaving the run folder as it was."""
+    args = cli_args(tmp_path / "runs", "c")
+    killed(args, env, 9)
+    run = tmp_path / "runs" / "c"
+    ckpt = sorted((run / "checkpoints").glob("iter-*"))[-1]
+    digests = json.loads((ckpt / "meta.json").read_text())["digests"]
+    assert set(digests) >= {"__0_0.distcp", ".metadata", "rng.pt"}
+    target = ckpt / "__0_0.distcp"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    before = snapshot(run)
+    code, out, err = cli(args + ["--resume"])
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "is corrupt: __0_0.distcp does not match the checksum" in err
+    assert snapshot(run) == before

@@ -3,6 +3,7 @@ with unpicklers that resolve only what a checkpoint holds."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 
@@ -36,8 +37,13 @@ def test_a_clean_checkpoint_loads(tmp_path):
     assert ck.load(ck.latest(), model, opt).iter == 1
 
 
+@pytest.mark.parametrize("with_digest", [True, False], ids=["checksum-rewritten", "checksum-kept"])
 @pytest.mark.parametrize("target", ["rng.pt", ".metadata"])
-def test_a_tampered_checkpoint_pickle_runs_nothing(tmp_path, target):
+def test_a_tampered_checkpoint_pickle_runs_nothing(tmp_path, target, with_digest):
+    """A pickle planted in the checkpoint runs no code: refused by its checksum, or, where the
+    tamperer rewrote the checksum in meta.json too, by the weights-only readers."""
+    from scaling.training.loop.checkpoint import _crc32
+
     ck, model, opt = _checkpoint(tmp_path)
     marker = tmp_path / "pwned"
     path = ck.latest()
@@ -45,7 +51,11 @@ def test_a_tampered_checkpoint_pickle_runs_nothing(tmp_path, target):
         torch.save({"torch": _Payload(marker)}, path / target)
     else:
         (path / target).write_bytes(pickle.dumps(_Payload(marker)))
-    with pytest.raises(UserError, match="unreadable") as exc:
+    if with_digest:
+        meta = json.loads((path / "meta.json").read_text())
+        meta["digests"][target] = _crc32(path / target)
+        (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="unreadable" if with_digest else "is corrupt") as exc:
         ck.load(path, model, opt)
     assert "\n" not in str(exc.value)
     assert not marker.exists()
