@@ -119,6 +119,9 @@ def test_agreement_warnings():
     assert agreement(checks, fit) == []
     # without a bootstrap, approach 3's point estimate against the other's interval
     assert len(agreement(checks, SimpleNamespace(derived={"a": 0.4}, ci={}))) == 2
+    # a zero-width interval (collinear frontier points on one size grid) is no interval
+    checks["approach1"]["a_ci"] = [0.6, 0.6]
+    assert not any("approach 1 disagrees" in w for w in agreement(checks, fit))
 
 
 # -- published approach-2 numbers -----------------------------------------------------------

@@ -307,6 +307,9 @@ def parse_budgets(budget: Optional[str], budgets: Optional[str]) -> "np.ndarray"
         return np.logspace(np.log10(lo), np.log10(hi), n)
     if ":" in text:
         raise UserError(f"--budgets {text!r}: expected lo:hi:n, e.g. 1e18:1e24:7")
+    if re.fullmatch(r"\d{1,3}(,\d{3})+", text.replace(" ", "")):
+        raise UserError(f"--budgets {text!r}: commas separate budgets, so this reads as "
+                        f"{', '.join(text.split(','))}; write one budget without separators (1e21, 1000)")
     return check_budgets([_number(t.strip(), "budget") for t in text.split(",") if t.strip()])
 
 

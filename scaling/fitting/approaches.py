@@ -633,7 +633,10 @@ def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
         if not c.get("available"):
             continue
         lo, hi = (math.nan if x is None else float(x) for x in c.get("a_ci") or (None, None))
-        if not (math.isfinite(lo) and math.isfinite(hi)):     # no interval (read from JSON: null)
+        # no interval (read from JSON: null), or one of zero width: frontier points exactly on a line
+        # (every budget's best size on the same step of one size grid), which is the grid's
+        # resolution, not a measurement; it would call any other value apart
+        if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
             continue
         apart = (hi < lo3 or lo > hi3) if has3 else not (lo <= a3 <= hi)
         if apart:
