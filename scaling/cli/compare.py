@@ -79,7 +79,8 @@ def print_result(res: CompareResult, show_cells: bool) -> None:
                        str(b["n_sequences"]), str(b["n_tokens"]))
         stdout.print(lt)
     spread = ("—" if res.seed_spread is None else
-              f"{res.seed_spread:.4f} nats on average ({res.n_seeds} seeds; pooled s.d. {res.seed_sd:.4f})")
+              f"{res.seed_spread:.4f} nats on average (max - min over the cells with 2 or more seeds, "
+              f"{res.n_seeds} seeds in all: it grows with a cell's seeds; pooled s.d. {res.seed_sd:.4f})")
     stdout.print(f"{res.candidate} better in {res.n_cells_candidate_better} of {len(res.cells)} "
                  f"(tier, budget) cells (cell mean over seeds); seeds of one config differ by {spread}.",
                  highlight=False)
