@@ -226,6 +226,11 @@ def _pct(v: float | None, digits: int = 1) -> str:
     return percent(v, digits, missing="—")
 
 
+def _share(v: float | None, n: int) -> str:
+    """A share of n trials as a count beside the percentage: 8 trials make 100%, not 100.0%."""
+    return "—" if v is None else f"{round(v * n)}/{n} ({100 * v:.0f}%)"
+
+
 def print_simulation(res: SimulationResult) -> None:
     d = res.design
     stdout.print(
@@ -270,9 +275,9 @@ def print_simulation(res: SimulationResult) -> None:
             _pct(r.bias, 2),
             _pct(r.spread, 2),
             _pct(r.rmse, 2),
-            _pct(r.sign_recovery),
-            _pct(r.power),
-            _pct(r.coverage),
+            _share(r.sign_recovery, r.n_trials),
+            _share(r.power, r.n_trials),
+            _share(r.coverage, r.n_trials),
             _pct(r.median_ci_width, 2),
             "—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec",
         )
