@@ -351,3 +351,21 @@ def test_a_flipped_byte_in_a_checkpoint_is_refused_not_loaded(tmp_path, env):
     assert code == 2 and err.strip().count("\n") == 0, err
     assert "is corrupt: __0_0.distcp does not match the checksum" in err
     assert snapshot(run) == before
+
+
+def test_the_same_weights_give_the_same_bytes_in_every_process(tmp_path):
+    """safetensors writes its metadata in a hash map's order, new in every process: the same
+    weights had another sha256 in every run, and analyses saved against them read as stale (the
+    resume audit). save_weights sorts them; the file still loads, with its metadata."""
+    from safetensors import safe_open
+
+    code = ("import sys, torch; from scaling.training.runlog import save_weights; "
+            "save_weights(sys.argv[1], {'a': torch.arange(3.0), 'b': torch.ones(2)}, "
+            "{k: str(i) for i, k in enumerate('qwertyuiop')})")
+    files = [tmp_path / f"w{i}.safetensors" for i in range(3)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", code, str(f)], check=True, cwd=ROOT, timeout=120)
+    assert len({f.read_bytes() for f in files}) == 1
+    with safe_open(str(files[0]), "pt") as fh:
+        assert fh.metadata() == {k: str(i) for i, k in enumerate("qwertyuiop")}
+        assert fh.get_tensor("a").tolist() == [0.0, 1.0, 2.0]

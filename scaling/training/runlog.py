@@ -89,7 +89,27 @@ def save_weights(path: Path | str, weights, metadata: dict[str, str] | None = No
 
     state = weights.state_dict() if hasattr(weights, "state_dict") else weights
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in state.items()}
-    atomic_write_bytes(path, save(tensors, metadata=metadata or {}))
+    atomic_write_bytes(path, _sorted_metadata(save(tensors, metadata=metadata or {})))
+
+
+def _sorted_metadata(data: bytes) -> bytes:
+    """safetensors bytes with the header's ``__metadata__`` keys in sorted order: the library writes
+    them in a hash map's order, new in every process, so the same weights gave other bytes (and
+    another sha256) in every run, and analyses saved against them read as stale (the resume audit
+    of 2026-12-07). Same length (only the order moves), so every offset stays valid; anything
+    unexpected leaves the bytes as they were."""
+    n = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+        if not isinstance(header.get("__metadata__"), dict):
+            return data
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return data
+    if len(text) > n:
+        return data
+    return data[:8] + text + b" " * (n - len(text)) + data[8 + n:]
 
 
 def holder(path: Path) -> str:
