@@ -289,6 +289,10 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
         a2 = f.cross_checks.get("approach2") or {}
         if d.get("identified") and not d.get("misfit"):
             add(says, f.group, "the law is identified and fits its points")
+        elif f.bootstrap.shape[0] == 0 and d.get("point_fit_sound") and not d.get("misfit"):
+            # --bootstrap 0: nothing was resampled, so nothing can be said either way
+            add(not_says, f.group, "whether the law is identified: no bootstrap was run (--bootstrap 0), "
+                                   "and its best fit is sound")
         else:
             why = (["not identified"] if not d.get("identified") else []) + (
                 ["a misfit"] if d.get("misfit") else [])
@@ -297,8 +301,10 @@ def print_summary(fits: "dict[str, FitResult]") -> None:
         if a2.get("available"):
             says.setdefault(f"{f.group}: IsoFLOP minima at {a2['n_buckets']} budgets give a = {_a_text(a2)} "
                             "without the law", [])
+        elif f.law_obj.size_input != "N" or f.law_obj.fixed_inputs:
+            pass   # approaches 1 and 2 are run for laws of N and D only (approaches.cross_checks)
         else:
-            add(not_says, f.group, "no IsoFLOP minimum is bracketed at 3 budgets (no law-free exponent)")
+            add(not_says, f.group, "no law-free exponent: fewer than 3 budgets bracket an IsoFLOP minimum")
     def line(d: dict[str, list[str]]) -> str:
         return "; ".join(f"{', '.join(gs)}: {t}" if gs else t for t, gs in d.items())
     stdout.print("[bold]What the data say[/bold]: " + (line(says) if says else "nothing firm") + ".",
