@@ -90,7 +90,7 @@ def fits(points):
     # starts around the truth keep the multistart to a few dozen starts (the full grid is tested in test_fit)
     z0 = np.array([CHIN.to_internal({**LAW, "A": a}) for a in A.values()])
     starts = np.concatenate([z0 + d for d in (0.0, 0.3, -0.3)])
-    return fit_groups(points, n_bootstrap=12, seed=0, cross_checks=False, starts=starts)
+    return fit_groups(points, n_bootstrap=20, seed=0, cross_checks=False, starts=starts)
 
 
 def visible(fig: Figure):

@@ -700,6 +700,9 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, tier: str = "custom
         doc = trainer.train()
         if save_final_weights:
             trainer.save_weights()
+        # every rank done before any destroys the process group (only on success: a rank that
+        # failed must exit, for the launcher to stop the others, not wait here)
+        dist.barrier()
         return {**doc, "run_dir": str(trainer.run_dir), "ckpt_dir": str(trainer.ckpt_dir)}
     finally:
         lock.release()
