@@ -125,7 +125,8 @@ def test_fit_cli_reports_the_profile_of_the_shipped_laws(tmp_path):
 def test_agreement_reads_approach_3s_interval_with_the_floors_it_cannot_exclude():
     """For a law that is not identified, approach 1 or 2 is compared with approach 3's interval joined
     with the exponent's span over the allowed floors: an approach-1 interval inside that span but away
-    from the point fit (whose E sits on the bound) is no disagreement; one beyond the span still is."""
+    from the point fit (whose E sits on the bound) is no disagreement; one beyond the span still is.
+    attach_floor_profiles recomputes the warnings with the profile it attaches."""
     from dataclasses import replace
 
     from scaling.fitting.approaches import agreement
@@ -136,16 +137,23 @@ def test_agreement_reads_approach_3s_interval_with_the_floors_it_cannot_exclude(
     fit = fit_law(pts, n_bootstrap=0)
     assert "E" in fit.diagnostics["on_bound"] and not fit.diagnostics["identified"]
     a3 = fit.derived["a"]
-    lo, hi = floor_profile(pts, fit, fit_law)["a_range"]
-    assert lo < a3 < hi or math.isclose(a3, hi) or math.isclose(a3, lo)
-    far = (lo - 0.05, lo - 0.01) if hi - a3 < a3 - lo else (hi + 0.01, hi + 0.05)
-    inside = (lo + 0.01, lo + 0.02) if hi - a3 < a3 - lo else (hi - 0.02, hi - 0.01)
+
+    def checks(ci):
+        return {"approach1": {"available": True, "a": sum(ci) / 2, "a_ci": list(ci)}, "warnings": ["stale"]}
+
+    # the span is known only once profiled: one profile, attached with a placeholder interval
+    got = attach_floor_profiles(pts, {"default": replace(fit, cross_checks=checks((a3, a3 + 1e-9)))})
+    prof = got["default"].cross_checks["floor_profile"]
+    lo, hi = prof["a_range"]
+    assert got["default"].cross_checks["warnings"] == []          # recomputed, not the stale one
+    low_side = hi - a3 < a3 - lo
+    far = (lo - 0.05, lo - 0.01) if low_side else (hi + 0.01, hi + 0.05)
+    inside = (lo + 0.01, lo + 0.02) if low_side else (hi - 0.02, hi - 0.01)
     assert not inside[0] <= a3 <= inside[1]
     for ci, warned in ((inside, False), (far, True)):
-        checks = {"approach1": {"available": True, "a": sum(ci) / 2, "a_ci": list(ci)}, "warnings": []}
-        assert len(agreement(checks, fit)) == 1          # against the point fit alone: apart
-        got = attach_floor_profiles(pts, {"default": replace(fit, cross_checks=checks)})["default"]
-        w = got.cross_checks["warnings"]
+        c = checks(ci)
+        assert len(agreement(c, fit)) == 1                        # against the point fit alone: apart
+        w = agreement({**c, "floor_profile": prof}, fit)
         assert bool(w) == warned, (ci, (lo, hi), w)
         if warned:
             assert "span over the allowed loss floors" in w[0] and f"{lo:.3f}" in w[0]
