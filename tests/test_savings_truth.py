@@ -138,6 +138,14 @@ def test_a_table_without_compute_is_said_to_charge_every_group_6_n_d(tmp_path):
     out = _savings("--runs", str(path), "--method", "law", "--budgets", "1e18", "--bootstrap", "0")
     assert not any("C = 6 N D" in w for w in out["warnings"])
     assert out["rows"][0]["savings"] == pytest.approx(_chin_truth(1e18), abs=1e-4)
+    # the compute in PF-days, named with fit's column option (savings had none: the table was
+    # charged 6 N D after the column was set aside as not total compute)
+    table.assign(flops=table["flops"] / 8.64e19).to_csv(path, index=False)
+    out = _savings("--runs", str(path), "--method", "law", "--budgets", "1e18", "--bootstrap", "0",
+                   "--c-col", "flops:8.64e19")
+    assert out["rows"][0]["savings"] == pytest.approx(_chin_truth(1e18), abs=1e-4)
+    res = runner.invoke(app, ["savings", "--law-set", "paper", "--budget", "1e20", "--c-col", "flops"])
+    assert res.exit_code == 2 and "--c-col name columns of a runs table" in res.stderr
 
 
 def test_sparsities_outside_the_fitted_ones_are_flagged_or_withheld(tmp_path):

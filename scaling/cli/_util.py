@@ -329,3 +329,23 @@ def parse_sparsities(values: Optional[list[str]]) -> tuple[float, ...]:
                 raise UserError(f"sparsity {t} is given twice")
             out.append(S)
     return tuple(out)
+
+
+# the table-column options of the commands that read a points table (fit, savings): one wording
+COLUMN_HELP = {
+    "n_col": "Column of parameters N (non-embedding, active), as NAME or NAME:UNIT (params:M = millions; "
+             "units K, M, B or G, T or a number). Default: N, derived from C and D when absent.",
+    "d_col": "Column of training tokens D, as NAME or NAME:UNIT (tokens:B). Default: D, derived from C and "
+             "N when absent.",
+    "loss_col": "Column of the loss (nats/token).",
+    "group_col": "Column to group by. Default: arch when present (said so), else one group; 'none': one "
+                 "group even with an arch column.",
+    "c_col": "Column of total training FLOPs C (NAME[:UNIT]); with two of N, D, C the third is derived "
+             "(C = k N D). Default: a column named flops when it is total compute (said so); 'none': no "
+             "compute column.",
+    "run_col": "Column of run ids: the bootstrap resamples runs, so rows of one run stay together. Without "
+               "it (and without a column named run) every row counts as an independent run, which "
+               "understates the intervals when a run contributes several rows. 'none': ignore a run column.",
+    "flops_per_nd": "k in C = k N D, used to derive N or D from C and for the compute of tables without a "
+                    "compute column. Default 6 (printed).",
+}

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scaling.cli._util import (
+    COLUMN_HELP,
     MAX_BOOTSTRAP,
     check_output_file,
     finish,
@@ -344,19 +345,13 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="A runs directory (runs/<run>/final.json) or a CSV, JSONL, "
                                               "JSON or Parquet table of points."),
         law: LawName = typer.Option("chinchilla", "--law", help="Law form."),
-        n_col: Optional[str] = typer.Option(None, help="Column of parameters N (non-embedding, active), as "
-                                            "NAME or NAME:UNIT (params:M = millions; units K, M, B or G, T "
-                                            "or a number). Default: N, derived from C and D when absent."),
-        d_col: Optional[str] = typer.Option(None, help="Column of training tokens D, as NAME or NAME:UNIT "
-                                            "(tokens:B). Default: D, derived from C and N when absent."),
-        loss_col: str = typer.Option("loss", help="Column of the loss (nats/token)."),
+        n_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["n_col"]),
+        d_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["d_col"]),
+        loss_col: str = typer.Option("loss", help=COLUMN_HELP["loss_col"]),
         group_col: Optional[str] = typer.Option(None, help="Column to group fits by. Default: arch when "
                                                            "present (said so), else one group; 'none': one "
                                                            "group even with an arch column."),
-        c_col: Optional[str] = typer.Option(None, help="Column of total training FLOPs C (NAME[:UNIT]); with "
-                                                       "two of N, D, C the third is derived (C = k N D). "
-                                                       "Default: a column named flops when it is total "
-                                                       "compute (said so); 'none': no compute column."),
+        c_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["c_col"]),
         flops_col: str = typer.Option("flops_per_token",
                                       help="Column of training FLOPs per token F (smelt law)."),
         sparsity_col: str = typer.Option("sparsity",
@@ -394,15 +389,8 @@ def register(app: typer.Typer) -> None:
                                                                "(read by `smelt-scale savings --fits`)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing --out or --holdout-figure "
                                                           "file (never the input table)."),
-        run_col: Optional[str] = typer.Option(None, help="Column of run ids: the bootstrap resamples runs, "
-                                                         "so rows of one run stay together. Without it (and "
-                                                         "without a column named run) every row counts as an "
-                                                         "independent run, which understates the intervals "
-                                                         "when a run contributes several rows. 'none': "
-                                                         "ignore a run column."),
-        flops_per_nd: Optional[float] = typer.Option(None, help="k in C = k N D, used to derive N or D from "
-                                                                "C and for the compute of tables without a "
-                                                                "compute column. Default 6 (printed)."),
+        run_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["run_col"]),
+        flops_per_nd: Optional[float] = typer.Option(None, help=COLUMN_HELP["flops_per_nd"]),
         where: Optional[list[str]] = where_option(
             "rows", "'loss < 4', '1e6 < N <= 1e8 and arch == \"smelt\"', '`Model Size` > 1e8'",
             "Recorded in the fit's settings."),

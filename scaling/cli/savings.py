@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from scaling.cli._util import (
+    COLUMN_HELP,
     MAX_BOOTSTRAP,
     check_distinct,
     finish,
@@ -32,6 +33,7 @@ from scaling.fitting.savings import (
 )
 from scaling.fitting.savings_answer import METHODS, answer_savings
 from scaling.fitting.sources import DEFAULT_RUNS, read_points
+from scaling.fitting.tables import Columns
 
 _AT = {"candidate": "candidate-budget", "reference": "reference-budget"}
 
@@ -143,6 +145,13 @@ def register(app: typer.Typer) -> None:
         where: Optional[list[str]] = where_option(
             "runs' points", "\"seed <= 4\", \"tier != 'iso-d04'\"",
             "The envelope and the fits both see only the points kept. Columns: those of `fit runs/`."),
+        n_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["n_col"]),
+        d_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["d_col"]),
+        c_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["c_col"]),
+        loss_col: str = typer.Option("loss", help=COLUMN_HELP["loss_col"]),
+        group_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["group_col"]),
+        run_col: Optional[str] = typer.Option(None, help=COLUMN_HELP["run_col"]),
+        flops_per_nd: Optional[float] = typer.Option(None, help=COLUMN_HELP["flops_per_nd"]),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     ) -> None:
         """Compute saved by the candidate over the reference at equal loss on the compute-optimal frontier.
@@ -188,10 +197,20 @@ def register(app: typer.Typer) -> None:
         if method == "envelope" and (law_set is not None or fits is not None):
             raise UserError("--method envelope needs runs (--runs PATH or the default runs/), not "
                             + ("--law-set" if law_set is not None else "--fits"))
+        cols = Columns(n=n_col, d=d_col, c=c_col, loss=loss_col, group=group_col, run=run_col,
+                       flops_per_nd=flops_per_nd, where=tuple(where or ()))
+        named = [flag for flag, v in (("--n-col", n_col), ("--d-col", d_col), ("--c-col", c_col),
+                                      ("--group-col", group_col), ("--run-col", run_col),
+                                      ("--flops-per-nd", flops_per_nd),
+                                      ("--loss-col", None if loss_col == "loss" else loss_col))
+                 if v is not None]
+        if named and (law_set is not None or fits is not None):
+            raise UserError(f"{', '.join(named)} name columns of a runs table; "
+                            + ("--law-set" if law_set is not None else "--fits") + " reads none")
         points = path = n_read = None
         if law_set is None and fits is None:
             path = DEFAULT_RUNS if runs is None else runs
-            points, n_read = read_points(path, is_default=runs is None, warn=warn, where=tuple(where or ()))
+            points, n_read = read_points(path, is_default=runs is None, warn=warn, columns=cols)
         res = answer_savings(reference, candidate, C, method=method, points=points, path=path, runs=runs,
                              fits=fits, law_set=law_set, law=law, convention=_AT[at], n_bootstrap=n_bootstrap,
                              seed=seed, level=ci_level, sparsities=S, max_extrapolation=max_extrapolation,

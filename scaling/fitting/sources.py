@@ -81,15 +81,19 @@ class LawSource:
 
 
 def read_points(path: Path, *, is_default: bool = False, warn: Callable[[str], None] | None = None,
-                where: Sequence[str] = ()) -> tuple[pd.DataFrame, int]:
+                where: Sequence[str] = (), columns: Columns | None = None) -> tuple[pd.DataFrame, int]:
     """Canonical points of a runs folder or table, and the number of rows read before ``where``;
     on the default folder, errors say what to do. ``where``: row filters on the table's own columns,
-    applied as it is read (``fit --where``'s: :class:`scaling.fitting.tables.Columns`)."""
+    applied as it is read (``fit --where``'s: :class:`scaling.fitting.tables.Columns`); ``columns``:
+    which column is what (``fit``'s column options), its ``where`` used when given."""
+    if columns is None:
+        columns = Columns(where=tuple(where))
+    where = columns.where
     hint = "train runs into it, or give another runs folder, a fits file or a law set"
     if is_default and (not path.is_dir() or not any(path.iterdir())):
         raise UserError(f"the default runs folder {path} is missing or empty; {hint}")
     try:
-        table = load_table(path, Columns(where=tuple(where)))
+        table = load_table(path, columns)
     except UserError as exc:   # a filter that keeps nothing is not an empty folder: no hint then
         raise UserError(f"{exc}; {hint}" if is_default and not where else str(exc)) from None
     if warn is not None:
