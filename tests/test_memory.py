@@ -162,7 +162,7 @@ def test_result_to_dict_and_summary():
     assert d["total"] == m.total / GB
     comm = d["communication_per_step"]
     assert set(comm) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "reduce_scatter_inline",
-                         "total"}
+                         "all_reduce_inline", "total"}
     # the in-line part (SMELT's per-pass reductions) is inside reduce_scatter, not added to the total
     assert 0 < comm["reduce_scatter_inline"] < comm["reduce_scatter"]
     assert comm["total"] == pytest.approx(sum(comm[k] for k in ("all_gather", "reduce_scatter", "all_reduce",

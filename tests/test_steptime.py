@@ -67,6 +67,31 @@ def test_the_planner_counts_each_looped_pass_and_the_last_in_line():
     assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).reduce_scatter_inline == 0
 
 
+def test_hsdp_per_pass_all_reduces_the_looped_shards_in_line():
+    """Under HSDP the per-pass reduction all-reduces each looped module's shard across the replicas
+    synchronously, once per step (PerPassReducer._post, the review of 2026-12-07): the planner
+    counts that share of the all-reduce in line, the looped layers' share of the local parameters;
+    none for FSDP2's own reduction or for the Baseline."""
+    import math
+
+    from scaling.accounting.memory import param_shapes, sharded_numel
+
+    cfg = get_config("600M", "smelt")
+    base = dict(mode="hsdp", gpus_per_node=8, nodes=2, replicate=2, micro_batch_size=2, grad_accum_steps=2)
+    pp = estimate_memory(cfg, Layout(**base, loop_grad="per-pass"))
+    S = pp.layout.shards
+    shapes = param_shapes(cfg)
+    looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end))
+    share = (sum(sharded_numel(sh, S) for n, sh in shapes if n.startswith(looped))
+             / sum(sharded_numel(sh, S) for _, sh in shapes))
+    assert 0.2 < share < 0.6 and pp.all_reduce > 0
+    assert pp.all_reduce_inline == pytest.approx(share * pp.all_reduce, rel=1e-6)
+    assert estimate_memory(cfg, Layout(**base, loop_grad="fsdp")).all_reduce_inline == 0
+    assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).all_reduce_inline == 0
+    st = predict_step_time(cfg, pp.layout, pp, 9.89e14, 0.35, Links(overlap=1.0))
+    assert st.inline_all_reduce_s > 0 and not math.isnan(st.step_s)
+
+
 def test_hand_computed_toy_layout():
     # FSDP over 2 nodes x 8 GPUs, EP 4 inside a node: AG/RS on the network, all-to-all on NVLink
     lay = Layout(mode="fsdp", gpus_per_node=8, nodes=2, ep=4, micro_batch_size=2, grad_accum_steps=3)
@@ -266,10 +291,10 @@ def test_optimizer_term_against_the_h200_measurement():
         assert optimizer_bytes(lay, mem) == pytest.approx(40 * cfg_total(cfg))
         st = predict_step_time(cfg, lay, mem, 9.894e14, 0.35, Links(hbm_gb_s=4800))
         assert 0.7 * measured <= st.optimizer_s <= measured, (arch["arch"], st.optimizer_s, measured)
+        inline = st.inline_reduce_scatter_s + st.inline_all_reduce_s
         hidden = max(0.0, st.all_gather_s + st.reduce_scatter_s + st.all_reduce_s
-                     - st.inline_reduce_scatter_s - st.overlap * st.compute_s)
-        assert st.step_s == pytest.approx(st.compute_s + st.optimizer_s + st.all_to_all_s
-                                          + st.inline_reduce_scatter_s + hidden)
+                     - inline - st.overlap * st.compute_s)
+        assert st.step_s == pytest.approx(st.compute_s + st.optimizer_s + st.all_to_all_s + inline + hidden)
     # sharded over 8 GPUs the term shrinks 8-fold; bf16 states move fewer bytes
     cfg = get_config("100M", "baseline")
     one = Layout(mode="fsdp", gpus_per_node=1, micro_batch_size=8, seq_len=4096)

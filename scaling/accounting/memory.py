@@ -386,6 +386,9 @@ class MemoryEstimate:
                    last one in backward, finished at once: one layer pass per synced micro-batch
                    (every looped pass under grad_sync "last" with accumulation, where FSDP2
                    writes the same gradients)
+    all_reduce_inline   the part of ``all_reduce`` the step waits for in line: under HSDP the
+                   per-pass reduction all-reduces each looped module's shard across the replicas
+                   synchronously, once per step (``PerPassReducer._post``)
     """
 
     config_name: str
@@ -403,6 +406,7 @@ class MemoryEstimate:
     all_reduce: int
     all_to_all: int = 0
     reduce_scatter_inline: int = 0
+    all_reduce_inline: int = 0
 
     @property
     def total(self) -> int:
@@ -432,6 +436,7 @@ class MemoryEstimate:
                 "all_reduce": self.all_reduce / GB,
                 "all_to_all": self.all_to_all / GB,
                 "reduce_scatter_inline": self.reduce_scatter_inline / GB,
+                "all_reduce_inline": self.all_reduce_inline / GB,
                 "total": self.communication / GB,
             },
             "layout": asdict(self.layout),
@@ -683,14 +688,19 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     # (P-1)/P of them leave the rank under uniform routing
     a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
     R = layout.replicas
+    ar_inline = 0
     if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
         ar = round(2 * (R - 1) / R * gb * n_total)
     elif layout.mode == "hsdp" and R > 1:  # the reduce-scattered shard, across the replicas,
         ar = round(2 * (R - 1) / R * rb * local)  # once per step (only the last micro-batch all-reduces)
+        if per_pass:   # the looped layers' part, all-reduced in line by the per-pass reduction
+            looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end))
+            looped_local = sum(local_numel(n, sh) for n, sh in shapes if n.startswith(looped))
+            ar_inline = round(2 * (R - 1) / R * rb * looped_local)
 
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
         activations=acts, working=work, buffers=buffers, activations_stored=activations_stored,
         peak_at=peak_at, all_gather=ag, reduce_scatter=rs, all_reduce=ar, all_to_all=a2a,
-        reduce_scatter_inline=rs_inline,
+        reduce_scatter_inline=rs_inline, all_reduce_inline=ar_inline,
     )

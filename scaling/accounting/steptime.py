@@ -64,7 +64,10 @@ time of the per-pass reduce-scatters the step waits for (``Layout.loop_grad = "p
 ``MemoryEstimate.reduce_scatter_inline``): scaling/training/parallel/loop_grad.py issues each
 looped layer pass's reduce-scatter asynchronously from the backward and waits for it when the
 next one is issued, so it overlaps one pass's backward as FSDP2's own do; the loop block's last
-one (one layer pass per synced micro-batch) is waited for at once and does not hide. overlap = 1 gives
+one (one layer pass per synced micro-batch) is waited for at once and does not hide; under HSDP
+the per-pass reduction's all-reduce of each looped module's shard across the replicas
+(``MemoryEstimate.all_reduce_inline``, once per step) is synchronous and does not hide either.
+overlap = 1 gives
 max(t_compute, t_fsdp) + t_all_to_all, overlap = 0 the plain sum.
 
 Optimizer. After the backward each GPU clips and updates the parameters it holds (P_local, the
@@ -173,6 +176,7 @@ class StepTime:
     all_reduce_s: float
     all_to_all_s: float
     inline_reduce_scatter_s: float
+    inline_all_reduce_s: float
     optimizer_s: float
     nvlink_s: float
     network_s: float
@@ -211,8 +215,10 @@ def predict_step_time(cfg: ModelConfig, layout: Layout, memory: MemoryEstimate, 
            "all_reduce": memory.all_reduce, "all_to_all": memory.all_to_all}
     t = {k: v / bw[on[k]] for k, v in vol.items()}
     per_link = {name: sum(t[k] for k in t if on[k] == name) for name in ("nvlink", "network")}
-    t_inline = memory.reduce_scatter_inline / bw[on["reduce_scatter"]]
-    t_fsdp = t["all_gather"] + t["reduce_scatter"] - t_inline + t["all_reduce"]
+    t_inline_rs = memory.reduce_scatter_inline / bw[on["reduce_scatter"]]
+    t_inline_ar = memory.all_reduce_inline / bw[on["all_reduce"]]
+    t_inline = t_inline_rs + t_inline_ar
+    t_fsdp = t["all_gather"] + t["reduce_scatter"] + t["all_reduce"] - t_inline
     t_opt = optimizer_bytes(layout, memory) / (links.hbm_gb_s * GB)
     step = t_c + t["all_to_all"] + t_inline + max(0.0, t_fsdp - links.overlap * t_c) + t_opt
     busy = {"compute": t_c, **per_link, "hbm": t_opt}
@@ -220,7 +226,8 @@ def predict_step_time(cfg: ModelConfig, layout: Layout, memory: MemoryEstimate, 
     return StepTime(
         model_flops=f_model, executed_flops=f_exec, compute_s=t_c,
         all_gather_s=t["all_gather"], reduce_scatter_s=t["reduce_scatter"],
-        all_reduce_s=t["all_reduce"], all_to_all_s=t["all_to_all"], inline_reduce_scatter_s=t_inline,
+        all_reduce_s=t["all_reduce"], all_to_all_s=t["all_to_all"], inline_reduce_scatter_s=t_inline_rs,
+        inline_all_reduce_s=t_inline_ar,
         optimizer_s=t_opt, nvlink_s=per_link["nvlink"], network_s=per_link["network"], step_s=step,
         mfu=f_model / (step * peak_flops), binding=binding, assumed_mfu=float(mfu),
         peak_flops=float(peak_flops), nvlink_gb_s=float(links.nvlink_gb_s),
