@@ -212,6 +212,21 @@ def test_corrupt_metrics_line_mid_file_is_refused_and_changes_nothing(tmp_path, 
     assert snapshot(tmp_path / "runs") == before
 
 
+def test_a_repeated_metrics_line_is_refused_and_changes_nothing(tmp_path, env):
+    """The resume audit: a duplicated line (outside damage) was kept, the log then holding iter 6
+    twice. The trainer logs each update once and in order, so resume refuses such a log."""
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=10)
+    path = tmp_path / "runs" / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:6] + [lines[5]] + lines[6:]))
+    before = snapshot(tmp_path / "runs")
+    code, _, err = cli(args + ["--resume"])
+    assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
+    assert "a line repeated or out of order" in err and str(path) in err
+    assert snapshot(tmp_path / "runs") == before
+
+
 def test_torn_final_metrics_line_is_dropped_on_resume(tmp_path, env):
     code, _, err = cli(cli_args(tmp_path / "ref"))
     assert code == 0, err

@@ -94,6 +94,13 @@ def resume_metrics(path: Path, upto_iter: int) -> int:
             raise UserError(f"{path}: record {i} holds {key} = {str(r[key])[:30]!r}, not a number; the log "
                             "is corrupt: resume refuses to rewrite it")
     kept = [r for r in read.rows if (r.get("iter") or 0) <= upto_iter]
+    # the trainer logs each update once, in order (every shipped log: 474 of 474): a repeated or
+    # reordered line is outside damage the resume would carry on (the resume audit, 2026-12-07)
+    iters = [r.get("iter") or 0 for r in kept]
+    for i, (a, b) in enumerate(zip(iters, iters[1:]), start=2):
+        if b <= a:
+            raise UserError(f"{path}: record {i} has iter {b} after iter {a} (a line repeated or out of "
+                            "order); the log is damaged: resume refuses to rewrite it")
     if read.skipped or not read.terminated or len(kept) != len(read.rows):
         runlog.rewrite_jsonl(path, kept)
     return len(read.rows) - len(kept) + read.skipped
