@@ -46,6 +46,14 @@ def test_lock_names_its_holder_and_dies_with_the_process(tmp_path):
     assert (run_dir / LOCK).exists()
 
 
+def test_a_folder_where_the_lock_file_goes_is_named(tmp_path):
+    """The resume audit: a .lock that is a folder gave 'error: Is a directory'."""
+    run_dir = tmp_path / "r"
+    (run_dir / LOCK).mkdir(parents=True)
+    with pytest.raises(UserError, match=r"\.lock is a folder, where the run folder keeps its lock file"):
+        RunLock().acquire(run_dir)
+
+
 def test_in_process_second_writer_is_refused(tmp_path, env):
     """A new run and a --resume on a folder whose lock is held are refused before any write."""
     cfg = {**CFG, "tokens": [4 * STEP_TOKENS]}

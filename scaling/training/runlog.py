@@ -125,7 +125,11 @@ def take_lock(path: Path) -> int | None:
     """An exclusive ``flock`` on the file ``path`` (created), with this process written into it as
     the holder: the open descriptor (closing it drops the lock), or None when another process
     holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, where the run folder keeps its lock file: move it "
+                        "away") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
