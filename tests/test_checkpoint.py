@@ -384,3 +384,17 @@ def test_the_same_weights_give_the_same_bytes_in_every_process(tmp_path):
     with safe_open(str(files[0]), "pt") as fh:
         assert fh.metadata() == {k: str(i) for i, k in enumerate("qwertyuiop")}
         assert fh.get_tensor("a").tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_file_where_the_budget_weights_go_is_refused_at_the_start(tmp_path, env):
+    """The resume audit: a file named weights was reported only when the first budget's weights
+    were written, after the training up to it. Now at the start, in one line, changing nothing."""
+    args = cli_args(tmp_path / "runs", "w") + ["--save-budget-weights"]
+    killed(args, env, 3)
+    run = tmp_path / "runs" / "w"
+    (run / "weights").write_text("mine")
+    before = snapshot(run)
+    code, out, err = cli(args + ["--resume"])
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "weights is a file, where the budget weights go" in err
+    assert snapshot(run) == before

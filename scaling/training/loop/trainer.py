@@ -416,6 +416,11 @@ class Trainer:
                             lambda: _check_run_dir(run_dir, resume, overwrite, locked=True) == existed)
             if existed:   # under the lock: a killed writer's temporaries (a whole weights file)
                 remove_stale_temporaries(run_dir)
+            weights = run_dir / runlog.BUDGET_WEIGHTS_DIR
+            if self.save_budget_weights and weights.exists() and not weights.is_dir():
+                # said now, not at the first budget's end after its training
+                raise UserError(f"{weights} is a file, where the budget weights go (--save-budget-weights): "
+                                "move it away")
             if not existed:
                 if overwrite:  # the old run's checkpoints are gone only now
                     self.checkpointer.check_empty()
