@@ -82,8 +82,15 @@ def print_result(res: SavingsResult) -> None:
         stdout.print(f"cross-check at {c.budget:.3g}: {c.method} {100 * c.savings:.2f}%{ci}", highlight=False)
     if res.savings_range is not None:
         lo, hi = res.savings_range
-        stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over "
-                     f"{sum(r.savings is not None for r in res.rows)} row(s).", highlight=False)
+        answered = [r for r in res.rows if r.savings is not None]
+        inside = [r.savings for r in answered if not r.below_data_decades
+                  and (r.extrapolation_decades is None or r.extrapolation_decades <= 0)]
+        part = ("" if len(inside) == len(answered) else
+                "; none inside the fitted compute" if not inside else
+                f"; inside the fitted compute {100 * min(inside):.2f}% to {100 * max(inside):.2f}% over "
+                f"{len(inside)}")
+        stdout.print(f"savings range: {100 * lo:.2f}% to {100 * hi:.2f}% over {len(answered)} row(s)"
+                     f"{part}.", highlight=False)
     stdout.print("method: envelope = observed loss-compute frontiers inside the data (no law; seeds of a "
                  f"configuration averaged, computes within {BUDGET_TOLERANCE:.0%} one budget), law = fitted "
                  "or published laws. loss gap = L_ref − L_cand at equal compute (nats/token); D/param = "
