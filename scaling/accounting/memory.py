@@ -552,6 +552,21 @@ def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
     return max(forward, N * c * d + (4 + c) * V * d)
 
 
+def _all_reduce_volumes(layout: Layout, grad_bytes: float, shard_bytes: float,
+                        looped_shard_bytes: float) -> tuple[int, int]:
+    """(all-reduce bytes each GPU sends per step, the part the step waits for in line): DDP's fp32
+    gradients once per step; HSDP's reduce-scattered shard across the R replicas once per step (only
+    the last micro-batch all-reduces), of which the looped layers' part is all-reduced in line by
+    the per-pass reduction (``looped_shard_bytes``, 0 without it)."""
+    R = layout.replicas
+    if R <= 1 or layout.mode not in ("ddp", "hsdp"):
+        return 0, 0
+    ring = 2 * (R - 1) / R
+    if layout.mode == "ddp":
+        return round(ring * grad_bytes), 0
+    return round(ring * shard_bytes), round(ring * looped_shard_bytes)
+
+
 def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: int, rb: int, Lp_ne: float,
                      share_layer: float, root: float, per_pass: bool) -> tuple[int, int, int]:
     """FSDP/HSDP bytes each GPU sends per step over its S-rank shard group (experts over S / P):
@@ -683,20 +698,12 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     m_sync = m if layout.grad_sync == "every" else 1
     ag, rs, rs_inline = (_sharded_volumes(cfg, S, P, m, m_sync, c, rb, Lp_ne, share_layer, root, per_pass)
                          if layout.sharded and S > 1 else (0, 0, 0))
-    ar = 0
     # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
     # (P-1)/P of them leave the rank under uniform routing
     a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
-    R = layout.replicas
-    ar_inline = 0
-    if layout.mode == "ddp" and R > 1:  # fp32 gradients, once per step
-        ar = round(2 * (R - 1) / R * gb * n_total)
-    elif layout.mode == "hsdp" and R > 1:  # the reduce-scattered shard, across the replicas,
-        ar = round(2 * (R - 1) / R * rb * local)  # once per step (only the last micro-batch all-reduces)
-        if per_pass:   # the looped layers' part, all-reduced in line by the per-pass reduction
-            looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end))
-            looped_local = sum(local_numel(n, sh) for n, sh in shapes if n.startswith(looped))
-            ar_inline = round(2 * (R - 1) / R * rb * looped_local)
+    looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end)) if per_pass else ()
+    looped_local = sum(local_numel(n, sh) for n, sh in shapes if n.startswith(looped))
+    ar, ar_inline = _all_reduce_volumes(layout, gb * n_total, rb * local, rb * looped_local)
 
     return MemoryEstimate(
         config_name=cfg.name, layout=layout, params=params, grads=grads, optimizer=optimizer,
