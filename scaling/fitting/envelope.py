@@ -83,13 +83,12 @@ import pandas as pd
 from scaling.common.errors import UserError
 from scaling.common.stats import percentile_interval
 from scaling.fitting.approaches import compute_buckets
-from scaling.fitting.savings import CONVENTIONS, MIN_CI_RESAMPLES, SavingsRow, check_budgets
+from scaling.fitting.savings import CONVENTIONS, MIN_CI_RESAMPLES, SPARSITY_ATOL, SavingsRow, check_budgets
 from scaling.fitting.tables import config_keys, read_runs_dir, seed_replicates, token_cost, total_flops
 
 METHOD = "envelope"
 BUDGET_TOLERANCE = 0.05   # computes within 5% are one budget (module docstring)
 MAX_GAP_DECADES = 0.6     # the widest gap between observed budgets the frontier's chord spans
-SPARSITY_ATOL = 5e-5      # sparsities equal to 4 decimals are one (scaling.fitting.sources)
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ class Envelope:
     def around(self, C: float) -> tuple[float, float]:
         """The observed budgets on either side of C (both C at a budget; the span's end where C
         lies beyond every budget but inside the span)."""
-        b = np.sort(self.budgets if self.budgets is not None else self.compute)
+        b = self.budgets if self.budgets is not None else self.compute   # both ascending
         lo, hi = b[b <= C * (1 + 1e-12)], b[b >= C * (1 - 1e-12)]
         return (float(lo[-1]) if lo.size else self.c_min), (float(hi[0]) if hi.size else self.c_max)
 
@@ -138,8 +137,7 @@ class Envelope:
         the points it used."""
         C, L = budget_points(compute, loss, config, weight)
         used = compute[_usable(compute, loss, weight)]
-        env = cls.of(C, L, span=(float(used.min()), float(used.max())))
-        return cls(env.compute, env.loss, env.c_min, env.c_max, np.sort(C))
+        return replace(cls.of(C, L, span=(float(used.min()), float(used.max()))), budgets=np.sort(C))
 
     def loss_at(self, C: np.ndarray | float) -> np.ndarray:
         """Frontier loss at compute C; NaN outside [c_min, c_max]."""

@@ -53,7 +53,8 @@ class LawSet:
         law = get_law(self.law)
         lo, hi = self.compute_range or (None, None)
         return FittedLaw(name=group, law=law, theta=law.theta_array(self.groups[group]),
-                         compute_min=lo, compute_max=hi, source=f"law set {self.name!r}: {self.citation}")
+                         compute_min=lo, compute_max=hi, source=f"law set {self.name!r}: {self.citation}",
+                         sparsities=tuple(self.sparsities))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "law": self.law, "groups": {g: dict(p) for g, p in self.groups.items()},

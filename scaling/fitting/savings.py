@@ -85,6 +85,7 @@ WITHHOLD_DECADES = 0.0  # default: no point estimate from an unidentified law be
 # such a law's data and unmatched, the unmatched kind is given.
 REFUSALS = ("outside-data", "not-reached", "already-beaten", "unidentified-far", "misfit-far",
             "distrusted-inside", "data-gap", "untrained-sparsity")
+SPARSITY_ATOL = 5e-5   # sparsities equal to 4 decimals are one (scaling.fitting.laws.SPARSITY_DECIMALS)
 MIN_CI_RESAMPLES = 20  # fewer resamples give their range, not a percentile interval (law and envelope)
 MAX_BUDGETS = 1_000  # ~5 s of CPU for the paper laws at 3 sparsities with intervals
 _BISECT_STEPS = 64  # a bracket of tens of nats / 2^64: below float64 resolution
@@ -702,7 +703,7 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
     kind, what = (("unidentified-far", "laws not identified") if why
                   else ("misfit-far", "laws that misfit their points"))
     floors = [law.compute_min for law in (reference, candidate) if law.compute_min]
-    trained = [x for law in (reference, candidate) for x in law.sparsities]
+    trained = trained_sparsities(reference, candidate)
     rows = []
     for r in result.rows:
         far = (r.method == "law" and r.extrapolation_decades is not None
@@ -712,8 +713,7 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
         below = (float(np.log10(max(floors) / min(lows)))
                  if r.method == "law" and floors and lows and r.savings is not None else 0.0)
         # a sparsity the fitted runs did not span is outside the data as well (the S-dependence)
-        off_s = (r.method == "law" and r.sparsity is not None and bool(trained)
-                 and not min(trained) - 5e-5 <= r.sparsity <= max(trained) + 5e-5)
+        off_s = r.method == "law" and outside_sparsities(r.sparsity, trained)
         if (not far and below <= max_decades and not off_s) or r.savings is None:
             rows.append(r)
         elif extrapolate:
@@ -733,6 +733,31 @@ def withhold_unidentified(result: SavingsResult, reference: FittedLaw, candidate
     gone = withheld_warnings(result.rows, rows)
     warnings = [w for w in result.warnings if w != old and w not in gone] + ([new] if new else [])
     return replace(result, rows=tuple(rows), warnings=tuple(warnings))
+
+
+def trained_sparsities(*laws: FittedLaw) -> list[float]:
+    """The sparsities the laws' data were trained at (fitted points, or a law set's levels)."""
+    return [x for law in laws for x in law.sparsities]
+
+
+def outside_sparsities(s: float | None, trained: Sequence[float]) -> bool:
+    """A sparsity outside the span of the trained ones (none known: not outside), where a smelt-form
+    law's S-dependence is extrapolated."""
+    return (s is not None and bool(trained)
+            and not min(trained) - SPARSITY_ATOL <= s <= max(trained) + SPARSITY_ATOL)
+
+
+def sparsity_warning(reference: FittedLaw, candidate: FittedLaw,
+                     sparsities: Sequence[float | None]) -> str | None:
+    """A warning for the sparsities asked outside those the laws' data trained at: there the laws'
+    S-dependence (A (1 - S)^b) is extrapolated, which the compute column cannot show."""
+    trained = trained_sparsities(reference, candidate)
+    out = [s for s in sparsities if outside_sparsities(s, trained)]
+    if not out:
+        return None
+    return (f"sparsity {', '.join(f'{s:g}' for s in out)} lies outside the sparsities the laws' data "
+            f"trained at ({min(trained):g} to {max(trained):g}): the laws' dependence on S is "
+            "extrapolated there")
 
 
 def withheld_warnings(before: Sequence[SavingsRow], after: Sequence[SavingsRow]) -> set[str]:

@@ -30,6 +30,7 @@ from scaling.fitting.savings import (
     SavingsRow,
     disagreements,
     law_distrust,
+    sparsity_warning,
     withheld_warnings,
     withhold_unidentified,
 )
@@ -70,24 +71,6 @@ def _refuse_inside(result: SavingsResult, distrust: str) -> SavingsResult:
                    "--method law for the laws' number") if inside else r)
     gone = withheld_warnings(result.rows, rows)
     return replace(result, rows=tuple(rows), warnings=tuple(w for w in result.warnings if w not in gone))
-
-
-def sparsity_extrapolation(src: Any, sparsities: Sequence[float | None]) -> str | None:
-    """A warning for the sparsities asked of smelt-form laws outside the sparsities their data
-    trained at (a law set's reported levels, or the fitted runs'): there the law's S-dependence
-    (A (1 - S)^b) is extrapolated; the compute column cannot show it."""
-    if not src.smelt_form:
-        return None
-    trained = (list(src.law_set.sparsities) if src.law_set is not None else
-               [float(x) for f in src.fits or () for x in f.data_summary.get("sparsities", [])])
-    if not trained:
-        return None
-    lo, hi = min(trained), max(trained)
-    out = [s for s in sparsities if s is not None and not lo - 5e-5 <= s <= hi + 5e-5]
-    if not out:
-        return None
-    return (f"sparsity {', '.join(f'{s:g}' for s in out)} lies outside the sparsities the laws' data "
-            f"trained at ({lo:g} to {hi:g}): the laws' dependence on S is extrapolated there")
 
 
 def merge(rows: list[SavingsRow]) -> list[SavingsRow]:
@@ -158,7 +141,7 @@ def answer_savings(reference: str, candidate: str, budgets: np.ndarray, *, metho
         # only whether the laws may answer, in one line below
         ref, cand = src.laws[reference], src.laws[candidate]
         at_sparsities = src.sparsities(sparsities)  # refused now, even if the envelope answers every budget
-        outside = sparsity_extrapolation(src, at_sparsities)
+        outside = sparsity_warning(ref, cand, at_sparsities)
         if outside:
             warn_once(outside)
         # per shared sparsity where the study trained several (envelope.observed_savings)
