@@ -51,6 +51,7 @@ import random
 import re
 import shutil
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -299,10 +300,7 @@ class Checkpointer:
 
     def _finish(self, tmp: Path, name: str, meta: dict, rng: dict) -> None:
         own = {p.name: _crc32(p) for p in sorted(tmp.glob(f"__{self.rank}_*.distcp"))}
-        if self.world > 1:
-            every: list[Any] = [None] * self.world
-            torch.distributed.all_gather_object(every, own)
-            own = {k: v for d in every for k, v in d.items()}
+        own = {k: v for d in self._gathered(own) for k, v in d.items()}
         if self.rank == 0:
             runlog.atomic_write(tmp / RNG, lambda fh: torch.save(rng, fh))
             shared = {p.name: _crc32(p) for p in (tmp / ".metadata", tmp / RNG) if p.is_file()}
@@ -447,15 +445,20 @@ class Checkpointer:
             return
         names = sorted(digests)[self.rank::self.world]
         bad = [n for n in names if not (path / n).is_file() or _crc32(path / n) != digests[n]]
-        if self.world > 1:
-            every: list[Any] = [None] * self.world
-            torch.distributed.all_gather_object(every, bad)
-            bad = sorted(n for b in every for n in b)
+        bad = sorted(n for b in self._gathered(bad) for n in b)
         if bad:
             verb = "does" if len(bad) == 1 else "do"
             raise UserError(f"checkpoint {path} is corrupt: {', '.join(bad[:3])} {verb} not match the "
                             "checksum recorded when it was written; it cannot be resumed from "
                             "(--overwrite starts the run again)")
+
+    def _gathered(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (``[obj]`` on one process)."""
+        if self.world == 1:
+            return [obj]
+        every: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(every, obj)
+        return every
 
     def _barrier(self) -> None:
         if self.world > 1:
@@ -464,8 +467,6 @@ class Checkpointer:
 
 def _crc32(path: Path, chunk: int = 1 << 24) -> str:
     """CRC-32 of a file, as 8 hex digits (zlib's, read in 16 MiB chunks)."""
-    import zlib
-
     crc = 0
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
