@@ -122,14 +122,12 @@ class PerPassReducer:
     set, sees every unsharded pass gradient as it arrives (tests measure their lifetime).
     """
 
-    def __init__(self, module: nn.Module, mp_policy, divide_factor: float | None = None,
-                 in_flight: "InFlight | None" = None):
+    def __init__(self, module: nn.Module, mp_policy, divide_factor: float | None,
+                 in_flight: "InFlight"):
         from torch.distributed.fsdp import FSDPModule
 
         self.module = module
-        self.in_flight = in_flight or InFlight()
-        if in_flight is None:
-            self.in_flight.reducers = [self]
+        self.in_flight = in_flight   # the model's, shared by all its reducers
         self.reduce_dtype = getattr(mp_policy, "reduce_dtype", None)
         self.divide_factor = divide_factor
         self.sync = True
