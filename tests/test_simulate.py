@@ -224,6 +224,8 @@ ROW_KEYS = {
     "rmse",
     "sign_recovery",
     "power",
+    "power_shown",
+    "n_withheld",
     "coverage",
     "median_ci_width",
     "extrapolation_decades",
@@ -462,3 +464,30 @@ def test_a_noise_free_design_that_identifies_says_so_without_a_bootstrap():
     assert res.exit_code == 0, res.output
     assert "does not identify" not in res.stderr
     assert "baseline 100%, smelt 100%" in res.stdout
+
+
+def test_power_shown_counts_what_savings_would_withhold():
+    """Planted: the 0.6-decade design above at 2% noise, whose laws no trial identifies (E and A not
+    separable), asked at 1e19, 0.4 decades beyond its largest compute: `savings` withholds every
+    trial's number there (unidentified law beyond the data), so none is a result a user would get
+    (power shown 0, every trial withheld) whatever the intervals say. The well-designed chinchilla
+    design identifies in every trial: at its largest compute and a decade beyond it nothing is
+    withheld and power shown equals power."""
+    truth = chinchilla_truth()
+    poor = isoflop_design(truth, np.logspace(18, 18.6, 3), n_sizes=5)
+    res = simulate(truth, poor, [1e19], noise=0.02, trials=4, check_starts=0, seed=1, n_bootstrap=20)
+    assert res.identified_rate["baseline"] == 0.0
+    (r,) = res.rows
+    assert r.n_withheld == r.n_trials > 0
+    assert r.power_shown in (0.0, None) and (r.power is None or r.power >= r.power_shown)
+    assert any("would withhold the estimate of" in w for w in res.warnings)
+    res = simulate(truth, chin_design_points(), [1e21, 1e22], noise=0.005, trials=4, check_starts=0,
+                   seed=2, n_bootstrap=20)
+    assert set(res.identified_rate.values()) == {1.0}
+    for r in res.rows:
+        assert r.n_withheld == 0 and r.power_shown == r.power
+    assert not any("withhold" in w for w in res.warnings)
+
+
+def chin_design_points():
+    return isoflop_design(chinchilla_truth(), np.logspace(18, 21, 4), n_sizes=6)

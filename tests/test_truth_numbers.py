@@ -96,6 +96,20 @@ def test_simulate_row_statistics_are_the_hand_counts():
     assert r2.coverage == pytest.approx(0.8, abs=1e-15)     # trial 3's [0.1, 0.3] misses 0
 
 
+def test_simulate_power_shown_drops_the_trials_savings_would_withhold():
+    """Planted: budget 0 of the test above (s = 0.2, power 2/4) with trials 0 and 3 withheld (as
+    ``savings`` would, an unidentified law beyond the data). Of the two trials whose interval
+    excludes 0 (0 and 1) only trial 1 is shown: power shown 1/4; power and every estimate statistic
+    keep all 4 trials; a withheld trial whose savings failed (4) is not counted."""
+    est, lo, hi = [[0.25, 0.18, 0.05, 0.0, nan]], [[0.10, 0.05, 0.0, -0.3, nan]], [[0.4, 0.3, 0.1, 0.1, nan]]
+    out = _outcomes(est, lo, hi)
+    out.withheld = np.array([[True], [False], [False], [True], [True]])
+    (r,) = _rows(_truth(0.2), out, trials=5, n_bootstrap=50)
+    assert (r.n_trials, r.n_withheld) == (4, 2)
+    assert r.power == pytest.approx(0.5, abs=1e-15) and r.power_shown == pytest.approx(0.25, abs=1e-15)
+    assert r.mean_savings == pytest.approx(0.12, rel=1e-12)
+
+
 def test_simulate_row_without_every_interval_reports_no_interval_statistics():
     """Planted: 4 trials with finite estimates at s = 0.2, one of them without an interval (its
     resamples gave none). The code's rule (not spelled out in the module doc): coverage, power and

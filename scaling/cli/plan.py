@@ -260,6 +260,7 @@ def print_simulation(res: SimulationResult) -> None:
         "rmse",
         "sign right",
         "CI excl. 0",
+        "shown",
         f"coverage ({100 * res.ci_level:.0f}%)",
         "median CI width",
         "extrap.",
@@ -277,6 +278,7 @@ def print_simulation(res: SimulationResult) -> None:
             _pct(r.rmse, 2),
             _share(r.sign_recovery, r.n_trials),
             _share(r.power, r.n_trials),
+            _share(r.power_shown, r.n_trials),
             _share(r.coverage, r.n_trials),
             _pct(r.median_ci_width, 2),
             "—" if r.extrapolation_decades is None else f"{r.extrapolation_decades:+.2f} dec",
@@ -285,6 +287,8 @@ def print_simulation(res: SimulationResult) -> None:
     stdout.print(
         "savings in % of the reference's compute; bias = mean − true; sign right = trials whose "
         "estimate has the true sign; CI excl. 0 = trials whose interval excludes 0 on that side; "
+        "shown = those of them whose estimate `savings` would print (not withheld as an "
+        "unidentified or misfitting law beyond the data); "
         "coverage = intervals containing the true savings; extrap. = decades beyond the design's "
         "largest compute.",
         highlight=False,

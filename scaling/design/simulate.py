@@ -26,7 +26,16 @@ savings (the same code on the truth) and s_hat the estimates:
 - median CI width: median of hi - lo over trials (robust to the odd trial whose reference
   never reaches the matched loss, where savings run off towards -inf);
 - coverage: fraction of intervals [lo, hi] with lo - 1e-7 <= s <= hi + 1e-7 (the slack absorbs
-  float round-off of zero-width intervals at zero noise), to compare with the nominal level.
+  float round-off of zero-width intervals at zero noise), to compare with the nominal level;
+- withheld: trials whose estimate ``smelt-scale savings`` would not print
+  (``scaling.fitting.savings.withhold_unidentified`` at its default limit: a law not identified, or
+  misfitting, and the budget outside the data); the statistics above still count them (they
+  describe the fit), but power shown = fraction whose interval excludes 0 on the side of s *and*
+  which ``savings`` would print: the chance that the study gives a user a result.
+
+A trial's identification is judged at the observed share of bootstrap refits on a bound
+(``identified_at_observed_share``): its 50 resamples are too few to bound that share the way
+``fit``'s 200 do, so the full verdict would call nearly every trial unidentified.
 
 For chinchilla-form laws the compute C = F(N) D uses the truth's per-token FLOPs F for the fitted
 laws too, so the savings error measures the fit alone, not a different F of the design's configs.
@@ -55,7 +64,14 @@ from scaling.common.errors import UserError
 from scaling.common.format import percent
 from scaling.common.serialize import Record
 from scaling.fitting.fit import FitResult, fit_law
-from scaling.fitting.savings import FittedLaw, SavingsResult, check_budgets, savings, uses_sparsity
+from scaling.fitting.savings import (
+    FittedLaw,
+    SavingsResult,
+    check_budgets,
+    savings,
+    uses_sparsity,
+    withhold_unidentified,
+)
 from scaling.fitting.savings_sweep import NoBudgetAnswered, savings_over
 from scaling.fitting.settings import FitSettings
 from scaling.fitting.tables import group_rows, law_inputs
@@ -108,6 +124,8 @@ class SimulationRow(Record):
     extrapolation_decades: float | None
     estimates: tuple[float, ...] = ()
     n_failed: int = 0   # trials whose fit, or whose savings at this budget, failed
+    n_withheld: int = 0   # of the n_trials, those whose estimate ``savings`` would withhold (module doc)
+    power_shown: float | None = None   # power counting a withheld trial as no result (module doc)
 
 
 @dataclass(frozen=True)
@@ -146,14 +164,15 @@ class SimulationResult(Record):
             f"design {self.design.get('source', '')} "
             f"({', '.join(f'{g} {n}' for g, n in self.design.get('n_points', {}).items())} points)",
             f"{'budget':>9} {'S':>5} {'true':>7} {'mean':>7} {'bias':>7} {'spread':>7} {'sign':>6} "
-            f"{'power':>6} {'cover':>6} {'width':>7}",
+            f"{'power':>6} {'shown':>6} {'cover':>6} {'width':>7}",
         ]
         for r in self.rows:
             s = "-" if r.sparsity is None else f"{r.sparsity:.2f}"
             lines.append(
                 f"{r.budget:>9.3g} {s:>5} {percent(r.true_savings):>7} {percent(r.mean_savings):>7} "
                 f"{percent(r.bias):>7} {percent(r.spread):>7} {percent(r.sign_recovery):>6} "
-                f"{percent(r.power):>6} {percent(r.coverage):>6} {percent(r.median_ci_width):>7}"
+                f"{percent(r.power):>6} {percent(r.power_shown):>6} {percent(r.coverage):>6} "
+                f"{percent(r.median_ci_width):>7}"
             )
         if self.failures:
             lines.append(f"{self.failures} trial(s) failed: {'; '.join(self.failure_reasons[:3])}")
@@ -164,6 +183,8 @@ class SimulationResult(Record):
 def _fit(points: pd.DataFrame, truth: FittedLaw, settings: FitSettings) -> tuple[FitResult, FittedLaw]:
     fit = fit_law(points, truth.law, settings, group=truth.name)
     fl = FittedLaw.from_fit(fit, name=truth.name)
+    if fit.diagnostics.get("identified_at_observed_share"):
+        fl = replace(fl, unidentified=None)   # its small bootstrap cannot bound the share (module doc)
     # the truth's F(N): the savings error then measures the fit, not a different C = F(N) D convention
     return fit, replace(fl, cost=truth.cost)
 
@@ -199,6 +220,7 @@ class _Outcomes:
     hi: np.ndarray
     extrap: list
     identified: dict[str, int]
+    withheld: np.ndarray | None = None   # (trials, keys) bool: ``savings`` would not print it (module doc)
     failures: list[str] = field(default_factory=list)   # whole trials: a fit failed
     budget_failures: list[str] = field(default_factory=list)   # one budget's savings failed
     check: dict[str, Any] = field(default_factory=lambda: {
@@ -262,6 +284,14 @@ def simulate(
                 + f": {r.n_failed - len(out.failures)} of {trials} trials gave no savings there "
                 "(e.g. the fitted frontier does not reach the loss); the row is over the "
                 f"{r.n_trials} that did, which need not be a random subset"
+            )
+    for r in rows:
+        if r.n_withheld:
+            warnings.append(
+                f"C = {r.budget:.3g}" + ("" if r.sparsity is None else f", S = {r.sparsity:g}")
+                + f": `smelt-scale savings` would withhold the estimate of {r.n_withheld} of the "
+                f"{r.n_trials} trials (a law not identified, or misfitting, and the budget outside "
+                "the data); power shown counts them as no result"
             )
     if out.check["grid_lower_objective"]:
         warnings.append(
@@ -355,7 +385,8 @@ def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trial
     everywhere biased the rows it could answer, as the failures are not a random subset)."""
     est = np.full((trials, len(keys)), np.nan)
     out = _Outcomes(est=est, lo=np.full_like(est, np.nan), hi=np.full_like(est, np.nan),
-                    extrap=[None] * len(keys), identified={g: 0 for g in study.groups})
+                    extrap=[None] * len(keys), identified={g: 0 for g in study.groups},
+                    withheld=np.zeros(est.shape, dtype=bool))
     index = {k: j for j, k in enumerate(keys)}
     for t in range(trials):
         try:
@@ -373,9 +404,12 @@ def _run_trials(study: _Study, keys: Sequence[tuple[float, float | None]], trial
                 res, skipped = None, ()
                 out.budget_failures += [f"trial {t}, C = {float(c):.3g}: {exc}" for c in study.budgets]
             out.budget_failures += [f"trial {t}, C = {r.budget:.3g}: {r.reason}" for r in skipped]
-            for r in () if res is None else res.rows:
+            shown = (None if res is None else
+                     withhold_unidentified(res, fitted[study.reference], fitted[study.candidate]).rows)
+            for i, r in enumerate(() if res is None else res.rows):
                 j = index[(float(r.budget), r.sparsity)]
                 out.est[t, j] = r.savings
+                out.withheld[t, j] = r.savings is not None and shown[i].savings is None
                 if r.savings_ci is not None:
                     out.lo[t, j], out.hi[t, j] = r.savings_ci
                 out.extrap[j] = r.extrapolation_decades
@@ -425,21 +459,24 @@ def _rows(true_res: SavingsResult, out: _Outcomes, trials: int, n_bootstrap: int
         n = int(e.size)
         if n == 0:
             continue
+        held = np.zeros(n, dtype=bool) if out.withheld is None else out.withheld[ok, j]
         has_ci = bool(np.isfinite(out.lo[ok, j]).all()) and n_bootstrap > 0
-        cov = power = width = None
+        cov = power = shown = width = None
         if has_ci:
             l, h = out.lo[ok, j], out.hi[ok, j]
             cov = float(np.mean((l - COVERAGE_SLACK <= s0) & (s0 <= h + COVERAGE_SLACK)))
             width = float(np.median(h - l))
             if abs(s0) >= 1e-12:
-                power = float(np.mean(l > 0) if s0 > 0 else np.mean(h < 0))
+                excludes = l > 0 if s0 > 0 else h < 0
+                power, shown = float(np.mean(excludes)), float(np.mean(excludes & ~held))
         rows.append(SimulationRow(
             budget=float(tr.budget), sparsity=tr.sparsity, true_savings=float(s0), n_trials=n,
             mean_savings=float(e.mean()), median_savings=float(np.median(e)), bias=float(e.mean() - s0),
             spread=float(e.std(ddof=1)) if n > 1 else 0.0, rmse=float(np.sqrt(np.mean((e - s0) ** 2))),
             sign_recovery=None if abs(s0) < 1e-12 else float(np.mean(np.sign(e) == np.sign(s0))),
             power=power, coverage=cov, median_ci_width=width, extrapolation_decades=out.extrap[j],
-            estimates=tuple(float(x) for x in e), n_failed=int(trials - n),
+            estimates=tuple(float(x) for x in e), n_failed=int(trials - n), n_withheld=int(held.sum()),
+            power_shown=shown,
         ))
     return rows
 
