@@ -196,3 +196,11 @@ def test_user_error_hint_is_for_the_command_line(tmp_path):
     assert " ".join(res.stderr.split()) == (
         f"error: no manifest.json in {tmp_path / 'data'}: make one with `smelt-scale prepare-data` (which "
         "also indexes existing nanoGPT/OLMo-style shards when told their dtype and vocabulary)")
+
+
+def test_decimals_tell_distinct_values_apart():
+    from scaling.common.format import decimals
+
+    assert decimals(0.5138837, 0.5138853) == 5          # [0.51388, 0.51389], not [0.514, 0.514]
+    assert decimals(0.41, 0.52) == 3 and decimals(0.5, 0.5) == 3      # equal values need no more
+    assert decimals(1.0, 1.0 + 1e-12) == 8                            # capped

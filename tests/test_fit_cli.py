@@ -243,3 +243,36 @@ def test_at_a_budget_says_where_it_lies_against_the_data(tmp_path):
     low = fit["data_summary"]["compute_min"] / 1e3
     res = runner.invoke(app, ["fit", str(src), "--json", "--bootstrap", "0", "--at", f"{low:g}"])
     assert json.loads(res.stdout)["fits"]["baseline"]["at_budget"]["below_data_decades"] == pytest.approx(3)
+
+
+def test_a_zero_width_approach_interval_is_printed_as_none(tmp_path):
+    """Planted: noise-free losses of a known chinchilla law on an IsoFLOP design centred on its optimum
+    (4 budgets x 6 sizes on one log grid): every budget's best size is on the same grid step, so
+    approach 1's frontier points are exactly on a line and its OLS interval has zero width. It used
+    to print as ``a = 0.452 [0.452, 0.452]``, the most confident interval possible; it now says it
+    has none, in the detail lines and in the summary table, and no agreement warning cites it."""
+    from scaling.design.points import isoflop_design
+    from scaling.design.simulate import true_losses
+    from scaling.fitting.savings import FittedLaw
+
+    truth = {"baseline": FittedLaw("baseline", CHIN, TRUE, cost=6.0)}
+    design = isoflop_design(truth, np.logspace(18, 21, 4), n_sizes=6)
+    design["loss"] = true_losses(truth["baseline"], design)
+    design[["N", "D", "loss"]].to_csv(tmp_path / "iso.csv", index=False)
+    res = runner.invoke(app, ["fit", str(tmp_path / "iso.csv"), "--bootstrap", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    a1 = json.loads(res.stdout)["fits"]["default"]["cross_checks"]["approach1"]
+    assert a1["a_ci"][0] == pytest.approx(a1["a_ci"][1], abs=1e-12)      # the planted collapse
+    res = runner.invoke(app, ["fit", str(tmp_path / "iso.csv"), "--bootstrap", "0"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    a = f"{a1['a']:.3f}"
+    assert f"[{a}, {a}]" not in text      # nor approach 2's narrow (1.6e-6) real one, now 7 decimals
+    assert text.count("no interval: zero width") == 2     # approach 1's line and the table
+    # approach 2's narrow real interval gets the decimals that tell its ends apart, and so does its
+    # warning: the window parabola misses the planted 0.5138889 by 3.5e-6 (its shape bias)
+    assert "1-decade window around the minimum): a = 0.514 [0.51388, 0.51389]" in text
+    err = " ".join(res.stderr.split())
+    assert ("approach 2 disagrees with approach 3 beyond their intervals: a = 0.513885 "
+            "[0.513884, 0.513885] vs approach 3's a = 0.513889") in err
+    assert "approach 1 disagrees" not in err

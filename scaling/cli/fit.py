@@ -25,9 +25,9 @@ from scaling.cli._util import (
     where_option,
 )
 from scaling.common.errors import UserError
-from scaling.common.format import number
+from scaling.common.format import decimals, number
 from scaling.common.run_folder import atomic_write_bytes
-from scaling.fitting.approaches import ESTIMATORS, cross_check_groups
+from scaling.fitting.approaches import ESTIMATORS, collapsed, cross_check_groups
 from scaling.fitting.fit import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_DELTA,
@@ -206,14 +206,25 @@ def merged_warnings(fits: "dict[str, FitResult] | list[FitResult]") -> list[str]
     return [f"{', '.join(gs)}: {w}" for w, gs in groups_of.items()]
 
 
+ZERO_WIDTH = " (no interval: zero width, the frontier is on one step of the size grid)"
+
+
 def _ci_text(ci: list | None) -> str:
     """" [lo, hi]" of an exponent, to the estimate's three decimals; " (no interval)" where its ends
-    are not numbers (approach 1 when too few seed resamples give an estimate), "" without one."""
+    are not numbers (approach 1 when too few seed resamples give an estimate), "" without one.
+
+    A collapsed interval (``scaling.fitting.approaches.collapsed``: frontier points exactly on a
+    line) is no interval either; ``[a, a]`` would be the most confident interval the tool can print
+    (numbers audit of 2026-12-07, finding 9). A narrow one that is not collapsed gets the decimals
+    (up to 8) that tell its ends apart, so it never reads as ``[a, a]``."""
     if not ci:
         return ""
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):
         return " (no interval)"
-    return f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    if collapsed(ci):
+        return ZERO_WIDTH
+    d = decimals(*ci)
+    return f" [{ci[0]:.{d}f}, {ci[1]:.{d}f}]"
 
 
 # approach 1's interval under-covers on planted laws (scaling/fitting/approaches.py, measured by

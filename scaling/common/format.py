@@ -33,6 +33,16 @@ def si(x: float | None, unit: str = "", missing: str = "-") -> str:
     return f"{x:.3g}{unit}"
 
 
+def decimals(*values: float, least: int = 3, most: int = 8) -> int:
+    """The fewest fixed decimals, from ``least`` up to ``most``, at which the distinct ``values``
+    print distinct: an interval [0.5138837, 0.5138853] must not read as [0.514, 0.514]."""
+    distinct = sorted({float(v) for v in values})
+    for d in range(least, most + 1):
+        if len({f"{v:.{d}f}" for v in distinct}) == len(distinct):
+            return d
+    return most
+
+
 def count(x: float) -> str:
     """An exact count with thousands separators below a million, else three digits: 27,648; 1.2e+07."""
     return f"{x:.3g}" if x >= 1e6 else f"{int(x):,d}"

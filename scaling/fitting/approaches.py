@@ -146,6 +146,7 @@ import pandas as pd
 from scipy import stats
 
 from scaling.common.errors import UserError
+from scaling.common.format import decimals
 from scaling.common.stats import percentile_interval
 from scaling.fitting.laws import TokenCost
 from scaling.fitting.tables import SIZE_COLUMNS, config_keys, group_rows, seed_replicates, total_flops
@@ -155,6 +156,8 @@ MIN_BUCKETS = 3
 FEW_BUDGETS = 4
 MIN_RESAMPLED_SHARE = 0.5   # approach 1 needs an estimate in at least this share of its seed resamples
 BUCKET_WIDTH_DECADES = 0.05
+# an interval this narrow (relative) has collapsed numerically: frontier points exactly on a line
+COLLAPSED_REL = 1e-9
 ESTIMATORS = ("window", "parabola")
 DEFAULT_ESTIMATOR = "window"
 WINDOW_DECADES = 1.0
@@ -607,6 +610,17 @@ def _cubic_note(c: dict[str, Any], lo3: float, hi3: float, a3: float, has3: bool
             "agrees with approach 3: the parabolas' shape bias may be the difference)") if agrees else ""
 
 
+def collapsed(ci: Any) -> bool:
+    """An interval of zero width up to float round-off (``COLLAPSED_REL``). On an IsoFLOP design
+    centred on the optimum every budget's best size is on the same step of one size grid, the
+    frontier points lie exactly on a line and approach 1's OLS interval collapses (measured
+    [0.51388888888888853, 0.51388888888888955] on noise-free points): the grid's step, not the
+    interval, is then the resolution, so it is no interval at all."""
+    lo, hi = (math.nan if x is None else float(x) for x in (ci or (None, None)))
+    return (math.isfinite(lo) and math.isfinite(hi)
+            and hi - lo <= COLLAPSED_REL * max(1.0, abs(lo), abs(hi)))
+
+
 def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
     """Warnings: an approach whose interval of a misses approach 3's, approach 2 on few budgets.
     Approach 3's exponent is the one across the data's compute (``a_data``) where F(N) is not k N:
@@ -636,13 +650,15 @@ def agreement(checks: dict[str, Any], fit: Any) -> list[str]:
         # no interval (read from JSON: null), or one of zero width: frontier points exactly on a line
         # (every budget's best size on the same step of one size grid), which is the grid's
         # resolution, not a measurement; it would call any other value apart
-        if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        if not (math.isfinite(lo) and math.isfinite(hi)) or collapsed((lo, hi)):
             continue
         apart = (hi < lo3 or lo > hi3) if has3 else not (lo <= a3 <= hi)
         if apart:
-            ref = f"{what} [{lo3:.3f}, {hi3:.3f}]" if has3 else f"approach 3's a = {a3:.3f}"
-            out.append(f"{name} disagrees with approach 3 beyond their intervals: a = {c['a']:.3f} "
-                       f"[{lo:.3f}, {hi:.3f}] vs {ref}" + _cubic_note(c, lo3, hi3, a3, has3))
+            # decimals that show the gap: a miss by 3e-6 must not read "[0.514, 0.514] vs 0.514"
+            d = decimals(lo, hi, *((lo3, hi3) if has3 else (a3,)))
+            ref = f"{what} [{lo3:.{d}f}, {hi3:.{d}f}]" if has3 else f"approach 3's a = {a3:.{d}f}"
+            out.append(f"{name} disagrees with approach 3 beyond their intervals: a = {c['a']:.{d}f} "
+                       f"[{lo:.{d}f}, {hi:.{d}f}] vs {ref}" + _cubic_note(c, lo3, hi3, a3, has3))
     for key, name in (("approach1", "approach 1"), ("approach2", "approach 2")):
         c = checks.get(key) or {}
         if c.get("available") and c.get("resampled_share", 1.0) < MIN_RESAMPLED_SHARE:
