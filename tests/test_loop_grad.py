@@ -48,6 +48,9 @@ SCENARIOS = {
     "hsdp_1x2_per_pass": ("hsdp", 1, False, "every", "per-pass"),
 }
 MEASURED = ("fsdp_per_pass", "fsdp_plain")
+# 4 ranks, 2 replicas of 2 shards: a real reduce-scatter and a real all-reduce per looped module
+FOUR_RANK_SCENARIOS = {"hsdp_2x2_per_pass": ("hsdp", 2, False, "every", "per-pass")}
+ALL_REDUCE_MEASURED = ("hsdp_2x1_per_pass_ac", "hsdp_2x2_per_pass")
 
 
 def _measure_held(model, x, y) -> dict:
@@ -106,7 +109,57 @@ def _measure_held(model, x, y) -> dict:
     for r in reducers:
         r.observer = None
     return {"peak": live["peak"], "count": live["count"], "after": live["now"], "reduce_scatters": len(calls),
-            "async": sum(calls), "left_in_flight": any(r.in_flight._pending is not None for r in reducers)}
+            "async": sum(calls),
+            "left_in_flight": any(r.in_flight._scatter is not None or r.in_flight._reduce is not None
+                                  for r in reducers)}
+
+
+def _measure_all_reduces(model, x, y) -> dict:
+    """HSDP: over one micro-batch that all-reduces, the cross-replica all-reduces the per-pass
+    reduction issues (async or not), how many reduce-scatters were issued while one was in flight,
+    and whether anything is left in flight when backward() returns."""
+    from scaling.training.parallel.loop_grad import InFlight, set_loop_grad_sync
+
+    dist, calls, beside = torch.distributed, [], []
+    original_ar, original_issue = dist.all_reduce, InFlight.issue
+
+    def all_reduce(*args, **kwargs):
+        calls.append(bool(kwargs.get("async_op")))
+        return original_ar(*args, **kwargs)
+
+    def issue(self, *args, **kwargs):
+        beside.append(self._reduce is not None)
+        return original_issue(self, *args, **kwargs)
+
+    set_loop_grad_sync(model, True, True)
+    model.set_requires_gradient_sync(True)
+    dist.all_reduce, InFlight.issue = all_reduce, issue
+    try:
+        out = model(x, y)
+        (out.loss + 0.01 * out.aux_loss).backward()
+    finally:
+        dist.all_reduce, InFlight.issue = original_ar, original_issue
+    reducers = model.loop_grad_reducers
+    return {"async_all_reduces": sum(calls), "issued_beside_all_reduce": sum(beside),
+            "left_in_flight": any(r.in_flight._scatter is not None or r.in_flight._reduce is not None
+                                  for r in reducers)}
+
+
+def _partial_bytes(model, x, y) -> int:
+    """HSDP: bytes of the reduce-scattered shards held across a micro-batch that does not
+    all-reduce (FSDP2's ``_partial_reduce_output`` per parameter group, the per-pass reducers'
+    ``partial`` for the looped modules), after its backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from scaling.training.parallel.data_parallel import gradient_sync
+
+    with gradient_sync(model, False, "every"):
+        out = model(x, y)
+        (out.loss + 0.01 * out.aux_loss).backward()
+    held = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule)]
+    bufs = [g._partial_reduce_output for g in held if g is not None]
+    bufs += [r.partial for r in model.loop_grad_reducers]
+    return sum(b.numel() * b.element_size() for b in bufs if b is not None)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -116,7 +169,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     cfg, x, y = join_ranks(rank, world, port)
     per = x.shape[1]   # this rank's rows per step
     results, envs = {}, []
-    for name, (mode, rep, ac, sync, loop_grad) in SCENARIOS.items():
+    for name, (mode, rep, ac, sync, loop_grad) in (SCENARIOS if world == 2 else FOUR_RANK_SCENARIOS).items():
         dist = setup_distributed("cpu", mode, replicate=rep)
         envs.append(dist)
         model = build_model(cfg, SEED, dist, mode, activation_checkpointing=ac, loop_grad=loop_grad)
@@ -134,6 +187,13 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                          "reducers": len(getattr(model, "loop_grad_reducers", []))}
         if name in MEASURED:
             results[name]["held"] = _measure_held(model, x[0, :per // N_MICRO], y[0, :per // N_MICRO])
+        if name in ALL_REDUCE_MEASURED:
+            opt.zero_grad(set_to_none=True)
+            results[name]["all_reduces"] = _measure_all_reduces(model, x[0, :per // N_MICRO],
+                                                                y[0, :per // N_MICRO])
+            opt.zero_grad(set_to_none=True)
+            results[name]["partial_bytes"] = _partial_bytes(model, x[0, :per // N_MICRO],
+                                                            y[0, :per // N_MICRO])
         opt.zero_grad(set_to_none=True)
     if rank == 0:
         torch.save(results, out)
@@ -186,6 +246,58 @@ def test_per_pass_holds_one_layer_pass_of_unsharded_gradients(two_ranks):
     # FSDP2's own do), and every one has finished into .grad when backward() returns
     assert per_pass["async"] == looped * cfg.n_loops and plain["async"] == 0
     assert not per_pass["left_in_flight"]
+
+
+def test_hsdp_all_reduces_the_looped_shards_asynchronously(two_ranks):
+    """HSDP (2 replicas): each looped module's shard is all-reduced across the replicas once, at its
+    last pass, with async_op=True (the second stage of loop_grad.InFlight); the next reduce-scatter
+    is issued while it is in flight, and nothing is left in flight when backward() returns. (Before
+    2026-12-08 these all-reduces ran synchronously inside the finish: 0 async.) The weights above
+    are bitwise those of the synchronous version (the worker run at both commits)."""
+    cfg = get_config(TIER, ARCH)
+    got = two_ranks["hsdp_2x1_per_pass_ac"]["all_reduces"]
+    assert got["async_all_reduces"] == cfg.loop_end - cfg.loop_start
+    assert got["issued_beside_all_reduce"] >= 1
+    assert not got["left_in_flight"]
+
+
+@pytest.mark.slow
+def test_four_ranks_hsdp_2x2_per_pass_trains_like_one_process(tmp_path):
+    """4 gloo ranks, 2 replicas x 2 shards: each looped pass's reduce-scatter over the shard pair
+    and, at each module's last pass, its all-reduce over the replica pair, both asynchronous and
+    in flight together; the losses, gradient norms and final weights equal one process's (1e-5)."""
+    got = spawn_results(_worker, 4, tmp_path)["hsdp_2x2_per_pass"]
+    ref = one_process()
+    for step, (a, b) in enumerate(zip(got["losses"], ref["losses"])):
+        assert a == pytest.approx(b, rel=TOL), step
+    assert got["norms"] == pytest.approx(ref["norms"], rel=TOL)
+    for k, want in ref["final"].items():
+        assert torch.allclose(got["final"][k], want, rtol=0, atol=TOL), k
+    cfg = get_config(TIER, ARCH)
+    assert got["all_reduces"]["async_all_reduces"] == cfg.loop_end - cfg.loop_start
+    assert got["all_reduces"]["issued_beside_all_reduce"] >= 1
+    assert not got["all_reduces"]["left_in_flight"]
+    assert got["partial_bytes"] == _planned_partial_bytes(4, 2)     # padded shards, as FSDP2's
+
+
+def _planned_partial_bytes(world: int, replicate: int) -> int:
+    from scaling.accounting.memory import Layout, estimate_memory
+
+    cfg = get_config(TIER, ARCH)
+    lay = dict(mode="hsdp", gpus_per_node=world, replicate=replicate, micro_batch_size=1, seq_len=cfg.seq_len)
+    accum, single = (estimate_memory(cfg, Layout(**lay, grad_accum_steps=m)) for m in (N_MICRO, 1))
+    return accum.buffers - single.buffers
+
+
+def test_planner_counts_hsdp_partial_shards_as_held(two_ranks):
+    """HSDP with accumulation all-reduces only on the last micro-batch; meanwhile FSDP2 sums each
+    group's reduce-scattered shard in ``_partial_reduce_output`` (and the per-pass reducers theirs
+    in ``partial``): a reduce-dtype copy of the sharded gradients alive across the step. The
+    planner's buffers count exactly the bytes the real model holds (2 replicas x 1 shard here, 2 x 2
+    in the four-rank test). It did not before 2026-12-08: at 1.6B (HSDP 4 x 8, EP 8, 16 micro-batches)
+    27 GB per GPU were missing."""
+    got = two_ranks["hsdp_2x1_per_pass_ac"]["partial_bytes"]
+    assert got > 0 and got == _planned_partial_bytes(2, 2)
 
 
 def test_planner_counts_per_pass_and_smelt_stays_within_its_baseline():

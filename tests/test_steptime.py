@@ -67,18 +67,22 @@ def test_the_planner_counts_each_looped_pass_and_the_last_in_line():
     assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).reduce_scatter_inline == 0
 
 
-def test_hsdp_per_pass_all_reduces_the_looped_shards_in_line():
+def test_hsdp_per_pass_all_reduces_the_looped_shards_in_line_only_when_finished_at_once():
     """Under HSDP the per-pass reduction all-reduces each looped module's shard across the replicas
-    synchronously, once per step (PerPassReducer._post, the review of 2026-12-07): the planner
-    counts that share of the all-reduce in line, the looped layers' share of the local parameters;
-    none for FSDP2's own reduction or for the Baseline."""
+    once per step. Since 2026-12-08 that all-reduce runs asynchronously (loop_grad.InFlight's second
+    stage) and hides like FSDP2's own: nothing in line under grad_sync "every". Under grad_sync
+    "last" with accumulation every looped reduction is finished at once, all-reduce included: the
+    planner counts that share of the all-reduce in line, the looped layers' share of the local
+    parameters; none for FSDP2's own reduction or for the Baseline."""
     import math
 
     from scaling.accounting.memory import param_shapes, sharded_numel
 
     cfg = get_config("600M", "smelt")
     base = dict(mode="hsdp", gpus_per_node=8, nodes=2, replicate=2, micro_batch_size=2, grad_accum_steps=2)
-    pp = estimate_memory(cfg, Layout(**base, loop_grad="per-pass"))
+    every = estimate_memory(cfg, Layout(**base, grad_sync="every", loop_grad="per-pass"))
+    assert every.all_reduce > 0 and every.all_reduce_inline == 0
+    pp = estimate_memory(cfg, Layout(**base, grad_sync="last", loop_grad="per-pass"))
     S = pp.layout.shards
     shapes = param_shapes(cfg)
     looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end))
@@ -86,6 +90,9 @@ def test_hsdp_per_pass_all_reduces_the_looped_shards_in_line():
              / sum(sharded_numel(sh, S) for _, sh in shapes))
     assert 0.2 < share < 0.6 and pp.all_reduce > 0
     assert pp.all_reduce_inline == pytest.approx(share * pp.all_reduce, rel=1e-6)
+    one = estimate_memory(cfg, Layout(**{**base, "grad_accum_steps": 1}, grad_sync="last",
+                                      loop_grad="per-pass"))
+    assert one.all_reduce_inline == 0      # no accumulation: nothing is finished at once
     assert estimate_memory(cfg, Layout(**base, loop_grad="fsdp")).all_reduce_inline == 0
     assert estimate_memory(get_config("600M", "baseline"), Layout(**base)).all_reduce_inline == 0
     st = predict_step_time(cfg, pp.layout, pp, 9.89e14, 0.35, Links(overlap=1.0))

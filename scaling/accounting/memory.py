@@ -123,7 +123,10 @@ What is counted, per GPU, at the peak of a step (the backward pass):
                 only on the last micro-batch (``grad_sync="last"`` with accumulation), FSDP2's
                 ``unsharded_accumulated_grad``: every parameter's *unsharded* gradient in the
                 reduce dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
-                ``to_accumulated_grad_if_needed``). DDP / one GPU with a compute dtype narrower
+                ``to_accumulated_grad_if_needed``); HSDP with accumulation otherwise: the
+                reduce-scattered shard summed over the micro-batches that do not all-reduce
+                (FSDP2's ``_partial_reduce_output``), a reduce-dtype copy of the sharded
+                gradients. DDP / one GPU with a compute dtype narrower
                 than the weights (autocast): the compute-dtype weight copies, once for the
                 non-expert weights (autocast's cast cache) and once per stored layer pass for
                 the expert weights (the model's explicit ``.to(dtype)`` before grouped_mm, saved
@@ -388,7 +391,9 @@ class MemoryEstimate:
                    writes the same gradients)
     all_reduce_inline   the part of ``all_reduce`` the step waits for in line: under HSDP the
                    per-pass reduction all-reduces each looped module's shard across the replicas
-                   synchronously, once per step (``PerPassReducer._post``)
+                   once per step, asynchronously (``loop_grad.InFlight``'s second stage: it hides
+                   like FSDP2's own), except under grad_sync "last" with accumulation, where each
+                   reduction is finished at once (``PerPassReducer.reduce``)
     """
 
     config_name: str
@@ -557,7 +562,8 @@ def _all_reduce_volumes(layout: Layout, grad_bytes: float, shard_bytes: float,
     """(all-reduce bytes each GPU sends per step, the part the step waits for in line): DDP's fp32
     gradients once per step; HSDP's reduce-scattered shard across the R replicas once per step (only
     the last micro-batch all-reduces), of which the looped layers' part is all-reduced in line by
-    the per-pass reduction (``looped_shard_bytes``, 0 without it)."""
+    the per-pass reduction where it finishes each reduction at once (``looped_shard_bytes``; 0
+    where its all-reduces run asynchronously, ``loop_grad.InFlight``)."""
     R = layout.replicas
     if R <= 1 or layout.mode not in ("ddp", "hsdp"):
         return 0, 0
@@ -650,6 +656,12 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         buffers = c * root + 2 * c * Lp + (c + rb) * Lp
         if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
             buffers += rb * n_total
+        elif layout.mode == "hsdp" and layout.replicas > 1 and layout.grad_accum_steps > 1:
+            # HSDP reduce-scatters every micro-batch but all-reduces only the last: the shard is
+            # summed meanwhile in FSDP2's ``_partial_reduce_output`` (one per parameter group;
+            # the per-pass reducer's ``partial`` for the looped ones), a reduce-dtype copy of
+            # the sharded gradients alive across the step
+            buffers += rb * local
     elif c < pb:  # autocast: non-expert weights cast once; expert weights per stored pass
         expert = cfg.n_experts * 3 * d * cfg.expert_hidden
         copies = 1 if layout.activation_checkpointing else cfg.n_layer_passes
@@ -701,7 +713,10 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
     # (P-1)/P of them leave the rank under uniform routing
     a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
-    looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end)) if per_pass else ()
+    # in line: the per-pass reduction's all-reduces of the looped shards where it finishes each at
+    # once (grad_sync "last" with accumulation); elsewhere they hide like the reduce-scatters
+    inline_ar = per_pass and m_sync == 1 and m > 1
+    looped = tuple(f"layers.{i}." for i in range(cfg.loop_start, cfg.loop_end)) if inline_ar else ()
     looped_local = sum(local_numel(n, sh) for n, sh in shapes if n.startswith(looped))
     ar, ar_inline = _all_reduce_volumes(layout, gb * n_total, rb * local, rb * looped_local)
 

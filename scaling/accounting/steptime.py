@@ -65,8 +65,10 @@ time of the per-pass reduce-scatters the step waits for (``Layout.loop_grad = "p
 looped layer pass's reduce-scatter asynchronously from the backward and waits for it when the
 next one is issued, so it overlaps one pass's backward as FSDP2's own do; the loop block's last
 one (one layer pass per synced micro-batch) is waited for at once and does not hide; under HSDP
-the per-pass reduction's all-reduce of each looped module's shard across the replicas
-(``MemoryEstimate.all_reduce_inline``, once per step) is synchronous and does not hide either.
+the per-pass reduction's all-reduce of each looped module's shard across the replicas, once per
+step, is asynchronous (it hides like FSDP2's own) except under grad_sync "last" with
+accumulation, where every looped reduction is finished at once
+(``MemoryEstimate.all_reduce_inline``).
 overlap = 1 gives
 max(t_compute, t_fsdp) + t_all_to_all, overlap = 0 the plain sum.
 

@@ -195,8 +195,9 @@ class PerPassReducer:
         shard_dims = [i for i, pl in enumerate(placements) if pl.is_shard()]
         if len(shard_dims) != 1 or placements[shard_dims[0]].dim != 0:
             raise RuntimeError(f"per-pass reduction expects Shard(0) on one mesh dim, got {placements}")
-        # the previous pass's reduction is finished first: one in flight, one flat buffer alive
-        self.in_flight.finish()
+        # the previous pass's reduce-scatter is finished first: one in flight, one flat buffer alive
+        # (under HSDP its all-reduce starts and stays in flight beside the next reduce-scatter)
+        self.in_flight.advance()
         S = mesh.size(shard_dims[0])
         rdtype = self.reduce_dtype or grads[0].dtype
         rows = [-(-g.shape[0] // S) for g in grads]
@@ -221,37 +222,53 @@ class PerPassReducer:
         # the HSDP all-reduce is due at the last pass of a micro-batch that all-reduces
         final = self.all_reduce and self.pending == 0
         self.in_flight.issue(work, flat, lambda: self._post(out, sharded, rows, S, avg, final))
-        # finished at once: the loop block's last reduction (nothing left to hide it), and every one
-        # on a micro-batch where FSDP2 also reduces the looped layers' gradients it accumulated
-        # (grad_sync "last"): FSDP2 then writes .grad on its own stream, and a deferred add would
-        # not be ordered after it
-        if self.in_flight.inline or sum(r.pending for r in self.in_flight.reducers) == 0:
+        # finished at once, all-reduce included: every one on a micro-batch where FSDP2 also
+        # reduces the looped layers' gradients it accumulated (grad_sync "last"): FSDP2 then writes
+        # .grad on its own stream, and a deferred add would not be ordered after it
+        if self.in_flight.inline:
             self.in_flight.finish()
+        # the loop block's last reduce-scatter (nothing of the loop is left to hide it; its buffer
+        # would stay alive through the first layers' backward); an HSDP all-reduce it starts stays
+        # in flight behind that backward, finished by the engine callback
+        elif sum(r.pending for r in self.in_flight.reducers) == 0:
+            self.in_flight.advance()
 
     def _post(self, out: torch.Tensor, sharded: list, rows: list[int], S: int, avg: bool,
-              final: bool) -> None:
+              final: bool) -> tuple | None:
         """After the reduce-scatter: HSDP's cross-replica all-reduce (or the partial sum over
-        micro-batches that do not all-reduce), the division, and the add into ``.grad``."""
+        micro-batches that do not all-reduce), the division, and the add into ``.grad``. The
+        all-reduce is issued asynchronously and returned as the second stage
+        ``(work, keep, post)`` for ``InFlight``; None when nothing is left to do."""
         import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
 
         mesh, placements = sharded[0].device_mesh, sharded[0].placements
         rep_dims = [i for i, pl in enumerate(placements) if pl.is_replicate()]
         replicas = 1
         for i in rep_dims:
             replicas *= mesh.size(i)
-        if rep_dims:
-            if self.partial is not None:
-                out += self.partial
-                self.partial = None
-            if not final:
-                self.partial = out
-                return
-            for i in rep_dims:
-                dist.all_reduce(out, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
-                                group=mesh.get_group(i))
+        add = lambda: self._add(out, sharded, rows, S * replicas, avg)  # noqa: E731
+        if not rep_dims:
+            add()
+            return None
+        if self.partial is not None:
+            out += self.partial
+            self.partial = None
+        if not final:
+            self.partial = out
+            return None
+        op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
+        for i in rep_dims[:-1]:   # HSDP's 2-D mesh has one replicate dimension; more run in turn
+            dist.all_reduce(out, op=op, group=mesh.get_group(i))
+        work = dist.all_reduce(out, op=op, group=mesh.get_group(rep_dims[-1]), async_op=True)
+        return work, out, add
+
+    def _add(self, out: torch.Tensor, sharded: list, rows: list[int], ranks: int, avg: bool) -> None:
+        """Divide (a SUM reduction) and add each rank's rows of ``out`` into the sharded ``.grad``."""
+        from torch.distributed.tensor import DTensor
+
+        mesh, placements = sharded[0].device_mesh, sharded[0].placements
         if not avg:
-            out.div_(self.divide_factor or S * replicas)
+            out.div_(self.divide_factor or ranks)
         offset = 0
         for p, r in zip(sharded, rows):
             row = p.numel() // p.shape[0] if p.shape[0] else 0
@@ -266,39 +283,58 @@ class PerPassReducer:
 
 
 class InFlight:
-    """The one per-pass reduce-scatter of a model in flight, as FSDP2 keeps one of its own.
+    """A model's per-pass reductions in flight: one reduce-scatter, as FSDP2 keeps one of its own,
+    and under HSDP one cross-replica all-reduce (its second stage).
 
-    ``issue`` starts it with ``async_op=True`` (NCCL runs it on its own stream while the engine
-    goes on with the earlier pass's backward, as DDP's bucket all-reduces do), keeping its input
-    alive; ``finish`` waits for it (on CUDA the compute stream waits; the host does not) and runs
-    its post-processing. The next ``issue`` finishes the previous one first, the loop block's
-    last reduction is finished at once, and an engine callback at the end of the backward
-    finishes whatever is left, so every gradient is in ``.grad`` when ``backward()`` returns.
+    ``issue`` starts a reduce-scatter with ``async_op=True`` (NCCL runs it on its own stream while
+    the engine goes on with the earlier pass's backward, as DDP's bucket all-reduces do), keeping
+    its input alive. ``advance`` finishes what is in flight one stage on: the all-reduce is waited
+    for (on CUDA the compute stream waits; the host does not) and added into ``.grad``; the
+    reduce-scatter is waited for and post-processed, which under HSDP issues its all-reduce, now
+    in flight on the replicate group's communicator beside the next reduce-scatter. The next
+    ``issue`` advances first, the loop block's last reduction advances at once, and an engine
+    callback at the end of the backward finishes everything (``finish``), so every gradient is
+    in ``.grad`` when ``backward()`` returns. Each gradient gets the same adds in the same order
+    as with in-line collectives, so the result is bitwise theirs.
     """
 
     def __init__(self) -> None:
         self.reducers: list[PerPassReducer] = []
-        self._pending: tuple | None = None
+        self._scatter: tuple | None = None   # (work, keep, post): post may return an all-reduce stage
+        self._reduce: tuple | None = None    # (work, keep, post) of the HSDP all-reduce
         self._callback_queued = False
         self.inline = False           # finish each at once (set by set_loop_grad_sync)
         self._fsdp_accumulated = False  # a micro-batch of this step handed its gradients to FSDP2
 
-    def issue(self, work, keep: torch.Tensor, post: Callable[[], None]) -> None:
-        self.finish()
-        self._pending = (work, keep, post)
+    def issue(self, work, keep: torch.Tensor, post: Callable[[], tuple | None]) -> None:
+        if self._scatter is not None:   # PerPassReducer.reduce advanced before building its buffer
+            self.advance()
+        self._scatter = (work, keep, post)
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
             self._callback_queued = True
 
-    def finish(self) -> None:
-        if self._pending is None:
-            return
-        work, keep, post = self._pending
-        self._pending = None
+    @staticmethod
+    def _complete(stage: tuple) -> tuple | None:
+        work, keep, post = stage
         if work is not None:
             work.wait()
         del keep
-        post()
+        return post()
+
+    def advance(self) -> None:
+        """Finish the all-reduce in flight, then the reduce-scatter (which may start the next one)."""
+        if self._reduce is not None:
+            stage, self._reduce = self._reduce, None
+            self._complete(stage)
+        if self._scatter is not None:
+            stage, self._scatter = self._scatter, None
+            self._reduce = self._complete(stage)
+
+    def finish(self) -> None:
+        """Finish everything in flight."""
+        while self._scatter is not None or self._reduce is not None:
+            self.advance()
 
     def _at_backward_end(self) -> None:
         self._callback_queued = False
@@ -308,9 +344,11 @@ class InFlight:
         """A new micro-batch (``sync``: it reduces): anything left from a backward that did not end
         is waited for (stream order) and dropped; inline when an earlier micro-batch of the step
         left its looped gradients to FSDP2."""
-        if self._pending is not None and self._pending[0] is not None:
-            self._pending[0].wait()
-        self._pending, self._callback_queued = None, False
+        for stage in (self._reduce, self._scatter):
+            if stage is not None and stage[0] is not None:
+                stage[0].wait()
+        self._scatter = self._reduce = None
+        self._callback_queued = False
         self.inline = sync and self._fsdp_accumulated
         self._fsdp_accumulated = not sync
 
