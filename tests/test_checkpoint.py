@@ -227,6 +227,24 @@ def test_a_repeated_metrics_line_is_refused_and_changes_nothing(tmp_path, env):
     assert snapshot(tmp_path / "runs") == before
 
 
+@pytest.mark.parametrize("damage", ["deleted", "cut"])
+def test_a_lost_metrics_line_is_refused_and_changes_nothing(tmp_path, env, damage):
+    """The resume audit (F7): a deleted middle line, or a file cut to its first line and half of
+    the second (the half line then looks like a torn last line), resumed with exit 0 and the
+    finished log kept the gap. The checkpoint now holds how many lines the run wrote
+    (``TrainState.metrics_lines``), and a resume that finds fewer up to its update refuses."""
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=10)
+    path = tmp_path / "runs" / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:5] + lines[6:]) if damage == "deleted" else lines[0] + lines[1][:20])
+    before = snapshot(tmp_path / "runs")
+    code, _, err = cli(args + ["--resume"])
+    assert code == 2 and err.startswith("error:") and "\n" not in err.strip(), err
+    assert "a line lost, or the file cut short" in err and str(path) in err
+    assert snapshot(tmp_path / "runs") == before
+
+
 def test_torn_final_metrics_line_is_dropped_on_resume(tmp_path, env):
     code, _, err = cli(cli_args(tmp_path / "ref"))
     assert code == 0, err

@@ -81,11 +81,14 @@ def peak_memory_bytes(device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
 
 
-def resume_metrics(path: Path, upto_iter: int) -> int:
+def resume_metrics(path: Path, upto_iter: int, lines: int | None = None) -> int:
     """Keep the lines of ``path`` with ``iter <= upto_iter``; returns how many were dropped.
 
     A torn final line is dropped; a corrupt line before it raises UserError and leaves the file
-    as it was. The file is rewritten atomically, and only when something is dropped.
+    as it was, and so do a line repeated or out of order and, when the checkpoint says how many
+    ``lines`` the run had written (``TrainState.metrics_lines``), a different number of them up
+    to ``upto_iter`` (a line deleted, or the file cut short). The file is rewritten atomically,
+    and only when something is dropped.
     """
     read = read_jsonl(path, missing_ok=True)
     for i, r in enumerate(read.rows, start=1):
@@ -101,6 +104,10 @@ def resume_metrics(path: Path, upto_iter: int) -> int:
         if b <= a:
             raise UserError(f"{path}: record {i} has iter {b} after iter {a} (a line repeated or out of "
                             "order); the log is damaged: resume refuses to rewrite it")
+    if lines is not None and len(kept) != lines:
+        raise UserError(f"{path}: holds {len(kept)} line(s) up to update {upto_iter} where the run wrote "
+                        f"{lines} (a line lost, or the file cut short); the log is damaged: resume refuses "
+                        "to rewrite it")
     if read.skipped or not read.terminated or len(kept) != len(read.rows):
         runlog.rewrite_jsonl(path, kept)
     return len(read.rows) - len(kept) + read.skipped

@@ -26,6 +26,9 @@ class TrainState:
     wall_s       training wall time so far, summed over the run's sessions
     last_eval    the latest evaluation record (val_loss, val_bpb, ... at an iter), or None
     best_val     lowest val_loss seen so far, or None
+    metrics_lines  lines written to metrics.jsonl so far (every rank counts them: the rule that
+                 writes one is the same on all); a resume finds exactly that many up to its iter,
+                 or the log lost lines. None: a checkpoint written before the count existed
     """
 
     iter: int = 0
@@ -35,6 +38,7 @@ class TrainState:
     wall_s: float = 0.0
     last_eval: dict | None = None
     best_val: float | None = None
+    metrics_lines: int | None = 0
 
     @property
     def done(self) -> bool:
@@ -52,7 +56,9 @@ class TrainState:
         _check(d["position"], _POSITION_TYPES, "state.position")
         if not all(isinstance(p, dict) for p in d["points"]):
             raise ValueError("state.points must be a list of objects")
-        return cls(**{**d, "position": Position(**d["position"]), "points": list(d["points"])})
+        # a checkpoint written before the line count: unknown (None), not 0
+        return cls(**{"metrics_lines": None, **d, "position": Position(**d["position"]),
+                      "points": list(d["points"])})
 
     def copy(self) -> "TrainState":
         return TrainState.from_dict(self.to_dict())
@@ -69,7 +75,8 @@ def _number(v: object) -> bool:
 _STATE_TYPES = {"iter": _count, "position": lambda v: isinstance(v, dict), "tokens_seen": _count,
                 "points": lambda v: isinstance(v, list), "wall_s": _number,
                 "last_eval": lambda v: v is None or isinstance(v, dict),
-                "best_val": lambda v: v is None or _number(v)}
+                "best_val": lambda v: v is None or _number(v),
+                "metrics_lines": lambda v: v is None or _count(v)}
 _POSITION_TYPES = {"trunk_step": _count, "branch": lambda v: v is None or _count(v), "branch_step": _count,
                    "next_branch": _count, "done": lambda v: isinstance(v, bool)}
 

@@ -447,10 +447,11 @@ class Trainer:
         elif existed:
             _agreed(dist, lambda: self._refuse_starting_over(old))
         self.checkpointer.prune_branch_points(self.state)
-        if dist.is_main:
-            from scaling.training.loop.metrics import resume_metrics
+        from scaling.training.loop.metrics import resume_metrics
 
-            resume_metrics(run_dir / runlog.METRICS, self.state.iter)
+        # every rank stops on a damaged log, not rank 0 alone with the others waiting at the barrier
+        _agreed(dist, lambda: resume_metrics(run_dir / runlog.METRICS, self.state.iter,
+                                             self.state.metrics_lines))
         self.metrics = MetricsSink(run_dir, enabled=dist.is_main, log_to=cfg.log_to,
                                    start_iter=self.state.iter,
                                    run_name=self.run_name, run_id=run_id, config=meta)
@@ -646,6 +647,8 @@ class Trainer:
                     record["mfu"] = mfu(tps, fpt, self.peak_flops, self.dist.world)
                 if s.iter % cfg.log_every == 0 or up.evaluate or s.done:
                     self.metrics.log(record)
+                    if s.metrics_lines is not None:
+                        s.metrics_lines += 1
                     if up.budget_end is not None:
                         self.write_final()
                 report(Progress(self.run_name, s.iter * self.tokens_per_step, total, tps,
