@@ -573,6 +573,64 @@ def _all_reduce_volumes(layout: Layout, grad_bytes: float, shard_bytes: float,
     return round(ring * shard_bytes), round(ring * looped_shard_bytes)
 
 
+EXPERT_STACKS = ("moe.w_gate_up", "moe.w_down")
+
+
+def _gathered(shapes: list, S: int, P: int, share: int) -> tuple[int, int, int]:
+    """Elements FSDP2 all-gathers, and reduce-scatters, of one layer's non-expert parameters, of
+    the experts this rank holds, and of the root's: each parameter's dim 0 padded up to a
+    multiple of its shard degree (S; S / P for an EP rank's share of ``share`` experts), as
+    FSDP2 pads its flat buffers (torch/distributed/fsdp/_fully_shard/_fsdp_param.py). Unpadded,
+    the volumes and buffers came out 4-6% low at 1.6B over 32 GPUs (336 experts) and 22% low on
+    4 ranks of proxy-tiny (the planner audit of 2026-12-08)."""
+    def padded(name: str, shape: tuple[int, ...]) -> int:
+        if name.endswith(EXPERT_STACKS):
+            k = max(1, S // P)
+            return sharded_numel((share, *shape[1:]), k) * k
+        return sharded_numel(shape, S) * S
+
+    layer = [(n, sh) for n, sh in shapes if n.startswith("layers.0.")]
+    return (sum(padded(n, sh) for n, sh in layer if not n.endswith(EXPERT_STACKS)),
+            sum(padded(n, sh) for n, sh in layer if n.endswith(EXPERT_STACKS)),
+            sum(padded(n, sh) for n, sh in shapes if not n.startswith("layers.")))
+
+
+def _grads_at_backward_start(cfg: ModelConfig, layout: Layout, gb: int, rb: int, local: int, grads: int,
+                             layer_local: int) -> int:
+    """Gradient bytes alive as the (last) micro-batch's backward starts. The trainer frees them after
+    each step (zero_grad with set_to_none), so with one micro-batch per step they appear layer by
+    layer as the backward reaches each layer's first pass (the root's, embedding and head, counted
+    from the start; DDP's reducer buckets persist). With accumulation every later micro-batch
+    finds them all, except where FSDP2 holds no sharded ``.grad`` before the last micro-batch
+    reduces (grad_sync "last"; HSDP, which all-reduces only then): there the accumulation buffers
+    (``_accumulation_bytes``) stand in for them, and as that backward goes on each group's buffer
+    turns into its gradient (HSDP: the reduce-dtype partial into the grad-dtype gradient). Counting
+    both was the planner audit's largest finding (2026-12-08: 27 GB per GPU too many at 1.6B)."""
+    if layout.grad_accum_steps == 1:
+        bucket = gb * local if layout.mode == "ddp" else 0
+        return bucket + gb * (local - cfg.n_layers * layer_local)
+    if layout.sharded and (layout.grad_sync == "last" or layout.mode == "hsdp"):
+        return max(0, gb - rb) * local if layout.grad_sync == "every" else 0
+    return grads
+
+
+def _accumulation_bytes(layout: Layout, shapes: list, P: int, share: int, rb: int, local: int) -> int:
+    """What FSDP2 holds between the micro-batches of a step, in the reduce dtype: under
+    ``grad_sync = "last"`` every parameter's *unsharded* accumulated gradient
+    (``unsharded_accumulated_grad``; under expert parallelism only the experts this rank holds:
+    counting all of them was 216 GB instead of 29 at 1.6B with EP 8); under HSDP the sharded
+    gradient summed over the micro-batches that do not all-reduce (``_partial_reduce_output``, the
+    per-pass reducer's ``partial`` for looped layers; with one replica as well). Either stands in
+    for the sharded gradients until the last micro-batch reduces (``estimate_memory``'s ``g_now``);
+    both equal the real buffers byte for byte on 2 and 4 gloo ranks (tests/test_memory_gloo.py)."""
+    if layout.grad_accum_steps <= 1:
+        return 0
+    if layout.grad_sync == "last":
+        return rb * sum(_numel((share, *sh[1:]) if P > 1 and n.endswith(EXPERT_STACKS) else sh)
+                        for n, sh in shapes)
+    return rb * local if layout.mode == "hsdp" else 0
+
+
 def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: int, rb: int, Lp_ne: float,
                      share_layer: float, root: float, per_pass: bool) -> tuple[int, int, int]:
     """FSDP/HSDP bytes each GPU sends per step over its S-rank shard group (experts over S / P):
@@ -585,10 +643,13 @@ def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: i
     ag = round(m * c * (frac * (2 * cfg.n_layer_passes * Lp_ne + root)
                         + frac_e * 2 * cfg.n_layer_passes * share_layer))
     looped = cfg.loop_end - cfg.loop_start if cfg.is_looped else 0
-    # grad_sync "last" with accumulation: the synced micro-batch reduce-scatters its own pass
-    # gradients per pass and FSDP2 the looped gradients it accumulated before, once per layer
-    accumulated = per_pass and m_sync == 1 and m > 1
-    n_rs = (cfg.n_layer_passes + (looped if accumulated else 0)) if per_pass else cfg.n_layers
+    # grad_sync "last" with accumulation: on the synced micro-batch FSDP2 reduce-scatters a looped
+    # layer's accumulated gradient once more, at its later pass in backward, beside its own
+    # reductions (per pass under per-pass reduction, else at the first pass: 7 calls, not 5, on
+    # proxy-tiny, the planner audit of 2026-12-08)
+    accumulated = m_sync == 1 and m > 1
+    n_rs = (cfg.n_layer_passes if per_pass else cfg.n_layers) + (looped if accumulated else 0)
+    accumulated = accumulated and per_pass
     rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
     # in line (loop_grad.InFlight): the loop block's last pass per synced micro-batch, or every
     # looped pass where FSDP2 writes the same .grad (accumulated)
@@ -616,7 +677,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     share = -(-cfg.n_experts // P)  # the largest EP share of a layer's experts (array_split)
 
     def local_numel(name: str, shape: tuple[int, ...]) -> int:
-        if P > 1 and name.endswith(("moe.w_gate_up", "moe.w_down")):  # this rank's experts, FSDP
+        if P > 1 and name.endswith(EXPERT_STACKS):  # this rank's experts, FSDP
             return sharded_numel((share, *shape[1:]), S // P)       # over the other S / P ranks
         return sharded_numel(shape, S)
 
@@ -638,7 +699,9 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     expert_layer = cfg.n_experts * 3 * d * cfg.expert_hidden  # one layer's expert stacks
     Lp_ne = _layer_params(cfg) - expert_layer                 # its non-expert parameters
     share_layer = share * 3 * d * cfg.expert_hidden           # the experts one rank gathers
-    Lp = Lp_ne + share_layer  # one layer's parameters as FSDP all-gathers them on one rank
+    Lp = Lp_ne + share_layer  # one layer's parameters on one rank (its unsharded gradient)
+    Lp_ne_g, share_g, root_g = _gathered(shapes, S, P, share) if layout.sharded else (Lp_ne, share_layer, 0)
+    Lp_g = Lp_ne_g + share_g  # ... as FSDP2 all-gathers and reduce-scatters them, padded
     # the MoE backward's first steps: the gradients of the gated and ungated expert outputs,
     # the residual stream's gradient, and (unsharded) w_down's weight-gradient temporary
     layer_work = N * (2 * cfg.top_k * c * dp + resid * d) + (
@@ -651,17 +714,9 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
         held_bytes = 0
 
     # FSDP buffers / autocast copies (constant over the backward)
-    root = n_total - cfg.n_layers * (Lp_ne + expert_layer)
     if layout.sharded:
-        buffers = c * root + 2 * c * Lp + (c + rb) * Lp
-        if layout.grad_sync == "last" and layout.grad_accum_steps > 1:
-            buffers += rb * n_total
-        elif layout.mode == "hsdp" and layout.replicas > 1 and layout.grad_accum_steps > 1:
-            # HSDP reduce-scatters every micro-batch but all-reduces only the last: the shard is
-            # summed meanwhile in FSDP2's ``_partial_reduce_output`` (one per parameter group;
-            # the per-pass reducer's ``partial`` for the looped ones), a reduce-dtype copy of
-            # the sharded gradients alive across the step
-            buffers += rb * local
+        buffers = c * root_g + 2 * c * Lp_g + c * Lp + rb * Lp_g
+        buffers += _accumulation_bytes(layout, shapes, P, share, rb, local)
     elif c < pb:  # autocast: non-expert weights cast once; expert weights per stored pass
         expert = cfg.n_experts * 3 * d * cfg.expert_hidden
         copies = 1 if layout.activation_checkpointing else cfg.n_layer_passes
@@ -669,14 +724,9 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     else:
         buffers = 0
 
-    # gradients during the backward: the trainer frees them after each step (zero_grad with
-    # set_to_none), so with one micro-batch per step they appear layer by layer as the backward
-    # reaches each layer's first pass (the root's, embedding and head, counted from the start);
-    # with accumulation every later micro-batch finds them all. DDP's reducer buckets persist.
     layer_local = sum(sharded_numel(s, S) for n, s in shapes if n.startswith("layers.0."))
-    bucket = gb * local if layout.mode == "ddp" else 0
     progressive = layout.grad_accum_steps == 1
-    g_now = bucket + gb * (local - cfg.n_layers * layer_local) if progressive else grads
+    g_now = _grads_at_backward_start(cfg, layout, gb, rb, local, grads, layer_local)
 
     # walk the backward: the head first, then the layer passes in reverse execution order
     schedule = cfg.schedule()
@@ -708,11 +758,13 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     # communication per optimizer step
     m = layout.grad_accum_steps
     m_sync = m if layout.grad_sync == "every" else 1
-    ag, rs, rs_inline = (_sharded_volumes(cfg, S, P, m, m_sync, c, rb, Lp_ne, share_layer, root, per_pass)
+    ag, rs, rs_inline = (_sharded_volumes(cfg, S, P, m, m_sync, c, rb, Lp_ne_g, share_g, root_g, per_pass)
                          if layout.sharded and S > 1 else (0, 0, 0))
-    # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward;
-    # (P-1)/P of them leave the rank under uniform routing
-    a2a = round(m * cfg.n_layer_passes * 4 * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
+    # expert parallelism: N*k rows of d go out and come back per layer pass, forward and backward,
+    # and once more in forward where activation checkpointing recomputes the layer; (P-1)/P of
+    # them leave the rank under uniform routing
+    trips = 6 if layout.activation_checkpointing else 4
+    a2a = round(m * cfg.n_layer_passes * trips * N * cfg.top_k * d * c * (P - 1) / P) if P > 1 else 0
     # in line: the per-pass reduction's all-reduces of the looped shards where it finishes each at
     # once (grad_sync "last" with accumulation); elsewhere they hide like the reduce-scatters
     inline_ar = per_pass and m_sync == 1 and m > 1
