@@ -294,8 +294,9 @@ def test_planner_counts_hsdp_partial_shards_as_held(two_ranks):
     group's reduce-scattered shard in ``_partial_reduce_output`` (and the per-pass reducers theirs
     in ``partial``): a reduce-dtype copy of the sharded gradients alive across the step. The
     planner's buffers count exactly the bytes the real model holds (2 replicas x 1 shard here, 2 x 2
-    in the four-rank test). It did not before 2026-12-08: at 1.6B (HSDP 4 x 8, EP 8, 16 micro-batches)
-    27 GB per GPU were missing."""
+    in the four-rank test), in place of the sharded gradients they stand for until the last
+    micro-batch all-reduces (tests/test_memory_gloo.py checks the sum). Before 2026-12-08 the
+    planner counted those gradients instead: the same bytes in fp32, under another name."""
     got = two_ranks["hsdp_2x1_per_pass_ac"]["partial_bytes"]
     assert got > 0 and got == _planned_partial_bytes(2, 2)
 

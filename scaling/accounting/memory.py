@@ -751,8 +751,11 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
                 held -= held_bytes
         if progressive and pass_ == (cfg.n_loops if per_pass and looped else 1):
             g_now += gb * layer_local  # the sharded gradient exists from the first reduce-scatter
-    if grads > best[0]:  # the optimizer step: every gradient, no activations (tiny models)
-        best = (grads, 0, 0, grads, "optimizer step")
+    # the optimizer step: every gradient, and neither activations nor the backward's buffers (the
+    # gathered layers, the accumulation that turned into the gradients): tiny models, and layouts
+    # whose accumulation buffers stand in for the gradients through the backward
+    if grads > best[0] + buffers:
+        best, buffers = (grads, 0, 0, grads, "optimizer step"), 0
     _, acts, work, grads, peak_at = best
 
     # communication per optimizer step
