@@ -245,6 +245,32 @@ def test_a_lost_metrics_line_is_refused_and_changes_nothing(tmp_path, env, damag
     assert snapshot(tmp_path / "runs") == before
 
 
+def test_a_checkpoint_from_before_the_line_count_takes_the_logs_count(tmp_path, env):
+    """A checkpoint written before ``metrics_lines`` existed (its state lacks the key) resumes, its
+    count seeded from the log it finds, and is checked from then on: killed again, a deleted
+    line is refused. The resumed run's log equals an uninterrupted run's."""
+    code, _, err = cli(cli_args(tmp_path / "ref"))
+    assert code == 0, err
+    args = cli_args(tmp_path / "runs")
+    killed(args, env, at=5)
+    metas = sorted((tmp_path / "runs" / "r" / "checkpoints").glob("iter-*/meta.json"))
+    assert metas
+    for meta in metas:
+        doc = json.loads(meta.read_text())
+        assert doc["state"].pop("metrics_lines") == 4
+        meta.write_text(json.dumps(doc))
+    killed(args + ["--resume"], env, at=10)
+    path = tmp_path / "runs" / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2] + lines[3:]))
+    code, _, err = cli(args + ["--resume"])
+    assert code == 2 and "a line lost, or the file cut short" in err, err
+    path.write_text("".join(lines))
+    code, _, err = cli(args + ["--resume"])
+    assert code == 0, err
+    assert logs(tmp_path / "runs" / "r") == logs(tmp_path / "ref" / "r")
+
+
 def test_torn_final_metrics_line_is_dropped_on_resume(tmp_path, env):
     code, _, err = cli(cli_args(tmp_path / "ref"))
     assert code == 0, err

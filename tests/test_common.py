@@ -203,4 +203,16 @@ def test_decimals_tell_distinct_values_apart():
 
     assert decimals(0.5138837, 0.5138853) == 5          # [0.51388, 0.51389], not [0.514, 0.514]
     assert decimals(0.41, 0.52) == 3 and decimals(0.5, 0.5) == 3      # equal values need no more
-    assert decimals(1.0, 1.0 + 1e-12) == 8                            # capped
+    assert decimals(1.0, 1.0 + 1e-12) == 9                            # capped
+    from scaling.cli.fit import _ci_text
+    from scaling.fitting.approaches import COLLAPSED_REL
+
+    # every interval wider than the collapse threshold prints two ends (the review of 2026-12-08:
+    # widths of 1e-9 to 5e-9 printed [a, a] when the threshold was 1e-9 and the cap 8 decimals)
+    for a in (0.51388888, 0.05, 1.3, 9.7):
+        for w in (1.01, 1.5, 3.0, 10.0):
+            lo, hi = a, a + w * COLLAPSED_REL * max(1.0, a)
+            text = _ci_text([lo, hi])
+            ends = text.strip(" []").split(", ")
+            assert len(ends) == 2 and ends[0] != ends[1], (a, w, text)
+        assert "zero width" in _ci_text([a, a + 0.5 * COLLAPSED_REL * max(1.0, a)])

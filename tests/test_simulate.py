@@ -467,25 +467,29 @@ def test_a_noise_free_design_that_identifies_says_so_without_a_bootstrap():
 
 
 def test_power_shown_counts_what_savings_would_withhold():
-    """Planted: the 0.6-decade design above at 2% noise, whose laws no trial identifies (E and A not
-    separable), asked at 1e19, 0.4 decades beyond its largest compute: `savings` withholds every
-    trial's number there (unidentified law beyond the data), so none is a result a user would get
-    (power shown 0, every trial withheld) whatever the intervals say. The well-designed chinchilla
+    """Planted: a large saving (the SMELT law's A 300 against 482, same F: 74.4%) on a 0.6-decade
+    design at 2% noise, whose laws no trial identifies (E and A not separable), asked at 1e19, 0.4
+    decades beyond its largest compute. 5 of the 6 trials' intervals exclude zero (measured
+    2026-12-08), but `savings` withholds every trial's number there (unidentified law beyond the
+    data), so none is a result a user would get: power shown 0. The well-designed chinchilla
     design identifies in every trial: at its largest compute and a decade beyond it nothing is
     withheld and power shown equals power."""
-    truth = chinchilla_truth()
+    law, P = get_law("chinchilla"), {"E": 1.82, "alpha": 0.3478, "B": 2085.0, "beta": 0.3658}
+    truth = {"baseline": FittedLaw("baseline", law, {**P, "A": 482.0}, cost=6.0, compute_max=1e21),
+             "smelt": FittedLaw("smelt", law, {**P, "A": 300.0}, cost=6.0, compute_max=1e21)}
     poor = isoflop_design(truth, np.logspace(18, 18.6, 3), n_sizes=5)
-    res = simulate(truth, poor, [1e19], noise=0.02, trials=4, check_starts=0, seed=1, n_bootstrap=20)
-    assert res.identified_rate["baseline"] == 0.0
+    res = simulate(truth, poor, [1e19], noise=0.02, trials=6, check_starts=0, seed=1, n_bootstrap=20)
+    assert set(res.identified_rate.values()) == {0.0}
     (r,) = res.rows
-    assert r.n_withheld == r.n_trials > 0
-    assert r.power_shown in (0.0, None) and (r.power is None or r.power >= r.power_shown)
-    assert any("would withhold the estimate of" in w for w in res.warnings)
-    res = simulate(truth, chin_design_points(), [1e21, 1e22], noise=0.005, trials=4, check_starts=0,
-                   seed=2, n_bootstrap=20)
+    assert r.true_savings == pytest.approx(1 - (300.0 / 482.0) ** (1 / 0.3478), rel=1e-6)
+    assert r.n_withheld == r.n_trials == 6
+    assert r.power == pytest.approx(5 / 6) and r.power_shown == 0.0
+    assert any("would withhold the estimate of 6 of the 6 trials" in w for w in res.warnings)
+    res = simulate(chinchilla_truth(), chin_design_points(), [1e21, 1e22], noise=0.005, trials=4,
+                   check_starts=0, seed=2, n_bootstrap=20)
     assert set(res.identified_rate.values()) == {1.0}
     for r in res.rows:
-        assert r.n_withheld == 0 and r.power_shown == r.power
+        assert r.n_withheld == 0 and r.power is not None and r.power_shown == r.power
     assert not any("withhold" in w for w in res.warnings)
 
 

@@ -560,8 +560,10 @@ def head_working_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, c: int,
 def _all_reduce_volumes(layout: Layout, grad_bytes: float, shard_bytes: float,
                         looped_shard_bytes: float) -> tuple[int, int]:
     """(all-reduce bytes each GPU sends per step, the part the step waits for in line): DDP's fp32
-    gradients once per step; HSDP's reduce-scattered shard across the R replicas once per step (only
-    the last micro-batch all-reduces), of which the looped layers' part is all-reduced in line by
+    gradients once per synced micro-batch (every one under grad_sync "every": DDP has no
+    reduce-scatter to keep them sharded, so it all-reduces each; once per step under "last");
+    HSDP's reduce-scattered shard across the R replicas once per step (only the last micro-batch
+    all-reduces), of which the looped layers' part is all-reduced in line by
     the per-pass reduction where it finishes each reduction at once (``looped_shard_bytes``; 0
     where its all-reduces run asynchronously, ``loop_grad.InFlight``)."""
     R = layout.replicas
@@ -569,7 +571,8 @@ def _all_reduce_volumes(layout: Layout, grad_bytes: float, shard_bytes: float,
         return 0, 0
     ring = 2 * (R - 1) / R
     if layout.mode == "ddp":
-        return round(ring * grad_bytes), 0
+        syncs = layout.grad_accum_steps if layout.grad_sync == "every" else 1
+        return round(ring * grad_bytes * syncs), 0
     return round(ring * shard_bytes), round(ring * looped_shard_bytes)
 
 

@@ -33,9 +33,11 @@ def si(x: float | None, unit: str = "", missing: str = "-") -> str:
     return f"{x:.3g}{unit}"
 
 
-def decimals(*values: float, least: int = 3, most: int = 8) -> int:
+def decimals(*values: float, least: int = 3, most: int = 9) -> int:
     """The fewest fixed decimals, from ``least`` up to ``most``, at which the distinct ``values``
-    print distinct: an interval [0.5138837, 0.5138853] must not read as [0.514, 0.514]."""
+    print distinct: an interval [0.5138837, 0.5138853] must not read as [0.514, 0.514]. Nine
+    tell apart any two values of an exponent's size (below 10) more than 1e-8 x their size apart,
+    the width below which ``scaling.fitting.approaches.collapsed`` calls an interval no interval."""
     distinct = sorted({float(v) for v in values})
     for d in range(least, most + 1):
         if len({f"{v:.{d}f}" for v in distinct}) == len(distinct):

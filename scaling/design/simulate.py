@@ -35,7 +35,9 @@ savings (the same code on the truth) and s_hat the estimates:
 
 A trial's identification is judged at the observed share of bootstrap refits on a bound
 (``identified_at_observed_share``): its 50 resamples are too few to bound that share the way
-``fit``'s 200 do, so the full verdict would call nearly every trial unidentified.
+``fit``'s 200 do, so the full verdict would call nearly every trial unidentified. Without a
+bootstrap (``n_bootstrap = 0``) that is the point fit's part of the verdict alone, as for
+``identified_rate``; ``savings`` on a fit without a bootstrap would withhold more.
 
 For chinchilla-form laws the compute C = F(N) D uses the truth's per-token FLOPs F for the fitted
 laws too, so the savings error measures the fit alone, not a different F of the design's configs.

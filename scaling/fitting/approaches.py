@@ -157,7 +157,8 @@ FEW_BUDGETS = 4
 MIN_RESAMPLED_SHARE = 0.5   # approach 1 needs an estimate in at least this share of its seed resamples
 BUCKET_WIDTH_DECADES = 0.05
 # an interval this narrow (relative) has collapsed numerically: frontier points exactly on a line
-COLLAPSED_REL = 1e-9
+# (measured width 1e-14); wider ones print distinct ends at 9 decimals (common.format.decimals)
+COLLAPSED_REL = 1e-8
 ESTIMATORS = ("window", "parabola")
 DEFAULT_ESTIMATOR = "window"
 WINDOW_DECADES = 1.0

@@ -82,7 +82,7 @@ def peak_memory_bytes(device) -> int:
 
 
 def resume_metrics(path: Path, upto_iter: int, lines: int | None = None) -> int:
-    """Keep the lines of ``path`` with ``iter <= upto_iter``; returns how many were dropped.
+    """Keep the lines of ``path`` with ``iter <= upto_iter``; returns how many are kept.
 
     A torn final line is dropped; a corrupt line before it raises UserError and leaves the file
     as it was, and so do a line repeated or out of order and, when the checkpoint says how many
@@ -110,7 +110,7 @@ def resume_metrics(path: Path, upto_iter: int, lines: int | None = None) -> int:
                         "to rewrite it")
     if read.skipped or not read.terminated or len(kept) != len(read.rows):
         runlog.rewrite_jsonl(path, kept)
-    return len(read.rows) - len(kept) + read.skipped
+    return len(kept)
 
 
 class MetricsSink:

@@ -446,12 +446,16 @@ class Trainer:
             self.state = self.checkpointer.load(latest, self.model, self.optimizer)
         elif existed:
             _agreed(dist, lambda: self._refuse_starting_over(old))
-        self.checkpointer.prune_branch_points(self.state)
         from scaling.training.loop.metrics import resume_metrics
 
-        # every rank stops on a damaged log, not rank 0 alone with the others waiting at the barrier
-        _agreed(dist, lambda: resume_metrics(run_dir / runlog.METRICS, self.state.iter,
-                                             self.state.metrics_lines))
+        # every rank stops on a damaged log, not rank 0 alone with the others waiting at the
+        # barrier, and before anything (stale branch points) is deleted; a checkpoint written
+        # before the line count existed takes the count of the log it resumes
+        kept = _agreed(dist, lambda: resume_metrics(run_dir / runlog.METRICS, self.state.iter,
+                                                    self.state.metrics_lines))
+        if self.state.metrics_lines is None:
+            self.state.metrics_lines = kept
+        self.checkpointer.prune_branch_points(self.state)
         self.metrics = MetricsSink(run_dir, enabled=dist.is_main, log_to=cfg.log_to,
                                    start_iter=self.state.iter,
                                    run_name=self.run_name, run_id=run_id, config=meta)

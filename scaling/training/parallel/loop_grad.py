@@ -41,14 +41,19 @@ unchanged, i.e. FSDP2's own unsharded accumulation, reduced by FSDP on the last 
 
 Overlap (``InFlight``): each pass's reduce-scatter is issued with ``async_op=True`` (NCCL runs
 it on its own stream while the engine goes on with the earlier pass's backward, as DDP's bucket
-all-reduces do) and finished (waited for, post-processed into ``.grad``) when the next one is
-issued, so one is in flight at a time with its input kept alive, as FSDP2 keeps one of its own.
-The loop block's last one in backward is finished at once, and an autograd-engine callback
-finishes anything left at the end of the backward. Under ``grad_sync="last"`` with accumulation
-each is finished at once on the synced micro-batch (as before 2026-12-07): FSDP2 then also
-reduces the looped gradients it accumulated and writes ``.grad`` on its own stream, which a
-deferred add would not be ordered after. The planner counts what is finished at once in line
-(``MemoryEstimate.reduce_scatter_inline``) and lets the others hide like FSDP2's traffic.
+all-reduces do) and finished (waited for, post-processed) when the next one is issued, so one is
+in flight at a time with its input kept alive, as FSDP2 keeps one of its own. Under HSDP the
+post-processing of a module's last pass issues its cross-replica all-reduce, also with
+``async_op=True`` (since 2026-12-08): it stays in flight beside the next reduce-scatter and is
+finished (waited for, divided, added into ``.grad``) when that one is. The loop block's last
+reduce-scatter in backward is finished at once (its all-reduce may stay in flight behind the
+first layers' backward), and an autograd-engine callback finishes everything at the end of the
+backward. Under ``grad_sync="last"`` with accumulation everything is finished at once on the
+synced micro-batch (as before 2026-12-07): FSDP2 then also reduces the looped gradients it
+accumulated and adds them into ``.grad`` on its own stream; on CUDA each add of ours first
+waits for FSDP2's post-reduce events of the module (``PerPassReducer._after_fsdp_writes``). The
+planner counts what is finished at once in line (``MemoryEstimate.reduce_scatter_inline`` and
+``all_reduce_inline``) and lets the others hide like FSDP2's traffic.
 
 Cost: reduce-scatters per step go from one per looped layer to one per looped layer pass (for
 SMELT's loop of r = 2 passes over half the layers, 1.5x the layer reduce-scatter bytes), and
@@ -63,6 +68,7 @@ of tests/test_parallel.py); on CUDA ``benchmarks/gpu_check_scale.py`` checks it.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -246,7 +252,7 @@ class PerPassReducer:
         replicas = 1
         for i in rep_dims:
             replicas *= mesh.size(i)
-        add = lambda: self._add(out, sharded, rows, S * replicas, avg)  # noqa: E731
+        add = functools.partial(self._add, out, sharded, rows, S * replicas, avg)
         if not rep_dims:
             add()
             return None
@@ -269,6 +275,8 @@ class PerPassReducer:
         mesh, placements = sharded[0].device_mesh, sharded[0].placements
         if not avg:
             out.div_(self.divide_factor or ranks)
+        if out.is_cuda:
+            self._after_fsdp_writes()
         offset = 0
         for p, r in zip(sharded, rows):
             row = p.numel() // p.shape[0] if p.shape[0] else 0
@@ -280,6 +288,28 @@ class PerPassReducer:
                                             shape=p.shape, stride=p.stride())
             else:
                 p.grad.to_local().add_(new)
+
+
+    def _after_fsdp_writes(self) -> None:
+        """Order the add into ``.grad`` after FSDP2's own writes to it. Under grad_sync "last" with
+        accumulation FSDP2 reduce-scatters this module's accumulated gradient at its later pass
+        in backward and adds it into the same ``.grad`` on its post-reduce stream, making the
+        compute stream wait for that only at the end of the backward (``finalize_backward``);
+        ``work.wait()`` orders our add after FSDP2's collectives but not after its ``+=``, so
+        the two read-modify-writes would race (the review of 2026-12-08; a CUDA-only hazard, CPU
+        runs one stream). The events are FSDP2's own (the same names in torch 2.11-2.15)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(self.module, FSDPModule):
+            return
+        group = self.module._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            return
+        stream = torch.cuda.current_stream()
+        for event in (getattr(group, "_post_reduce_event", None),
+                      getattr(getattr(group, "_all_reduce_state", None), "event", None)):
+            if event is not None:
+                stream.wait_event(event)
 
 
 class InFlight:
