@@ -24,7 +24,9 @@ ranks; the second step is measured:
 * the rows sent by expert parallelism's all-to-alls, forward, recompute and backward: with
   activation checkpointing exactly 1.5x those without, on the same weights and tokens.
 
-Every comparison is exact (bytes), on the largest rank.
+Every comparison is exact (bytes), on the largest rank, in fp32 and under FSDP2's mixed precision
+(bf16 compute and all-gathers, fp32 reductions, gradients and master weights: the CUDA default,
+run here on CPU).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ SCENARIOS = {
     "smelt_ep2_m1_ac": ("proxy-xxs", "smelt", 2, "fsdp", None, 2, 1, "every", "per-pass", True),
     "base_ddp_m2_every": ("proxy-tiny", "baseline", 2, "ddp", None, 1, 2, "every", None, False),
     "base_ddp_m2_last": ("proxy-tiny", "baseline", 2, "ddp", None, 1, 2, "last", None, False),
+    # FSDP2's mixed precision (bf16 compute and all-gathers, fp32 reductions and master weights)
+    "smelt_fsdp_m2_every_bf16": ("proxy-tiny", "smelt", 2, "fsdp", None, 1, 2, "every", "per-pass", False),
+    "smelt_fsdp_m2_last_bf16": ("proxy-tiny", "smelt", 2, "fsdp", None, 1, 2, "last", "per-pass", False),
+    "smelt_hsdp2x1_m2_bf16": ("proxy-tiny", "smelt", 2, "hsdp", 2, 1, 2, "every", "per-pass", False),
     # 4 ranks (slow): shards that need FSDP2's padding, HSDP 2 x 2, HSDP with expert parallelism
     "smelt_fsdp4_m1": ("proxy-tiny", "smelt", 4, "fsdp", None, 1, 1, "every", "per-pass", False),
     "smelt_hsdp2x2_m2": ("proxy-tiny", "smelt", 4, "hsdp", 2, 1, 2, "every", "per-pass", False),
@@ -144,7 +150,8 @@ def _scenario(name: str, rank: int, rec: _Collectives) -> tuple[dict, object]:
     tier, arch, _, mode, replicate, ep, m, sync, loop_grad, ac = SCENARIOS[name]
     cfg = get_config(tier, arch)
     env = setup_distributed("cpu", mode, replicate=replicate, ep=ep)
-    model = build_model(cfg, SEED, env, mode, activation_checkpointing=ac, loop_grad=loop_grad)
+    model = build_model(cfg, SEED, env, mode, activation_checkpointing=ac, loop_grad=loop_grad,
+                        mixed_precision=name.endswith("_bf16"))
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     if mode == "ddp":   # DDP's reducer all-reduces its buckets in C++; the same through Python's
@@ -206,8 +213,9 @@ def _plan(name: str, **changes):
     cfg = get_config(tier, arch)
     kw = dict(mode=mode, gpus_per_node=world, replicate=replicate, ep=ep, micro_batch_size=1,
               grad_accum_steps=m, grad_sync=sync, activation_checkpointing=ac, seq_len=cfg.seq_len,
-              compute_dtype="fp32", param_dtype="fp32", grad_dtype="fp32", optim_dtype="fp32",
-              reduce_dtype="fp32", **({} if loop_grad is None else {"loop_grad": loop_grad}))
+              compute_dtype="bf16" if name.endswith("_bf16") else "fp32", param_dtype="fp32",
+              grad_dtype="fp32", optim_dtype="fp32", reduce_dtype="fp32",
+              **({} if loop_grad is None else {"loop_grad": loop_grad}))
     return estimate_memory(cfg, Layout(**{**kw, **changes}))
 
 
