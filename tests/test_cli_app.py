@@ -72,3 +72,24 @@ def test_user_text_is_not_rich_markup(tmp_path):
     assert res.exit_code == 2 and "a:b:c" in res.stderr
     res = runner.invoke(app, ["train", "--help"])
     assert "(default: <tier>-<arch>" in " ".join(res.stdout.split()).replace("[", "(")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["simulate", "--budget", "1e20", "--budget", "1e22"],
+     "option --budget given 2 times (it takes one value; --budgets takes several)"),
+    (["savings", "--law-set", "paper", "--budget=1e20", "--budget", "1e21"], "option --budget given 2 times"),
+    (["fit", "points.csv", "--bootstrap", "5", "--bootstrap", "7"], "option --bootstrap given 2 times"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(args, message):
+    """Click kept the last of two values silently: `simulate --budget 1e20 --budget 1e22` answered
+    for 1e22 alone. Flags and repeatable options (--where) are not affected."""
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+
+
+def test_flags_and_repeatable_options_may_repeat():
+    res = CliRunner().invoke(app, ["savings", "--law-set", "paper", "--budget", "1e20", "--json", "--json",
+                                   "--where", "N > 0", "--where", "D > 0"])
+    assert "given 2 times" not in res.stderr

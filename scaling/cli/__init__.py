@@ -41,6 +41,8 @@ class _LazyGroup(TyperGroup):
             sub = typer.Typer(rich_markup_mode=None)
             importlib.import_module(f"scaling.cli.{module}").register(sub)
             self._loaded[module] = typer.main.get_group(sub)
+            for command in self._loaded[module].commands.values():
+                _refuse_repeats(command)
         return self._loaded[module].commands[name]
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
@@ -75,6 +77,38 @@ class _LazyGroup(TyperGroup):
             sys.stderr.write("error: interrupted\n")
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _refuse_repeats(command: Any) -> None:
+    """Make ``command`` (and a group's subcommands) refuse an option of one value given twice.
+
+    Click keeps the last of ``--budget 1e20 --budget 1e22`` silently: the user asked for two
+    budgets and gets one answer. Flags (``--json`` twice means the same) and options that take
+    several values (``--where``) are left alone; so is everything after ``--``."""
+    for sub in getattr(command, "commands", {}).values():
+        _refuse_repeats(sub)
+    single = {name: p for p in command.params if getattr(p, "param_type_name", "") == "option"
+              and not p.multiple and not p.is_flag and not p.count for name in p.opts + p.secondary_opts}
+    parse = command.parse_args
+
+    def parse_args(ctx: Any, args: list[str]) -> Any:
+        seen: dict[Any, list[str]] = {}
+        for arg in args:
+            if arg == "--":
+                break
+            option = single.get(arg.split("=", 1)[0] if arg.startswith("--") else arg)
+            if option is not None:
+                seen.setdefault(option, []).append(arg.split("=", 1)[0])
+        for option, given in seen.items():
+            if len(given) > 1:
+                plural = [o for o in (*single, *(o for p in command.params for o in getattr(p, "opts", ())))
+                          if o == given[0] + "s"]
+                hint = f"; {plural[0]} takes several" if plural else ""
+                raise _click_exc.UsageError(f"option {given[0]} given {len(given)} times (it takes one "
+                                            f"value{hint})", ctx)
+        return parse(ctx, args)
+
+    command.parse_args = parse_args
 
 
 app = typer.Typer(
