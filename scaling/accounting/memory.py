@@ -579,6 +579,15 @@ def _all_reduce_volumes(layout: Layout, grad_bytes: float, shard_bytes: float,
 EXPERT_STACKS = ("moe.w_gate_up", "moe.w_down")
 
 
+def _on_rank(name: str, shape: tuple[int, ...], S: int, P: int, share: int) -> tuple[tuple[int, ...], int]:
+    """The unsharded shape of parameter ``name`` that this rank's FSDP2 group holds, and the
+    degree it is sharded over: under expert parallelism (P > 1) an EP rank's ``share`` experts
+    over the S / P ranks of its expert group; everything else whole, over S."""
+    if P > 1 and name.endswith(EXPERT_STACKS):
+        return (share, *shape[1:]), max(1, S // P)
+    return shape, S
+
+
 def _gathered(shapes: list, S: int, P: int, share: int) -> tuple[int, int, int]:
     """Elements FSDP2 all-gathers, and reduce-scatters, of one layer's non-expert parameters, of
     the experts this rank holds, and of the root's: each parameter's dim 0 padded up to a
@@ -587,10 +596,8 @@ def _gathered(shapes: list, S: int, P: int, share: int) -> tuple[int, int, int]:
     the volumes and buffers came out 4-6% low at 1.6B over 32 GPUs (336 experts) and 22% low on
     4 ranks of proxy-tiny (the planner audit of 2026-12-08)."""
     def padded(name: str, shape: tuple[int, ...]) -> int:
-        if name.endswith(EXPERT_STACKS):
-            k = max(1, S // P)
-            return sharded_numel((share, *shape[1:]), k) * k
-        return sharded_numel(shape, S) * S
+        held, degree = _on_rank(name, shape, S, P, share)
+        return sharded_numel(held, degree) * degree
 
     layer = [(n, sh) for n, sh in shapes if n.startswith("layers.0.")]
     return (sum(padded(n, sh) for n, sh in layer if not n.endswith(EXPERT_STACKS)),
@@ -617,7 +624,7 @@ def _grads_at_backward_start(cfg: ModelConfig, layout: Layout, gb: int, rb: int,
     return grads
 
 
-def _accumulation_bytes(layout: Layout, shapes: list, P: int, share: int, rb: int, local: int) -> int:
+def _accumulation_bytes(layout: Layout, shapes: list, S: int, P: int, share: int, rb: int, local: int) -> int:
     """What FSDP2 holds between the micro-batches of a step, in the reduce dtype: under
     ``grad_sync = "last"`` every parameter's *unsharded* accumulated gradient
     (``unsharded_accumulated_grad``; under expert parallelism only the experts this rank holds:
@@ -629,8 +636,7 @@ def _accumulation_bytes(layout: Layout, shapes: list, P: int, share: int, rb: in
     if layout.grad_accum_steps <= 1:
         return 0
     if layout.grad_sync == "last":
-        return rb * sum(_numel((share, *sh[1:]) if P > 1 and n.endswith(EXPERT_STACKS) else sh)
-                        for n, sh in shapes)
+        return rb * sum(_numel(_on_rank(n, sh, S, P, share)[0]) for n, sh in shapes)
     return rb * local if layout.mode == "hsdp" else 0
 
 
@@ -680,9 +686,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     share = -(-cfg.n_experts // P)  # the largest EP share of a layer's experts (array_split)
 
     def local_numel(name: str, shape: tuple[int, ...]) -> int:
-        if P > 1 and name.endswith(EXPERT_STACKS):  # this rank's experts, FSDP
-            return sharded_numel((share, *shape[1:]), S // P)       # over the other S / P ranks
-        return sharded_numel(shape, S)
+        return sharded_numel(*_on_rank(name, shape, S, P, share))
 
     local = sum(local_numel(n, s) for n, s in shapes)
     n_total = total_params(cfg)
@@ -719,7 +723,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     # FSDP buffers / autocast copies (constant over the backward)
     if layout.sharded:
         buffers = c * root_g + 2 * c * Lp_g + c * Lp + rb * Lp_g
-        buffers += _accumulation_bytes(layout, shapes, P, share, rb, local)
+        buffers += _accumulation_bytes(layout, shapes, S, P, share, rb, local)
     elif c < pb:  # autocast: non-expert weights cast once; expert weights per stored pass
         expert = cfg.n_experts * 3 * d * cfg.expert_hidden
         copies = 1 if layout.activation_checkpointing else cfg.n_layer_passes

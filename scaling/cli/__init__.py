@@ -89,6 +89,7 @@ def _refuse_repeats(command: Any) -> None:
         _refuse_repeats(sub)
     single = {name: p for p in command.params if getattr(p, "param_type_name", "") == "option"
               and not p.multiple and not p.is_flag and not p.count for name in p.opts + p.secondary_opts}
+    names = {name for p in command.params for name in getattr(p, "opts", ())}
     parse = command.parse_args
 
     def parse_args(ctx: Any, args: list[str]) -> Any:
@@ -101,9 +102,7 @@ def _refuse_repeats(command: Any) -> None:
                 seen.setdefault(option, []).append(arg.split("=", 1)[0])
         for option, given in seen.items():
             if len(given) > 1:
-                plural = [o for o in (*single, *(o for p in command.params for o in getattr(p, "opts", ())))
-                          if o == given[0] + "s"]
-                hint = f"; {plural[0]} takes several" if plural else ""
+                hint = f"; {given[0]}s takes several" if given[0] + "s" in names else ""
                 raise _click_exc.UsageError(f"option {given[0]} given {len(given)} times (it takes one "
                                             f"value{hint})", ctx)
         return parse(ctx, args)
