@@ -80,16 +80,19 @@ class _LazyGroup(TyperGroup):
 
 
 def _refuse_repeats(command: Any) -> None:
-    """Make ``command`` (and a group's subcommands) refuse an option of one value given twice.
+    """Make ``command`` (and a group's subcommands) refuse, twice, an option of one value whose
+    plural takes several (``--budget`` beside ``--budgets``).
 
     Click keeps the last of ``--budget 1e20 --budget 1e22`` silently: the user asked for two
-    budgets and gets one answer. Flags (``--json`` twice means the same) and options that take
-    several values (``--where``) are left alone; so is everything after ``--``."""
+    budgets and got one answer. Other options keep click's rule, the last one wins, on which
+    scripts rely to override a base argument list (``train $BASE --lr 0.01``)."""
     for sub in getattr(command, "commands", {}).values():
         _refuse_repeats(sub)
-    single = {name: p for p in command.params if getattr(p, "param_type_name", "") == "option"
-              and not p.multiple and not p.is_flag and not p.count for name in p.opts + p.secondary_opts}
     names = {name for p in command.params for name in getattr(p, "opts", ())}
+    single = {name: p for p in command.params if getattr(p, "param_type_name", "") == "option"
+              and not p.multiple and not p.is_flag for name in p.opts if name + "s" in names}
+    if not single:
+        return
     parse = command.parse_args
 
     def parse_args(ctx: Any, args: list[str]) -> Any:
@@ -97,14 +100,13 @@ def _refuse_repeats(command: Any) -> None:
         for arg in args:
             if arg == "--":
                 break
-            option = single.get(arg.split("=", 1)[0] if arg.startswith("--") else arg)
+            option = single.get(arg.split("=", 1)[0])
             if option is not None:
                 seen.setdefault(option, []).append(arg.split("=", 1)[0])
-        for option, given in seen.items():
+        for given in seen.values():
             if len(given) > 1:
-                hint = f"; {given[0]}s takes several" if given[0] + "s" in names else ""
                 raise _click_exc.UsageError(f"option {given[0]} given {len(given)} times (it takes one "
-                                            f"value{hint})", ctx)
+                                            f"value; {given[0]}s takes several)", ctx)
         return parse(ctx, args)
 
     command.parse_args = parse_args
