@@ -615,7 +615,8 @@ def _grads_at_backward_start(cfg: ModelConfig, layout: Layout, gb: int, rb: int,
     reduces (grad_sync "last"; HSDP, which all-reduces only then): there the accumulation buffers
     (``_accumulation_bytes``) stand in for them, and as that backward goes on each group's buffer
     turns into its gradient (HSDP: the reduce-dtype partial into the grad-dtype gradient). Counting
-    both was the planner audit's largest finding (2026-12-08: 27 GB per GPU too many at 1.6B)."""
+    both was the planner audit's largest finding (2026-12-08: under grad_sync "last", 1.5x the real
+    gradient-side bytes on 2 ranks)."""
     if layout.grad_accum_steps == 1:
         bucket = gb * local if layout.mode == "ddp" else 0
         return bucket + gb * (local - cfg.n_layers * layer_local)
@@ -658,7 +659,6 @@ def _sharded_volumes(cfg: ModelConfig, S: int, P: int, m: int, m_sync: int, c: i
     # proxy-tiny, the planner audit of 2026-12-08)
     accumulated = m_sync == 1 and m > 1
     n_rs = (cfg.n_layer_passes if per_pass else cfg.n_layers) + (looped if accumulated else 0)
-    accumulated = accumulated and per_pass
     rs = round(m_sync * rb * (frac * (n_rs * Lp_ne + root) + frac_e * n_rs * share_layer))
     # in line (loop_grad.InFlight): the loop block's last pass per synced micro-batch, or every
     # looped pass where FSDP2 writes the same .grad (accumulated)

@@ -100,9 +100,9 @@ def _refuse_repeats(command: Any) -> None:
         for arg in args:
             if arg == "--":
                 break
-            option = single.get(arg.split("=", 1)[0])
-            if option is not None:
-                seen.setdefault(option, []).append(arg.split("=", 1)[0])
+            name = arg.split("=", 1)[0]
+            if name in single:
+                seen.setdefault(single[name], []).append(name)
         for given in seen.values():
             if len(given) > 1:
                 raise _click_exc.UsageError(f"option {given[0]} given {len(given)} times (it takes one "

@@ -216,7 +216,7 @@ def _ci_text(ci: list | None) -> str:
     A collapsed interval (``scaling.fitting.approaches.collapsed``: frontier points exactly on a
     line) is no interval either; ``[a, a]`` would be the most confident interval the tool can print
     (numbers audit of 2026-12-07, finding 9). A narrow one that is not collapsed gets the decimals
-    (up to 8) that tell its ends apart, so it never reads as ``[a, a]``."""
+    (up to 9) that tell its ends apart, so it never reads as ``[a, a]``."""
     if not ci:
         return ""
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):

@@ -651,8 +651,7 @@ class Trainer:
                     record["mfu"] = mfu(tps, fpt, self.peak_flops, self.dist.world)
                 if s.iter % cfg.log_every == 0 or up.evaluate or s.done:
                     self.metrics.log(record)
-                    if s.metrics_lines is not None:
-                        s.metrics_lines += 1
+                    s.metrics_lines += 1   # never None here: a resume seeds an old checkpoint's
                     if up.budget_end is not None:
                         self.write_final()
                 report(Progress(self.run_name, s.iter * self.tokens_per_step, total, tps,

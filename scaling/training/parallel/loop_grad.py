@@ -289,7 +289,6 @@ class PerPassReducer:
             else:
                 p.grad.to_local().add_(new)
 
-
     def _after_fsdp_writes(self) -> None:
         """Order the add into ``.grad`` after FSDP2's own writes to it. Under grad_sync "last" with
         accumulation FSDP2 reduce-scatters this module's accumulated gradient at its later pass
